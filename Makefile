@@ -1,0 +1,51 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Both create .venv when it is missing and install what they need; a stamp file keyed on
+# pyproject.toml keeps them quick when everything is already there.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tabloop-installed
+PACKAGES := lsp_server completion indexer telemetry backend bench
+PIP_QUIET := 2>&1 | grep -v -E "is ignored: it is neither|^$$" || true
+VSCODE := editors/vscode
+
+.PHONY: demo test lint typecheck pytest test-vscode bench venv clean
+
+venv: $(STAMP)
+
+# torch==2.13.0 first: a CPU build of it lies on this kind of machine, and installing it before
+# the project keeps pip from resolving `torch>=2.4` to a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip $(PIP_QUIET)
+	$(PY) -m pip install -q torch==2.13.0 $(PIP_QUIET)
+	$(PY) -m pip install -q -e '.[dev,models]' $(PIP_QUIET)
+	$(PY) -c "import torch, transformers, pygls, faiss, sentence_transformers" 
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tabloop demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(PACKAGES) tests
+	$(VENV)/bin/ruff format --check $(PACKAGES) tests
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-vscode:
+	@if command -v npm >/dev/null 2>&1 && [ -f $(VSCODE)/package.json ]; then \
+		cd $(VSCODE) && npm ci --no-audit --no-fund && npm run build && npm test; \
+	else echo "npm or $(VSCODE) missing: VS Code extension tests not run"; fi
+
+test: lint typecheck pytest test-vscode
+
+bench: $(STAMP)
+	$(VENV)/bin/tabloop bench lsp --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The training backend: event ingestion, index sync, trainer and policy registry."""

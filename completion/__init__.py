@@ -1,0 +1,1 @@
+"""Fill-in-the-middle completion: context, prompts, model runners, caches and the gate policy."""

@@ -1,0 +1,76 @@
+"""Settings of the completion engine: the `completion` section of tabloop's configuration.
+
+Every field has a default and a description; the README's configuration table and the VS Code
+extension's `contributes.configuration` are generated from these models.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+SECTION_CONFIG = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class CompletionSettings(BaseModel):
+    """How suggestions are produced."""
+
+    model_config = SECTION_CONFIG
+
+    enabled: bool = Field(True, description="Offer inline suggestions at all.")
+    model: str = Field(
+        "bundled",
+        description=(
+            "`bundled` (Qwen2.5-Coder-0.5B from the `tabloop[models]` packages), "
+            "a Hugging Face model id, or a local path (directory or `.gguf` file)."
+        ),
+    )
+    runner: Literal["local", "http"] = Field(
+        "local",
+        description="`local` runs the model in-process; `http` calls an OpenAI-compatible "
+        "`/v1/completions` server.",
+    )
+    http_url: str = Field(
+        "http://127.0.0.1:8765/v1",
+        description="Base URL of the OpenAI-compatible server used when `runner` is `http`.",
+    )
+    http_model: str = Field("", description="Model name sent to the HTTP server (`model`).")
+    http_api_key: str = Field(
+        "", description="Bearer token for the HTTP server; empty sends none."
+    )
+    http_timeout_s: float = Field(
+        10.0, gt=0, description="Overall time limit of one HTTP completion call, in seconds."
+    )
+    fim_template: Literal["auto", "qwen", "starcoder", "codellama", "deepseek"] = Field(
+        "auto", description="Fill-in-the-middle prompt format; `auto` infers it from the model."
+    )
+    dtype: Literal["auto", "bfloat16", "float32", "int8"] = Field(
+        "auto",
+        description="Weights of the local runner on the CPU; `auto` picks the measured best.",
+    )
+    threads: int = Field(
+        0, ge=0, description="torch threads for the local runner; 0 uses every core."
+    )
+    max_new_tokens: int = Field(
+        64, ge=1, le=1024, description="Most tokens generated for one suggestion."
+    )
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 decodes greedily.")
+    context_tokens: int = Field(
+        1024, ge=64, le=32768, description="Token budget of the whole prompt."
+    )
+    prefix_share: float = Field(0.6, gt=0, le=1, description="Share of the budget for the prefix.")
+    suffix_share: float = Field(0.2, ge=0, le=1, description="Share of the budget for the suffix.")
+    snippet_share: float = Field(
+        0.2, ge=0, le=1, description="Share of the budget for snippets from other files."
+    )
+    context_timeout_ms: int = Field(
+        50, ge=0, description="Time limit for gathering context; late snippets are left out."
+    )
+    min_chars: int = Field(
+        2, ge=1, description="Shortest suggestion worth showing, in non-blank characters."
+    )
+    cache: bool = Field(
+        True, description="Reuse KV prefixes and typed-through suggestions (off only to measure)."
+    )

@@ -1,0 +1,137 @@
+"""The engine's vocabulary: what a completion request is and what the engine decides.
+
+These types know nothing about LSP; `lsp_server` translates to and from them.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+TriggerKind = Literal["automatic", "invoked"]
+Action = Literal["show", "silence"]
+
+
+class Cancelled(Exception):
+    """Raised inside the engine when the request it works for was cancelled or superseded."""
+
+
+class CancelToken:
+    """A flag the model loop checks between decode steps.
+
+    Set by `$/cancelRequest`, by a newer request for the same document, or by shutdown.
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        self.reason = reason
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._event.is_set():
+            raise Cancelled(self.reason)
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """One request for a suggestion at a cursor position.
+
+    `prefix` is the document text before the cursor, `suffix` the text after it. `path` is the
+    document's file path (None for unsaved buffers); it is used to find context, never sent away.
+    """
+
+    prefix: str
+    suffix: str
+    language: str
+    path: str | None = None
+    uri: str = ""
+    version: int = 0
+    trigger: TriggerKind = "automatic"
+    line: int = 0
+    character: int = 0
+
+    @property
+    def line_prefix(self) -> str:
+        """Text of the cursor's line before the cursor."""
+        return self.prefix[self.prefix.rfind("\n") + 1 :]
+
+    @property
+    def line_suffix(self) -> str:
+        """Text of the cursor's line after the cursor."""
+        end = self.suffix.find("\n")
+        return self.suffix if end < 0 else self.suffix[:end]
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """Code from another place in the workspace, offered to the model as context."""
+
+    path: str
+    text: str
+    score: float = 0.0
+    source: Literal["index", "definition", "recent"] = "index"
+
+
+@dataclass
+class Generation:
+    """What a model runner produced for one prompt."""
+
+    text: str
+    token_logprobs: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens served from the KV-prefix cache
+    new_tokens: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    stop_reason: Literal["stop", "length", "cancelled", "eos"] = "stop"
+
+
+StopRule = Callable[[str], int | None]
+"""Given the text generated so far, the length to cut it at when generation should stop, else None."""
+
+
+@dataclass
+class Timings:
+    """Where the time of one request went, in milliseconds."""
+
+    context_ms: float = 0.0
+    model_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+@dataclass
+class Decision:
+    """The engine's answer: a suggestion and whether to show it.
+
+    `propensity` is the probability with which the policy chose `action`; the learning loop needs it.
+    """
+
+    decision_id: str
+    action: Action
+    text: str = ""
+    propensity: float = 1.0
+    policy_version: str = "builtin"
+    model_id: str = ""
+    features: dict[str, float | str] = field(default_factory=dict)
+    timings: Timings = field(default_factory=Timings)
+    cache_hit: bool = False
+    reason: str = ""
+    generation: Generation | None = None
+
+    @property
+    def shown(self) -> bool:
+        return self.action == "show" and bool(self.text)
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex

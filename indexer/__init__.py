@@ -1,0 +1,1 @@
+"""Local semantic index of the workspace."""
