@@ -18,3 +18,8 @@ class TelemetrySettings(BaseModel):
         description="`off`; `metrics` (no code, paths or identifiers); `full` (opt-in: adds "
         "prompt and suggestion text).",
     )
+    client_enabled: bool = Field(
+        True,
+        description="Set by the editor from its own telemetry switch (VS Code's "
+        "`isTelemetryEnabled`); false turns reporting off like `level = off`.",
+    )
