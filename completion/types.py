@@ -97,7 +97,7 @@ class Generation:
 
 
 StopRule = Callable[[str], int | None]
-"""Given the text generated so far, the length to cut it at when generation should stop, else None."""
+"""Text generated so far -> the length to cut it at when generation should stop, else None."""
 
 
 @dataclass
@@ -113,7 +113,11 @@ class Timings:
 class Decision:
     """The engine's answer: a suggestion and whether to show it.
 
-    `propensity` is the probability with which the policy chose `action`; the learning loop needs it.
+    `text` is the suggestion whether or not it is shown (its length is a policy feature);
+    `shown` says whether the editor gets it.
+
+    `propensity` is the probability with which the policy chose `action`: the learning loop
+    needs it.
     """
 
     decision_id: str

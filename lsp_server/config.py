@@ -206,7 +206,9 @@ def _describe(error: Any, merged: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in error["loc"])
     if error["type"] == "extra_forbidden":
         return f"unknown setting '{loc}'; ignoring it"
-    return f"invalid value for '{loc}' ({error['msg']}, got {error.get('input')!r}); using the default"
+    return (
+        f"invalid value for '{loc}' ({error['msg']}, got {error.get('input')!r}); using the default"
+    )
 
 
 def validate_layers(layers: Iterable[Layer | None]) -> Resolved:

@@ -1,0 +1,1 @@
+"""LSP features; each module has `register(server)`."""

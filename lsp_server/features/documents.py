@@ -1,0 +1,57 @@
+"""Document events: supersede in-flight requests and tell the listening features."""
+
+from __future__ import annotations
+
+import logging
+
+from lsprotocol import types
+
+from lsp_server.server import TabloopServer
+
+log = logging.getLogger(__name__)
+
+
+def register(server: TabloopServer) -> None:
+    # pygls updates its workspace copy before these run.
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: TabloopServer, params: types.DidOpenTextDocumentParams) -> None:
+        for listener in ls.hooks.documents:
+            _safely(listener.did_open, params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: TabloopServer, params: types.DidChangeTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        # Work for the old version is wasted: stop it now rather than at the version check.
+        token = ls.in_flight.get(uri)
+        if token is not None:
+            token.cancel("document changed")
+        for listener in ls.hooks.documents:
+            _safely(
+                listener.did_change,
+                uri,
+                params.text_document.version,
+                list(params.content_changes),
+            )
+
+    @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(ls: TabloopServer, params: types.DidSaveTextDocumentParams) -> None:
+        for listener in ls.hooks.documents:
+            _safely(listener.did_save, params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: TabloopServer, params: types.DidCloseTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        token = ls.in_flight.pop(uri, None)
+        if token is not None:
+            token.cancel("document closed")
+        for listener in ls.hooks.documents:
+            _safely(listener.did_close, uri)
+
+
+def _safely(callback: object, *args: object) -> None:
+    # One broken listener must not break document sync for the others.
+    try:
+        callback(*args)  # type: ignore[operator]
+    except Exception:
+        log.exception("document listener failed")

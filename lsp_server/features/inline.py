@@ -1,0 +1,249 @@
+"""`textDocument/inlineCompletion`, and `textDocument/completion` for clients without it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from pathlib import Path
+
+from lsprotocol import types
+from pygls.uris import to_fs_path
+from pygls.workspace import TextDocument
+
+from completion import gate
+from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
+from lsp_server.server import TabloopServer
+
+log = logging.getLogger(__name__)
+
+ACCEPT_COMMAND = "tabloop.accept"
+TYPING_WINDOW_S = 5.0
+
+LANGUAGE_BY_SUFFIX = {
+    ".py": "python",
+    ".pyi": "python",
+    ".js": "javascript",
+    ".jsx": "javascriptreact",
+    ".ts": "typescript",
+    ".tsx": "typescriptreact",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".hpp": "cpp",
+    ".lua": "lua",
+    ".rb": "ruby",
+    ".sh": "shellscript",
+}
+
+
+class TypingTracker:
+    """Characters typed per second in the recent past, per document."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, deque[tuple[float, int]]] = {}
+
+    def did_open(self, uri: str) -> None:
+        self._events[uri] = deque(maxlen=256)
+
+    def did_change(
+        self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
+    ) -> None:
+        typed = sum(
+            len(c.text) for c in changes if isinstance(c, types.TextDocumentContentChangePartial)
+        )
+        self._events.setdefault(uri, deque(maxlen=256)).append((time.monotonic(), typed))
+
+    def did_save(self, uri: str) -> None:
+        pass
+
+    def did_close(self, uri: str) -> None:
+        self._events.pop(uri, None)
+
+    def chars_per_second(self, uri: str) -> float:
+        now = time.monotonic()
+        recent = [n for at, n in self._events.get(uri, ()) if now - at <= TYPING_WINDOW_S]
+        return sum(recent) / TYPING_WINDOW_S
+
+
+def language_of(document: TextDocument) -> str:
+    if document.language_id:
+        return document.language_id
+    return LANGUAGE_BY_SUFFIX.get(Path(document.path).suffix, "plaintext")
+
+
+def build_request(
+    document: TextDocument, position: types.Position, trigger: TriggerKind
+) -> CompletionRequest:
+    """The engine's view of a cursor in an LSP document."""
+    source = document.source
+    offset = min(document.offset_at_position(position), len(source))
+    path = to_fs_path(document.uri)
+    return CompletionRequest(
+        prefix=source[:offset],
+        suffix=source[offset:],
+        language=language_of(document),
+        path=path,
+        uri=document.uri,
+        version=document.version or 0,
+        trigger=trigger,
+        line=position.line,
+        character=position.character,
+    )
+
+
+def signals_for(ls: TabloopServer, uri: str, typing: TypingTracker) -> gate.Signals:
+    counters = ls.counters
+    shown = max(counters.shown, 1)
+    return gate.Signals(
+        typing_speed_cps=typing.chars_per_second(uri),
+        seconds_since_last_accept=(
+            time.monotonic() - ls.last_accept_at if ls.last_accept_at else 1e6
+        ),
+        recent_accept_rate=counters.accepted / shown if counters.shown else 0.0,
+    )
+
+
+async def decide(
+    ls: TabloopServer,
+    uri: str,
+    position: types.Position,
+    trigger: TriggerKind,
+    typing: TypingTracker,
+) -> tuple[Decision, CompletionRequest] | None:
+    """Run the engine for a cursor; None when there is nothing to show (or nothing current)."""
+    ls.counters.requests += 1
+    engine = ls.engine
+    if engine is None or not ls.settings.completion.enabled:
+        return None  # before the model is ready: answer at once, empty
+    document = ls.workspace.get_text_document(uri)
+    request = build_request(document, position, trigger)
+    token = ls.begin_request(uri)
+    loop = asyncio.get_running_loop()
+    signals = signals_for(ls, uri, typing)
+    try:
+        decision = await loop.run_in_executor(
+            ls.model_executor, engine.complete, request, token, signals
+        )
+    except Cancelled:
+        ls.counters.cancelled += 1
+        return None
+    except asyncio.CancelledError:
+        # `$/cancelRequest`: stop the model within one decode step, then let pygls answer.
+        token.cancel("cancelled by the client")
+        ls.counters.cancelled += 1
+        raise
+    finally:
+        ls.end_request(uri, token)
+    current = ls.workspace.get_text_document(uri)
+    if (current.version or 0) != request.version:
+        ls.counters.stale += 1
+        return None
+    ls.remember(decision, request)
+    if not decision.shown:
+        return None
+    return decision, request
+
+
+def accept_command(decision: Decision) -> types.Command:
+    return types.Command(
+        title="Accept tabloop suggestion",
+        command=ACCEPT_COMMAND,
+        arguments=[decision.decision_id],
+    )
+
+
+def register(server: TabloopServer) -> None:
+    typing = TypingTracker()
+    server.hooks.documents.append(typing)
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(
+        ls: TabloopServer, params: types.InlineCompletionParams
+    ) -> types.InlineCompletionList | None:
+        trigger: TriggerKind = (
+            "invoked"
+            if params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked
+            else "automatic"
+        )
+        try:
+            answer = await decide(ls, params.text_document.uri, params.position, trigger, typing)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("inline completion failed")
+            return types.InlineCompletionList(items=[])
+        if answer is None:
+            return types.InlineCompletionList(items=[])
+        decision, _ = answer
+        return types.InlineCompletionList(
+            items=[
+                types.InlineCompletionItem(
+                    insert_text=decision.text,
+                    range=types.Range(start=params.position, end=params.position),
+                    command=accept_command(decision),
+                )
+            ]
+        )
+
+    @server.feature(
+        types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(trigger_characters=[".", "(", " "])
+    )
+    async def completion(
+        ls: TabloopServer, params: types.CompletionParams
+    ) -> types.CompletionList | None:
+        if _has_inline_completion(ls):
+            # The client shows ghost text already; a popup item would say the same twice.
+            return types.CompletionList(is_incomplete=True, items=[])
+        invoked = (
+            params.context is not None
+            and params.context.trigger_kind == types.CompletionTriggerKind.Invoked
+        )
+        try:
+            answer = await decide(
+                ls,
+                params.text_document.uri,
+                params.position,
+                "invoked" if invoked else "automatic",
+                typing,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("completion failed")
+            return types.CompletionList(is_incomplete=True, items=[])
+        if answer is None:
+            return types.CompletionList(is_incomplete=True, items=[])
+        decision, _ = answer
+        first_line = decision.text.strip().splitlines()[0] if decision.text.strip() else ""
+        return types.CompletionList(
+            # Incomplete: every keystroke asks again, so the suggestion follows the typing.
+            is_incomplete=True,
+            items=[
+                types.CompletionItem(
+                    label=first_line[:80] or decision.text,
+                    kind=types.CompletionItemKind.Snippet,
+                    detail="tabloop",
+                    documentation=types.MarkupContent(
+                        kind=types.MarkupKind.Markdown, value=f"```\n{decision.text}\n```"
+                    ),
+                    text_edit=types.TextEdit(
+                        range=types.Range(start=params.position, end=params.position),
+                        new_text=decision.text,
+                    ),
+                    insert_text_format=types.InsertTextFormat.PlainText,
+                    sort_text="0",
+                    command=accept_command(decision),
+                )
+            ],
+        )
+
+
+def _has_inline_completion(ls: TabloopServer) -> bool:
+    document = ls.client_capabilities.text_document
+    return bool(document and document.inline_completion)

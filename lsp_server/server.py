@@ -1,0 +1,239 @@
+"""The tabloop language server: the only home of server state.
+
+Feature modules (`lsp_server/features/*.py`) register handlers on a `TabloopServer` and talk to
+each other through the hooks below, so one feature never needs to own another's LSP method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+
+from completion.types import CancelToken, CompletionRequest, Decision
+from lsp_server import __version__, config
+
+if TYPE_CHECKING:
+    from completion.engine import Engine
+
+log = logging.getLogger(__name__)
+
+ModelState = Literal["disabled", "loading", "ready", "error"]
+
+# Modules whose `register(server)` adds handlers, in order.
+FEATURE_MODULES = (
+    "lsp_server.features.lifecycle",
+    "lsp_server.features.documents",
+    "lsp_server.features.inline",
+    "lsp_server.features.commands",
+)
+
+DECISIONS_KEPT = 2048
+
+
+class DocumentListener(Protocol):
+    """Told about document events after the server's workspace copy is updated."""
+
+    def did_open(self, uri: str) -> None: ...
+
+    def did_change(
+        self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
+    ) -> None: ...
+
+    def did_save(self, uri: str) -> None: ...
+
+    def did_close(self, uri: str) -> None: ...
+
+
+@dataclass
+class Hooks:
+    """Extension points between features. Callbacks run on the event loop and must not block."""
+
+    decision: list[Callable[[Decision, CompletionRequest], None]] = field(default_factory=list)
+    accept: list[Callable[[str, list[Any]], None]] = field(default_factory=list)
+    documents: list[DocumentListener] = field(default_factory=list)
+    settings: list[Callable[[config.Settings], None]] = field(default_factory=list)
+    ready: list[Callable[[], None]] = field(default_factory=list)
+    shutdown: list[Callable[[], None]] = field(default_factory=list)
+
+
+@dataclass
+class DecisionRecord:
+    """A decision the server answered with, kept so the accept command can find it."""
+
+    decision: Decision
+    request: CompletionRequest
+    answered_at: float
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    shown: int = 0
+    silenced: int = 0
+    accepted: int = 0
+    cancelled: int = 0
+    stale: int = 0
+
+
+class TabloopServer(LanguageServer):
+    """Language server state: settings, the engine, in-flight requests, recent decisions."""
+
+    def __init__(self) -> None:
+        super().__init__("tabloop", __version__)
+        self.resolved: config.Resolved = config.resolve(None)
+        self.workspace_root: Path | None = None
+        self.init_options: Any = None
+        self.client_config: Any = None
+        self.engine: Engine | None = None
+        self.model_state: ModelState = "loading"
+        self.model_error = ""
+        # Model work runs here, one call at a time, never on the event loop.
+        self.model_executor = ThreadPoolExecutor(1, thread_name_prefix="tabloop-model")
+        self.in_flight: dict[str, CancelToken] = {}
+        self.decisions: OrderedDict[str, DecisionRecord] = OrderedDict()
+        self.hooks = Hooks()
+        self.counters = Counters()
+        self.last_accept_at = 0.0
+        self.engine_ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reported_problems: set[str] = set()
+        self.extensions: dict[str, Any] = {}  # feature-owned state, by feature name
+
+    @property
+    def settings(self) -> config.Settings:
+        return self.resolved.settings
+
+    def run_task(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Start a background task, keep a reference, and log its failure."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+
+        def done(finished: asyncio.Task[Any]) -> None:
+            self._tasks.discard(finished)
+            if not finished.cancelled() and (exc := finished.exception()) is not None:
+                log.error("background task %s failed", name, exc_info=exc)
+
+        task.add_done_callback(done)
+        return task
+
+    def resolve_settings(self) -> config.Resolved:
+        """Re-resolve every configuration layer and tell the features what changed."""
+        self.resolved = config.resolve(
+            self.workspace_root,
+            init_options=self.init_options,
+            client_config=self.client_config,
+        )
+        logging.getLogger("lsp_server").setLevel(self.settings.log_level.upper())
+        self.report_problems(self.resolved.problems)
+        for hook in self.hooks.settings:
+            hook(self.settings)
+        return self.resolved
+
+    def report_problems(self, problems: list[str]) -> None:
+        """Configuration problems: logged each time, shown to the user once each."""
+        fresh = [p for p in problems if p not in self._reported_problems]
+        for problem in problems:
+            log.warning("configuration: %s", problem)
+        if fresh:
+            self._reported_problems.update(fresh)
+            self.show_message(
+                "tabloop configuration: " + "; ".join(fresh), types.MessageType.Warning
+            )
+
+    def show_message(self, message: str, kind: types.MessageType) -> None:
+        """`window/showMessage`: only for what the user must act on."""
+        try:
+            self.window_show_message(types.ShowMessageParams(type=kind, message=message))
+        except Exception:  # no client connected (CLI use)
+            log.debug("could not show message", exc_info=True)
+
+    def begin_request(self, uri: str) -> CancelToken:
+        """A cancel token for a new request on `uri`; the previous one there is superseded."""
+        token = CancelToken()
+        previous = self.in_flight.get(uri)
+        if previous is not None:
+            previous.cancel("superseded")
+        self.in_flight[uri] = token
+        return token
+
+    def end_request(self, uri: str, token: CancelToken) -> None:
+        if self.in_flight.get(uri) is token:
+            del self.in_flight[uri]
+
+    def remember(self, decision: Decision, request: CompletionRequest) -> None:
+        """Keep a decision for the accept command and tell the features."""
+        self.decisions[decision.decision_id] = DecisionRecord(decision, request, time.monotonic())
+        while len(self.decisions) > DECISIONS_KEPT:
+            self.decisions.popitem(last=False)
+        if decision.shown:
+            self.counters.shown += 1
+        else:
+            self.counters.silenced += 1
+        for hook in self.hooks.decision:
+            try:
+                hook(decision, request)
+            except Exception:
+                log.exception("decision hook failed")
+
+    def status(self) -> dict[str, Any]:
+        """What `tabloop/status` answers and `tabloop doctor` prints."""
+        engine = self.engine
+        return {
+            "version": __version__,
+            "model": {
+                "state": self.model_state,
+                "modelId": engine.model_id if engine else "",
+                "error": self.model_error,
+                "calls": engine.model_calls if engine else 0,
+            },
+            "policy": {"version": self.policy_version()},
+            "telemetry": {"level": self.settings.telemetry.level},
+            "decisions": {
+                "requests": self.counters.requests,
+                "shown": self.counters.shown,
+                "silenced": self.counters.silenced,
+                "accepted": self.counters.accepted,
+                "cancelled": self.counters.cancelled,
+                "stale": self.counters.stale,
+            },
+            **{
+                name: ext.status()
+                for name, ext in self.extensions.items()
+                if hasattr(ext, "status")
+            },
+        }
+
+    def policy_version(self) -> str:
+        engine = self.engine
+        return engine.policy_source().version if engine else ""
+
+    async def shutdown_features(self) -> None:
+        for hook in self.hooks.shutdown:
+            try:
+                hook()
+            except Exception:
+                log.exception("shutdown hook failed")
+        for token in self.in_flight.values():
+            token.cancel("shutdown")
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            await asyncio.get_running_loop().run_in_executor(self.model_executor, engine.close)
+
+
+def create_server() -> TabloopServer:
+    """A server with every feature registered."""
+    server = TabloopServer()
+    for name in FEATURE_MODULES:
+        importlib.import_module(name).register(server)
+    return server
