@@ -1,0 +1,224 @@
+"""The telemetry client: the one object the language server talks to.
+
+`record()` applies the privacy level and puts the event on a bounded in-memory queue: a few
+microseconds, no I/O, never blocks. A writer thread drains the queue into the durable spool,
+committing whatever has gathered as one transaction, and wakes the sender when a batch is full.
+An event is safe once the writer has committed it; `flush_to_spool()` waits for that.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
+from telemetry.privacy import apply_level, effective_level
+from telemetry.sender import Sender
+from telemetry.settings import Level, TelemetrySettings
+from telemetry.spool import Spool
+
+log = logging.getLogger(__name__)
+
+AnyEvent = DecisionEvent | OutcomeEvent | RetentionEvent
+SPOOL_FILE = "spool.sqlite3"
+WRITER_BATCH = 1000
+
+
+def install_id(directory: Path) -> str:
+    """An anonymous id of this installation, made once and kept in `directory`."""
+    path = directory / "install_id"
+    try:
+        existing = path.read_text(encoding="ascii").strip()
+        if existing:
+            return existing
+    except (OSError, UnicodeDecodeError):
+        pass
+    made = uuid.uuid4().hex
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(made, encoding="ascii")
+    tmp.replace(path)
+    return made
+
+
+class TelemetryClient:
+    """Records events without blocking and delivers them through the spool and the sender."""
+
+    def __init__(
+        self,
+        settings: TelemetrySettings,
+        directory: Path,
+        *,
+        client_enabled: bool = True,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.settings = settings
+        self.directory = Path(directory)
+        self.session_id = uuid.uuid4().hex
+        self._client_enabled = client_enabled
+        self._transport = transport
+        self._queue: queue.Queue[AnyEvent | threading.Event] = queue.Queue(
+            settings.queue_max_events
+        )
+        self._overflow = 0
+        self._overflow_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self.spool: Spool | None = None
+        self.sender: Sender | None = None
+        self._writer: threading.Thread | None = None
+        self._closed = False
+        self._install_id = ""
+
+    # -- level ----------------------------------------------------------------------------
+
+    @property
+    def level(self) -> Level:
+        """The privacy level in force now."""
+        return effective_level(self.settings.level, self._client_enabled)
+
+    @property
+    def install_id(self) -> str:
+        if not self._install_id:
+            self._install_id = install_id(self.directory)
+        return self._install_id
+
+    def set_client_enabled(self, enabled: bool) -> None:
+        """Honour the editor's telemetry switch (VS Code's `isTelemetryEnabled`)."""
+        self._client_enabled = enabled
+        if self.level != "off":
+            self.start()
+
+    def set_level(self, level: Level) -> None:
+        """Change the configured level (the configuration was re-read)."""
+        self.settings = self.settings.model_copy(update={"level": level})
+        if self.level != "off":
+            self.start()
+
+    # -- recording --------------------------------------------------------------------------
+
+    def record(self, event: AnyEvent) -> bool:
+        """Queue `event` as the level allows; False when it was not recorded. Never blocks."""
+        if self._closed:
+            return False
+        allowed = apply_level(event, self.level)
+        if allowed is None:
+            return False
+        try:
+            self._queue.put_nowait(allowed)
+        except queue.Full:
+            with self._overflow_lock:  # rare path; counted into dropped_events by the writer
+                self._overflow += 1
+            return False
+        return True
+
+    def flush_to_spool(self, timeout: float = 5.0) -> bool:
+        """Wait until every event recorded so far is committed to the spool."""
+        if self._writer is None or not self._writer.is_alive():
+            return self._queue.empty()
+        marker = threading.Event()
+        try:
+            self._queue.put(marker, timeout=timeout)
+        except queue.Full:
+            return False
+        return marker.wait(timeout)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the spool and start the writer (and the sender when a backend is configured)."""
+        with self._lock:
+            if self._closed or self._writer is not None or self.level == "off":
+                return
+            settings = self.settings
+            self.spool = Spool(
+                self.directory / SPOOL_FILE,
+                max_events=settings.spool_max_events,
+                max_bytes=settings.spool_max_bytes,
+            )
+            if settings.backend_url:
+                self.sender = Sender(
+                    self.spool,
+                    url=settings.backend_url,
+                    token=settings.token,
+                    batch_size=settings.batch_size,
+                    flush_interval_s=settings.flush_interval_s,
+                    request_timeout_s=settings.request_timeout_s,
+                    retry_deadline_s=settings.retry_deadline_s,
+                    backoff_initial_s=settings.backoff_initial_s,
+                    backoff_max_s=settings.backoff_max_s,
+                    transport=self._transport,
+                )
+                self.sender.start()
+            self._writer = threading.Thread(
+                target=self._write_loop, name="tabloop-spool-writer", daemon=True
+            )
+            self._writer.start()
+
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Commit queued events, send for up to `timeout` seconds; True when nothing is left."""
+        timeout = self.settings.shutdown_timeout_s if timeout is None else timeout
+        with self._lock:
+            if self._closed:
+                return True
+            self._closed = True
+        if self._writer is None:
+            return True
+        self._queue.put(_STOP)
+        self._writer.join(max(timeout, 1.0))
+        drained = self.sender.shutdown(timeout) if self.sender is not None else False
+        if self.spool is not None:
+            self.spool.close()
+        return drained
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for logs and `tabloop doctor`."""
+        out: dict[str, Any] = {"level": self.level, "queued": self._queue.qsize()}
+        if self.spool is not None and not self._closed:
+            out["spool"] = asdict(self.spool.stats())
+        if self.sender is not None:
+            out["sender"] = asdict(self.sender.stats)
+        return out
+
+    # -- the writer thread ----------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        assert self.spool is not None
+        stop = False
+        while not stop:
+            items = [self._queue.get()]
+            while len(items) < WRITER_BATCH:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            rows = []
+            markers = []
+            for item in items:
+                if item is _STOP:
+                    stop = True
+                elif isinstance(item, threading.Event):
+                    markers.append(item)
+                else:
+                    rows.append((str(item.event_id), item.model_dump_json().encode()))
+            try:
+                self.spool.append(rows)
+                with self._overflow_lock:
+                    overflow, self._overflow = self._overflow, 0
+                self.spool.add_dropped(overflow)
+            except Exception:
+                # Disk full or locked for long: these events are lost, say so loudly.
+                log.exception("telemetry: could not spool %d events", len(rows))
+            for marker in markers:
+                marker.set()
+            if self.sender is not None and self.spool.stats().events >= self.settings.batch_size:
+                self.sender.wake()
+
+
+_STOP = threading.Event()  # a queue item that tells the writer to finish

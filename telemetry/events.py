@@ -1,0 +1,176 @@
+"""The telemetry event schema, shared by the editor side and the training backend.
+
+One versioned schema: every event carries `schema_version` and a `type` that selects its model.
+Unknown fields are rejected on both sides, so a typo or a field that should not leave the machine
+fails loudly instead of being stored. Strings that could carry code (`prompt`, `suggestion`) exist
+only on decision events and are filled only at the opt-in privacy level `full`.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    model_validator,
+)
+
+SCHEMA_VERSION: Literal[1] = 1
+RETENTION_CHECKPOINTS_S: tuple[int, ...] = (30, 120, 600)
+MAX_TEXT_CHARS = 32_768
+MAX_FEATURES = 128
+
+OutcomeKind = Literal["accepted", "partial", "ignored", "dismissed", "superseded"]
+IgnoredReason = Literal["diverged", "moved", "closed", "timeout"]
+
+# Identifiers we make ourselves (uuid hex, policy versions): short and free of spaces.
+Token = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:+#/-]{1,128}$")]
+# A category is a short lowercase word: a language id, a trigger, a token class.
+Category = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.+#-]{0,64}$")]
+FeatureName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+FiniteFloat = Annotated[float, AfterValidator(_finite)]
+Millis = Annotated[float, Field(ge=0, le=86_400_000), AfterValidator(_finite)]
+
+
+def _features(value: dict[str, float | str]) -> dict[str, float | str]:
+    if len(value) > MAX_FEATURES:
+        raise ValueError(f"at most {MAX_FEATURES} features")
+    for key, item in value.items():
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"feature {key!r} is not finite")
+    return value
+
+
+Features = Annotated[dict[FeatureName, float | Category], AfterValidator(_features)]
+
+
+def new_event_id() -> uuid.UUID:
+    """A fresh client-made event id."""
+    return uuid.uuid4()
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: uuid.UUID = Field(default_factory=new_event_id)
+    time: datetime = Field(default_factory=utc_now)
+
+
+class Latency(BaseModel):
+    """Where the time of one request went, in milliseconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    context_ms: Millis = 0.0
+    model_ms: Millis = 0.0
+    total_ms: Millis = 0.0
+
+
+class DecisionEvent(_Event):
+    """The policy showed a suggestion or stayed silent."""
+
+    type: Literal["decision"] = "decision"
+    decision_id: Token
+    session_id: Token
+    install_id: Token
+    language: Category
+    trigger: Literal["automatic", "invoked"]
+    policy_version: Token
+    model_id: Annotated[str, StringConstraints(max_length=200)]
+    action: Literal["show", "silence"]
+    propensity: Annotated[float, Field(ge=0.0, le=1.0)]
+    features: Features = Field(default_factory=dict)
+    suggestion_chars: Annotated[int, Field(ge=0)] = 0
+    suggestion_lines: Annotated[int, Field(ge=0)] = 0
+    latency: Latency = Field(default_factory=Latency)
+    cache_hit: bool = False
+    # Only at privacy level `full`.
+    prompt: Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)] | None = None
+    suggestion: Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)] | None = None
+
+
+class OutcomeEvent(_Event):
+    """What the user did with a shown suggestion."""
+
+    type: Literal["outcome"] = "outcome"
+    decision_id: Token
+    kind: OutcomeKind
+    accepted_chars: Annotated[int, Field(ge=0)] | None = None
+    reason: IgnoredReason | None = None
+    time_to_outcome_ms: Millis = 0.0
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> OutcomeEvent:
+        if self.kind in ("accepted", "partial") and self.accepted_chars is None:
+            raise ValueError(f"'{self.kind}' needs accepted_chars")
+        if self.kind not in ("accepted", "partial") and self.accepted_chars is not None:
+            raise ValueError(f"'{self.kind}' takes no accepted_chars")
+        if self.reason is not None and self.kind != "ignored":
+            raise ValueError("reason is only for 'ignored'")
+        return self
+
+
+class RetentionEvent(_Event):
+    """How much of an accepted suggestion is still in the document some time later."""
+
+    type: Literal["retention"] = "retention"
+    decision_id: Token
+    after_s: Literal[30, 120, 600]
+    accepted_chars: Annotated[int, Field(ge=0)]
+    retained_chars: Annotated[int, Field(ge=0)]
+
+    @model_validator(mode="after")
+    def _bounded(self) -> RetentionEvent:
+        if self.retained_chars > self.accepted_chars:
+            raise ValueError("retained_chars exceeds accepted_chars")
+        return self
+
+
+Event = Annotated[DecisionEvent | OutcomeEvent | RetentionEvent, Field(discriminator="type")]
+EVENT_ADAPTER: TypeAdapter[DecisionEvent | OutcomeEvent | RetentionEvent] = TypeAdapter(Event)
+
+
+def parse_event(data: object) -> DecisionEvent | OutcomeEvent | RetentionEvent:
+    """Validate one event from decoded JSON; raises `pydantic.ValidationError`."""
+    return EVENT_ADAPTER.validate_python(data)
+
+
+class Rejection(BaseModel):
+    """One event of a batch the backend refused, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    event_id: str | None = None
+    error: str
+
+
+class IngestResponse(BaseModel):
+    """The backend's answer to `POST /v1/events`: the fate of each event of the batch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accepted: list[str] = Field(default_factory=list)
+    duplicate: list[str] = Field(default_factory=list)
+    rejected: list[Rejection] = Field(default_factory=list)

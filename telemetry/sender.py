@@ -1,0 +1,275 @@
+"""The sender: a background thread that moves spooled events to the backend.
+
+It wakes when a full batch is waiting or every `flush_interval_s`, posts up to `batch_size`
+events gzipped with the tenant's bearer token, and deletes from the spool only the events the
+backend answered as accepted or already stored. Throttling and outages (429, 502, 503, 504,
+connection errors) are retried with jittered exponential backoff under a deadline, honouring
+`Retry-After`; after the deadline the events simply stay spooled for the next round. Any other
+refusal is final: the batch goes to the spool's quarantine table and is counted (a 413 first
+splits the batch, so only an event too large on its own is quarantined).
+
+Every wait is on an `Event`, so `shutdown()` interrupts it and spends its remaining time on one
+last flush; what is still spooled then is sent by the next process.
+"""
+
+from __future__ import annotations
+
+import enum
+import gzip
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+
+import httpx
+from pydantic import ValidationError
+
+from telemetry.events import IngestResponse
+from telemetry.spool import Spool, SpooledEvent
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+MAX_RETRY_AFTER_S = 3600.0
+EVENTS_PATH = "/v1/events"
+
+
+class Export(enum.Enum):
+    """How one attempt to deliver a batch ended."""
+
+    DELIVERED = "delivered"  # 2xx: the answered events left the spool
+    FINAL = "final"  # refused for good: quarantined
+    PENDING = "pending"  # not delivered yet: still spooled, try later
+
+
+@dataclass
+class SenderStats:
+    """Counters of this sender since it started (the spool keeps the persistent ones)."""
+
+    requests: int = 0
+    sent_events: int = 0
+    duplicate_events: int = 0
+    quarantined_events: int = 0
+    retries: int = 0
+    last_error: str = ""
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a `Retry-After` header (delta-seconds or HTTP date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def encode_batch(batch: list[SpooledEvent]) -> bytes:
+    """The gzipped request body for spooled events (already JSON: joined, not re-encoded)."""
+    payload = b'{"events":[' + b",".join(event.body for event in batch) + b"]}"
+    return gzip.compress(payload, compresslevel=5)
+
+
+class Sender:
+    """Delivers a spool's events to `POST {url}/v1/events` from a background thread."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        *,
+        url: str,
+        token: str,
+        batch_size: int = 100,
+        flush_interval_s: float = 2.0,
+        request_timeout_s: float = 10.0,
+        retry_deadline_s: float = 30.0,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.spool = spool
+        self.url = url.rstrip("/") + EVENTS_PATH
+        self.batch_size = batch_size
+        self.flush_interval_s = flush_interval_s
+        self.request_timeout_s = request_timeout_s
+        self.retry_deadline_s = retry_deadline_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.stats = SenderStats()
+        self._rng = rng or random.Random()
+        self._http = httpx.Client(
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+                "Content-Encoding": "gzip",
+                "User-Agent": "tabloop-telemetry/1",
+            },
+            transport=transport,
+            timeout=request_timeout_s,
+        )
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._final_deadline = 0.0
+        self._thread: threading.Thread | None = None
+        self._failures = 0  # consecutive failed rounds, for the resting backoff
+        self._not_before = 0.0  # monotonic time before which we must not send (Retry-After)
+        self._batch_limit = batch_size  # shrinks after a 413, grows back on success
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tabloop-sender", daemon=True)
+            self._thread.start()
+
+    def wake(self) -> None:
+        """Ask for a send now (a full batch is waiting)."""
+        self._wake.set()
+
+    def shutdown(self, timeout: float) -> bool:
+        """Stop, sending what can be sent within `timeout`; True when the spool was emptied."""
+        self._final_deadline = time.monotonic() + max(timeout, 0.0)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout + self.request_timeout_s + 1.0)
+        else:
+            self.drain(self._final_deadline)
+        self._http.close()
+        return len(self.spool) == 0
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            rest = self._not_before - time.monotonic()
+            if rest > 0 and self._stop.wait(rest):
+                break
+            try:
+                delivered = self.drain(time.monotonic() + self.retry_deadline_s)
+            except Exception:  # the sender must outlive any one bad round
+                log.exception("telemetry sender round failed")
+                delivered = False
+            if delivered:
+                self._failures = 0
+            else:
+                self._failures += 1
+                self._stop.wait(self._backoff(self._failures))
+        try:
+            self.drain(self._final_deadline)
+        except Exception:
+            log.exception("telemetry final flush failed")
+
+    # -- sending ------------------------------------------------------------------------------
+
+    def drain(self, deadline: float) -> bool:
+        """Send batches until the spool is empty (True) or a batch stays pending (False)."""
+        while time.monotonic() < deadline:
+            batch = self.spool.peek(self._batch_limit)
+            if not batch:
+                return True
+            if self.export(batch, deadline) is Export.PENDING:
+                return False
+            if self._stop.is_set() and time.monotonic() >= self._final_deadline:
+                return False
+        return len(self.spool) == 0
+
+    def export(self, batch: list[SpooledEvent], deadline: float) -> Export:
+        """Deliver one batch, retrying transient failures until `deadline`."""
+        body = encode_batch(batch)
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return Export.PENDING
+            retry_after: float | None = None
+            try:
+                self.stats.requests += 1
+                response = self._http.post(
+                    self.url, content=body, timeout=min(self.request_timeout_s, remaining)
+                )
+            except httpx.TransportError as exc:  # refused, reset, timed out
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            else:
+                status = response.status_code
+                if 200 <= status < 300:
+                    return self._delivered(batch, response)
+                self.stats.last_error = f"HTTP {status}: {response.text[:200]}"
+                if status == 413 and len(batch) > 1:
+                    # Too large together: halve the batch and let drain() go on with it.
+                    self._batch_limit = max(1, len(batch) // 2)
+                    return Export.DELIVERED
+                if status not in RETRYABLE_STATUS:
+                    return self._final(batch, status, response.text)
+                retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            delay = retry_after if retry_after is not None else self._backoff(attempt)
+            if retry_after is not None:
+                self._not_before = time.monotonic() + retry_after
+            if time.monotonic() + delay > deadline:
+                return Export.PENDING
+            if self._sleep(delay):
+                return Export.PENDING
+            attempt += 1
+            self.stats.retries += 1
+
+    def _sleep(self, delay: float) -> bool:
+        """Wait `delay`; True when shutdown interrupted a normal wait."""
+        if self._stop.is_set():
+            # The final flush: wait, but never past its deadline.
+            time.sleep(max(0.0, min(delay, self._final_deadline - time.monotonic())))
+            return False
+        return self._stop.wait(delay)
+
+    def _backoff(self, attempt: int) -> float:
+        base = min(self.backoff_max_s, self.backoff_initial_s * (2.0**attempt))
+        return base * (0.5 + 0.5 * self._rng.random())  # jitter spreads a fleet's retries
+
+    def _delivered(self, batch: list[SpooledEvent], response: httpx.Response) -> Export:
+        try:
+            answer = IngestResponse.model_validate_json(response.content)
+        except ValidationError as exc:
+            # Stored or not, we cannot tell: keep the events; a resend is deduplicated.
+            self.stats.last_error = f"unreadable answer: {exc.errors()[:1]}"
+            return Export.PENDING
+        in_batch = {event.event_id for event in batch}
+        done = (set(answer.accepted) | set(answer.duplicate)) & in_batch
+        self.spool.remove(done)
+        self.stats.sent_events += len(set(answer.accepted) & in_batch)
+        self.stats.duplicate_events += len(set(answer.duplicate) & in_batch)
+        refused = 0
+        for rejection in answer.rejected:
+            if 0 <= rejection.index < len(batch):
+                event_id = batch[rejection.index].event_id
+                refused += self.spool.quarantine(
+                    [event_id], status=response.status_code, reason=rejection.error
+                )
+        self.stats.quarantined_events += refused
+        if not done and not refused:
+            # An answer that settles nothing would have us resend the same batch at once.
+            self.stats.last_error = "answer named none of the batch's events"
+            return Export.PENDING
+        if self._batch_limit < self.batch_size:
+            self._batch_limit = min(self.batch_size, self._batch_limit * 2)
+        self._not_before = 0.0
+        return Export.DELIVERED
+
+    def _final(self, batch: list[SpooledEvent], status: int, text: str) -> Export:
+        moved = self.spool.quarantine(
+            [event.event_id for event in batch], status=status, reason=text or f"HTTP {status}"
+        )
+        self.stats.quarantined_events += moved
+        return Export.FINAL
