@@ -56,13 +56,11 @@ class TelemetryClient:
         settings: TelemetrySettings,
         directory: Path,
         *,
-        client_enabled: bool = True,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.settings = settings
         self.directory = Path(directory)
         self.session_id = uuid.uuid4().hex
-        self._client_enabled = client_enabled
         self._transport = transport
         self._queue: queue.Queue[AnyEvent | threading.Event] = queue.Queue(
             settings.queue_max_events
@@ -81,7 +79,7 @@ class TelemetryClient:
     @property
     def level(self) -> Level:
         """The privacy level in force now."""
-        return effective_level(self.settings.level, self._client_enabled)
+        return effective_level(self.settings.level, self.settings.client_enabled)
 
     @property
     def install_id(self) -> str:
@@ -91,7 +89,7 @@ class TelemetryClient:
 
     def set_client_enabled(self, enabled: bool) -> None:
         """Honour the editor's telemetry switch (VS Code's `isTelemetryEnabled`)."""
-        self._client_enabled = enabled
+        self.settings = self.settings.model_copy(update={"client_enabled": enabled})
         if self.level != "off":
             self.start()
 

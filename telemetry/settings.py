@@ -20,6 +20,11 @@ class TelemetrySettings(BaseModel):
         description="`off`; `metrics` (no code, paths or identifiers); `full` (opt-in: adds "
         "prompt and suggestion text).",
     )
+    client_enabled: bool = Field(
+        True,
+        description="Set by the editor from its own telemetry switch (VS Code's "
+        "`isTelemetryEnabled`); false turns reporting off like `level = off`.",
+    )
     backend_url: str = Field(
         "",
         description="Base URL of the training backend (`http://127.0.0.1:8765`); empty keeps "
