@@ -1,0 +1,1 @@
+"""The backend's database: SQLAlchemy models and Alembic migrations."""

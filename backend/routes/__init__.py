@@ -1,0 +1,1 @@
+"""HTTP routes of the backend, one router per area (`create_app` includes them)."""

@@ -1,0 +1,241 @@
+"""Storage of the backend through SQLAlchemy: SQLite by default, PostgreSQL by URL.
+
+Every query takes the tenant id; nothing here reads or writes across tenants. Ingestion is
+idempotent on `(tenant_id, event_id)`: a unique constraint plus `INSERT .. ON CONFLICT DO
+NOTHING .. RETURNING`, which both databases support, so a replayed event is stored once and the
+answer tells which events were new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from sqlalchemy import Engine, create_engine, event, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend.db.migrate import upgrade
+from backend.db.models import ApiToken, StoredEvent, Tenant
+from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
+
+AnyEvent = DecisionEvent | OutcomeEvent | RetentionEvent
+TOKEN_PREFIX = "tl_"
+
+
+def default_db_url() -> str:
+    """A SQLite file in the platform's data directory."""
+    path = platformdirs.user_data_path("tabloop") / "backend.sqlite3"
+    return f"sqlite:///{path}"
+
+
+def hash_token(token: str) -> str:
+    """SHA-256 of a token; tokens are 256-bit random, so a fast hash is enough."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`, with SQLite set up for durable concurrent use."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=8)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode = WAL")
+        # FULL: an event we acknowledged leaves the client's spool, so it must survive power loss.
+        cursor.execute("PRAGMA synchronous = FULL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA busy_timeout = 30000")
+        cursor.close()
+
+    return engine
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts for."""
+
+    tenant_id: int
+    tenant: str
+
+
+class Storage:
+    """The backend's database."""
+
+    def __init__(self, url: str, *, migrate: bool = True) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.dialect = self.engine.dialect.name
+        if migrate:
+            upgrade(self.engine)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        """Release every pooled connection."""
+        self.engine.dispose()
+
+    # -- tenants and tokens ---------------------------------------------------------------
+
+    def ensure_tenant(self, name: str) -> int:
+        """The id of tenant `name`, created when missing."""
+        if not name or len(name) > 128:
+            raise ValueError("a tenant name is 1 to 128 characters")
+        with self.sessions() as session:
+            found = session.scalar(select(Tenant.id).where(Tenant.name == name))
+            if found is not None:
+                return found
+            tenant = Tenant(name=name, created_at=datetime.now(UTC))
+            session.add(tenant)
+            try:
+                session.commit()
+            except IntegrityError:  # created concurrently
+                session.rollback()
+                return int(session.scalars(select(Tenant.id).where(Tenant.name == name)).one())
+            return tenant.id
+
+    def create_token(self, tenant: str) -> str:
+        """A new bearer token for `tenant` (created when missing); only its hash is kept."""
+        tenant_id = self.ensure_tenant(tenant)
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        with self.sessions() as session:
+            session.add(
+                ApiToken(
+                    tenant_id=tenant_id,
+                    token_hash=hash_token(token),
+                    created_at=datetime.now(UTC),
+                )
+            )
+            session.commit()
+        return token
+
+    def revoke_token(self, token: str) -> bool:
+        """Make `token` unusable; False when it was unknown or already revoked."""
+        with self.sessions() as session:
+            row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+            if row is None or row.revoked_at is not None:
+                return False
+            row.revoked_at = datetime.now(UTC)
+            session.commit()
+            return True
+
+    def principal_for_token(self, token: str) -> Principal | None:
+        """The tenant a live token belongs to, or None."""
+        with self.sessions() as session:
+            row = session.execute(
+                select(Tenant.id, Tenant.name)
+                .join(ApiToken, ApiToken.tenant_id == Tenant.id)
+                .where(ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None))
+            ).first()
+        return Principal(row[0], row[1]) if row else None
+
+    # -- events -------------------------------------------------------------------------------
+
+    def insert_events(self, tenant_id: int, events: Sequence[AnyEvent]) -> set[str]:
+        """Store events not stored before; returns the ids that were new."""
+        if not events:
+            return set()
+        now = datetime.now(UTC)
+        rows = []
+        seen: set[str] = set()
+        for item in events:
+            event_id = str(item.event_id)
+            if event_id in seen:
+                continue  # the same id twice in one batch: one row, one answer
+            seen.add(event_id)
+            rows.append(
+                {
+                    "tenant_id": tenant_id,
+                    "event_id": event_id,
+                    "type": item.type,
+                    "decision_id": item.decision_id,
+                    "label": _label(item),
+                    "time": item.time,
+                    "received_at": now,
+                    "body": item.model_dump(mode="json"),
+                }
+            )
+        insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        statement = (
+            insert(StoredEvent)
+            .values(rows)
+            .on_conflict_do_nothing(index_elements=["tenant_id", "event_id"])
+            .returning(StoredEvent.event_id)
+        )
+        with self.sessions() as session:
+            inserted = set(session.scalars(statement).all())
+            session.commit()
+        return inserted
+
+    def event_ids(self, tenant_id: int) -> list[str]:
+        """Every stored event id of a tenant, in arrival order (tests and audits)."""
+        with self.sessions() as session:
+            return list(
+                session.scalars(
+                    select(StoredEvent.event_id)
+                    .where(StoredEvent.tenant_id == tenant_id)
+                    .order_by(StoredEvent.id)
+                )
+            )
+
+    def events(
+        self, tenant_id: int, *, type: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[tuple[int, dict[str, Any]]]:
+        """`(row id, event)` of a tenant in arrival order, paged by `after_id` (for the trainer)."""
+        query = select(StoredEvent.id, StoredEvent.body).where(
+            StoredEvent.tenant_id == tenant_id, StoredEvent.id > after_id
+        )
+        if type is not None:
+            query = query.where(StoredEvent.type == type)
+        with self.sessions() as session:
+            result = session.execute(query.order_by(StoredEvent.id).limit(limit)).all()
+        return [(row[0], row[1]) for row in result]
+
+    def summary(self, tenant_id: int) -> dict[str, Any]:
+        """Decisions per action, outcomes per kind and retention measurements of a tenant."""
+        with self.sessions() as session:
+            counts = session.execute(
+                select(StoredEvent.type, StoredEvent.label, func.count())
+                .where(StoredEvent.tenant_id == tenant_id)
+                .group_by(StoredEvent.type, StoredEvent.label)
+            ).all()
+        decisions: dict[str, int] = {}
+        outcomes: dict[str, int] = {}
+        retention = 0
+        for kind, label, count in counts:
+            if kind == "decision":
+                decisions[label or ""] = int(count)
+            elif kind == "outcome":
+                outcomes[label or ""] = int(count)
+            else:
+                retention += int(count)
+        return {
+            "events": sum(int(c) for _, _, c in counts),
+            "decisions": decisions,
+            "outcomes": outcomes,
+            "retention": retention,
+        }
+
+    def session(self) -> Session:
+        """A new ORM session, for routes added by other areas of the backend."""
+        return self.sessions()
+
+
+def _label(item: AnyEvent) -> str | None:
+    if isinstance(item, DecisionEvent):
+        return item.action
+    if isinstance(item, OutcomeEvent):
+        return item.kind
+    return str(item.after_s)
