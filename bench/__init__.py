@@ -1,1 +1,1 @@
-"""Benchmarks run by `tabloop bench NAME`; each prints JSON with its baseline measured in the same run."""
+"""Benchmarks run by `tabloop bench NAME`; each prints JSON with its baseline from the same run."""

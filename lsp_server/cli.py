@@ -19,6 +19,8 @@ from lsp_server import __version__
 
 log = logging.getLogger(__name__)
 
+LISTENING_MESSAGE = "tabloop language server listening"
+
 # Commands implemented next to the code they drive: name -> ("module:function", help).
 # Each function takes the remaining arguments and returns an exit status.
 DELEGATED: dict[str, tuple[str, str]] = {
@@ -84,6 +86,8 @@ def serve(args: argparse.Namespace) -> int:
         log.info("tabloop %s listening on %s:%d", __version__, args.host, args.port)
         server.start_tcp(args.host, args.port)
     else:
+        # Benchmarks wait for this line to time `initialize` apart from Python's start-up.
+        log.info("%s %s on stdio", LISTENING_MESSAGE, __version__)
         server.start_io()
     return 0
 
@@ -109,6 +113,10 @@ def demo(args: argparse.Namespace) -> int:
 def show_config(args: argparse.Namespace) -> int:
     from lsp_server import config
 
+    if args.update_readme:
+        changed = config.update_readme(Path(args.update_readme))
+        print(f"{args.update_readme}: {'updated' if changed else 'already current'}")
+        return 0
     if args.markdown:
         sys.stdout.write(config.markdown_table())
         return 0
@@ -160,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved configuration")
     p.add_argument("--workspace", help="workspace root (default: cwd)")
     p.add_argument("--markdown", action="store_true", help="the README's configuration table")
+    p.add_argument("--update-readme", metavar="README", help="rewrite the table in this file")
     p.set_defaults(func=show_config)
 
     p = sub.add_parser("bench", help="benchmarks; each prints JSON", add_help=False)

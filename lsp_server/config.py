@@ -29,6 +29,7 @@ import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel, to_snake
 
+from completion.policy_settings import PolicySettings
 from completion.settings import CompletionSettings
 from indexer.settings import IndexSettings
 from telemetry.settings import TelemetrySettings
@@ -53,6 +54,7 @@ class Settings(BaseModel):
         "info", description="Least severe log level written to the log and the client."
     )
     completion: CompletionSettings = Field(default_factory=CompletionSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
@@ -203,7 +205,7 @@ def _remove_key(values: dict[str, Any], loc: tuple[int | str, ...]) -> bool:
 
 
 def _describe(error: Any, merged: dict[str, Any]) -> str:
-    loc = ".".join(str(p) for p in error["loc"])
+    loc = ".".join(to_camel(str(p)) for p in error["loc"])
     if error["type"] == "extra_forbidden":
         return f"unknown setting '{loc}'; ignoring it"
     return (
@@ -274,9 +276,20 @@ def settings_rows(
             rows.extend(settings_rows(annotation, f"{key}."))
             continue
         schema = properties[to_camel(name)]
-        kind = ", ".join(f"`{v}`" for v in schema["enum"]) if "enum" in schema else schema["type"]
-        rows.append((key, kind, json.dumps(info.default), info.description or ""))
+        kind = _kind(schema)
+        default = info.get_default(call_default_factory=True)
+        rows.append((key, kind, json.dumps(default, default=str), info.description or ""))
     return rows
+
+
+def _kind(schema: dict[str, Any]) -> str:
+    if "enum" in schema:
+        return ", ".join(f"`{v}`" for v in schema["enum"])
+    if "anyOf" in schema:
+        return " or ".join(_kind(option) for option in schema["anyOf"])
+    if schema.get("type") == "array":
+        return f"list of {_kind(schema.get('items', {}))}"
+    return str(schema.get("type", "any"))
 
 
 def markdown_table() -> str:
@@ -288,3 +301,25 @@ def markdown_table() -> str:
     for key, kind, default, description in settings_rows():
         lines.append(f"| `{key}` | {kind} | `{default}` | {description} |")
     return "\n".join(lines) + "\n"
+
+
+TABLE_BEGIN = "<!-- config-table:begin -->\n"
+TABLE_END = "<!-- config-table:end -->"
+
+
+def readme_table(readme: str) -> str:
+    """The configuration table currently between the markers of a README."""
+    if TABLE_BEGIN not in readme or TABLE_END not in readme:
+        raise ValueError("the README has no configuration table markers")
+    return readme.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0]
+
+
+def update_readme(path: Path) -> bool:
+    """Rewrite the README's configuration table from the model; True when it changed."""
+    readme = path.read_text(encoding="utf-8")
+    current = readme_table(readme)
+    fresh = markdown_table()
+    if current == fresh:
+        return False
+    path.write_text(readme.replace(TABLE_BEGIN + current, TABLE_BEGIN + fresh, 1), encoding="utf-8")
+    return True

@@ -10,7 +10,7 @@ import asyncio
 import importlib
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +39,8 @@ FEATURE_MODULES = (
 )
 
 DECISIONS_KEPT = 2048
+TIMINGS_KEPT = 1024
+TIMINGS_REQUEST = "tabloop/timings"
 
 
 class DocumentListener(Protocol):
@@ -104,6 +106,8 @@ class TabloopServer(LanguageServer):
         self.decisions: OrderedDict[str, DecisionRecord] = OrderedDict()
         self.hooks = Hooks()
         self.counters = Counters()
+        # Per answered request: wall time in the handler and time in the model runner.
+        self.request_timings: deque[dict[str, float]] = deque(maxlen=TIMINGS_KEPT)
         self.last_accept_at = 0.0
         self.engine_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from lsp_server.features.inline import ACCEPT_COMMAND
-from lsp_server.server import TabloopServer
+from lsp_server.server import TIMINGS_REQUEST, TabloopServer
 
 log = logging.getLogger(__name__)
 
@@ -42,3 +42,8 @@ def register(server: TabloopServer) -> None:
     @server.feature(STATUS_REQUEST)
     def status(ls: TabloopServer, params: Any) -> dict[str, Any]:
         return ls.status()
+
+    @server.feature(TIMINGS_REQUEST)
+    def timings(ls: TabloopServer, params: Any) -> list[dict[str, float]]:
+        """Recent per-request timings, oldest first (for benchmarks)."""
+        return list(ls.request_timings)

@@ -7,14 +7,17 @@ import logging
 import time
 from collections import deque
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
-from completion import gate
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
 from lsp_server.server import TabloopServer
+
+if TYPE_CHECKING:
+    from completion import gate
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,9 @@ def build_request(
 
 
 def signals_for(ls: TabloopServer, uri: str, typing: TypingTracker) -> gate.Signals:
+    # Imported here: gate needs torch, which must not load before `initialize` answers.
+    from completion import gate
+
     counters = ls.counters
     shown = max(counters.shown, 1)
     return gate.Signals(
@@ -118,6 +124,7 @@ async def decide(
 ) -> tuple[Decision, CompletionRequest] | None:
     """Run the engine for a cursor; None when there is nothing to show (or nothing current)."""
     ls.counters.requests += 1
+    handler_started = time.perf_counter()
     engine = ls.engine
     if engine is None or not ls.settings.completion.enabled:
         return None  # before the model is ready: answer at once, empty
@@ -145,6 +152,13 @@ async def decide(
         ls.counters.stale += 1
         return None
     ls.remember(decision, request)
+    ls.request_timings.append(
+        {
+            "handler_ms": (time.perf_counter() - handler_started) * 1000,
+            "model_ms": decision.timings.model_ms,
+            "context_ms": decision.timings.context_ms,
+        }
+    )
     if not decision.shown:
         return None
     return decision, request

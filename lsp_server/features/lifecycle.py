@@ -49,7 +49,8 @@ def supports_work_done_progress(server: TabloopServer) -> bool:
 
 async def load_engine(server: TabloopServer) -> None:
     """Import torch, load the model and warm it, on the model thread; report progress."""
-    from completion.engine import Engine  # heavy imports stay off the initialize path
+    from completion import gate  # heavy imports (torch) stay off the initialize path
+    from completion.engine import Engine
 
     settings = server.settings
     if not settings.completion.enabled:
@@ -76,15 +77,22 @@ async def load_engine(server: TabloopServer) -> None:
     loop = asyncio.get_running_loop()
     try:
         context_source = server.extensions.get("context")
+        policy_client = server.extensions.get("policy")
+        if policy_client is not None:
+            policy_source = policy_client.current
+        else:
+            builtin = gate.builtin_policy().with_floor(settings.policy.show_floor)
+
+            def policy_source() -> gate.Policy:
+                return builtin
+
         engine = await loop.run_in_executor(
             server.model_executor,
             lambda: Engine.load(
                 settings.completion,
                 settings.cache_path(),
                 context_source=context_source,
-                policy_source=server.extensions["policy"].current
-                if "policy" in server.extensions
-                else None,
+                policy_source=policy_source,
             ),
         )
     except Exception as exc:

@@ -1,0 +1,300 @@
+"""The real server over stdio, driven by pytest-lsp with recorded client capability profiles."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from lsp_server.client import plain
+from tests.lsp.conftest import PROFILES, load_profile
+
+# A real function, mid-typing: the cursor is after "    result = " on its line.
+SOURCE = '''\
+import os
+
+
+def join_words(words, separator=" "):
+    """Join words with a separator, skipping empty ones."""
+    kept = [word for word in words if word]
+    result = {CURSOR_MARK}
+    return result
+
+
+def count_lines(path):
+    with open(path) as handle:
+        return sum(1 for _ in handle)
+'''
+SOURCE = SOURCE.replace("{CURSOR_MARK}", "")
+CURSOR = types.Position(line=6, character=13)
+
+
+def init_options(model: Path, cache_dir: Path, **completion: Any) -> dict[str, Any]:
+    return {
+        "cacheDir": str(cache_dir),
+        "completion": {"model": str(model), "maxNewTokens": 24, **completion},
+        # Always show a non-empty suggestion: these tests are about the protocol, not the policy.
+        "policy": {"showFloor": 1.0},
+        "index": {"enabled": False},
+        "telemetry": {"level": "off"},
+    }
+
+
+async def wait_until_ready(client: LanguageClient, timeout_s: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status: dict[str, Any] = plain(
+            await client.protocol.send_request_async("tabloop/status", {})
+        )
+        if status["model"]["state"] != "loading" or time.monotonic() > deadline:
+            return status
+        await asyncio.sleep(0.1)
+
+
+def open_document(client: LanguageClient, path: Path, text: str = SOURCE) -> str:
+    uri = path.as_uri()
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            text_document=types.TextDocumentItem(
+                uri=uri, language_id="python", version=1, text=text
+            )
+        )
+    )
+    return uri
+
+
+def inline_params(uri: str, position: types.Position = CURSOR) -> types.InlineCompletionParams:
+    return types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=position,
+        context=types.InlineCompletionContext(
+            trigger_kind=types.InlineCompletionTriggerKind.Automatic
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def server_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("workspace")
+    (root / "words.py").write_text(SOURCE, encoding="utf-8")
+    return root
+
+
+@pytest_lsp.fixture(
+    config=ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", "--stdio"]),
+    params=sorted(PROFILES),
+)
+async def client(
+    lsp_client: LanguageClient,
+    request: pytest.FixtureRequest,
+    tiny_model_path: Path,
+    server_workspace: Path,
+    tmp_path: Path,
+) -> AsyncIterator[None]:
+    profile = load_profile(request.param)
+    params = types.InitializeParams(
+        capabilities=profile.capabilities,
+        client_info=profile.client_info,
+        root_uri=server_workspace.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(uri=server_workspace.as_uri(), name="ws")],
+        initialization_options=init_options(tiny_model_path, tmp_path / "cache"),
+    )
+    started = time.perf_counter()
+    result = await lsp_client.initialize_session(params)
+    lsp_client.initialize_seconds = time.perf_counter() - started  # type: ignore[attr-defined]
+    lsp_client.initialize_result = result  # type: ignore[attr-defined]
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_initialize_advertises_features_and_answers_before_the_model(
+    client: LanguageClient,
+) -> None:
+    result: types.InitializeResult = client.initialize_result  # type: ignore[attr-defined]
+    capabilities = result.capabilities
+    assert result.server_info is not None and result.server_info.name == "tabloop"
+    assert capabilities.inline_completion_provider
+    assert capabilities.completion_provider is not None
+    assert capabilities.execute_command_provider is not None
+    assert "tabloop.accept" in capabilities.execute_command_provider.commands
+    # The model loads in the background: right after initialize it is not ready yet.
+    status = plain(await client.protocol.send_request_async("tabloop/status", {}))
+    assert status["model"]["state"] in ("loading", "ready")
+
+
+async def test_inline_completion_suggests_with_an_accept_command(
+    client: LanguageClient, server_workspace: Path
+) -> None:
+    assert (await wait_until_ready(client))["model"]["state"] == "ready"
+    uri = open_document(client, server_workspace / "words.py")
+    answer = await client.text_document_inline_completion_async(inline_params(uri))
+    assert isinstance(answer, types.InlineCompletionList)
+    assert len(answer.items) == 1
+    item = answer.items[0]
+    assert isinstance(item.insert_text, str) and item.insert_text.strip()
+    assert item.range == types.Range(start=CURSOR, end=CURSOR)
+    assert item.command is not None and item.command.command == "tabloop.accept"
+    assert item.command.arguments and isinstance(item.command.arguments[0], str)
+    # Code follows the cursor on the next lines, not on its own: no text after it is repeated.
+    assert not item.insert_text.startswith("\n    return result")
+
+
+async def test_accept_command_is_recorded(client: LanguageClient, server_workspace: Path) -> None:
+    await wait_until_ready(client)
+    uri = open_document(client, server_workspace / "words.py")
+    answer = await client.text_document_inline_completion_async(inline_params(uri))
+    assert isinstance(answer, types.InlineCompletionList) and answer.items
+    command = answer.items[0].command
+    assert command is not None
+    await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command=command.command, arguments=command.arguments)
+    )
+    status = plain(await client.protocol.send_request_async("tabloop/status", {}))
+    assert status["decisions"]["accepted"] == 1
+    assert status["decisions"]["shown"] >= 1
+
+
+async def test_an_answer_for_a_version_the_editor_left_is_empty(
+    client: LanguageClient, server_workspace: Path
+) -> None:
+    await wait_until_ready(client)
+    uri = open_document(client, server_workspace / "words.py")
+    pending = client.text_document_inline_completion_async(inline_params(uri))
+    # The user keeps typing before the answer arrives.
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(start=CURSOR, end=CURSOR), text="s"
+                )
+            ],
+        )
+    )
+    answer = await pending
+    assert isinstance(answer, types.InlineCompletionList)
+    assert answer.items == []
+    # The next request, for the current version, works.
+    moved = types.Position(line=CURSOR.line, character=CURSOR.character + 1)
+    answer = await client.text_document_inline_completion_async(inline_params(uri, moved))
+    assert isinstance(answer, types.InlineCompletionList) and len(answer.items) == 1
+
+
+async def test_cancelled_request_then_the_next_one_works(
+    client: LanguageClient, server_workspace: Path
+) -> None:
+    await wait_until_ready(client)
+    uri = open_document(client, server_workspace / "words.py")
+    msg_id = "cancel-me"
+    pending = client.protocol.send_request_async(
+        types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri), msg_id=msg_id
+    )
+    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
+    try:
+        answer = await pending
+    except Exception as exc:  # the server answers RequestCancelled
+        assert "cancel" in str(exc).lower()
+    else:
+        assert answer is None or answer.items == [] or len(answer.items) == 1
+    answer = await client.text_document_inline_completion_async(inline_params(uri))
+    assert isinstance(answer, types.InlineCompletionList) and len(answer.items) == 1
+
+
+async def test_requests_before_the_model_is_ready_answer_empty_at_once(
+    client: LanguageClient, server_workspace: Path
+) -> None:
+    # Sent straight after initialize: the background load has barely started.
+    uri = open_document(client, server_workspace / "words.py")
+    status = plain(await client.protocol.send_request_async("tabloop/status", {}))
+    answer = await client.text_document_inline_completion_async(inline_params(uri))
+    if status["model"]["state"] == "loading":
+        assert isinstance(answer, types.InlineCompletionList)
+        assert answer.items == [] or len(answer.items) == 1  # it may have finished meanwhile
+
+
+@pytest_lsp.fixture(
+    config=ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", "--stdio"]),
+)
+async def legacy_client(
+    lsp_client: LanguageClient, tiny_model_path: Path, server_workspace: Path, tmp_path: Path
+) -> AsyncIterator[None]:
+    """A client without inline completion (Neovim 0.11's capabilities minus the 0.12 feature)."""
+    profile = load_profile("neovim-0.12")
+    assert profile.capabilities.text_document is not None
+    profile.capabilities.text_document.inline_completion = None
+    await lsp_client.initialize_session(
+        types.InitializeParams(
+            capabilities=profile.capabilities,
+            root_uri=server_workspace.as_uri(),
+            initialization_options=init_options(tiny_model_path, tmp_path / "cache"),
+        )
+    )
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_completion_fallback_offers_the_same_suggestion(
+    legacy_client: LanguageClient, server_workspace: Path
+) -> None:
+    client = legacy_client
+    await wait_until_ready(client)
+    uri = open_document(client, server_workspace / "words.py")
+    result = await client.text_document_completion_async(
+        types.CompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=CURSOR,
+            context=types.CompletionContext(trigger_kind=types.CompletionTriggerKind.Invoked),
+        )
+    )
+    assert isinstance(result, types.CompletionList)
+    assert len(result.items) == 1
+    item = result.items[0]
+    assert isinstance(item.text_edit, types.TextEdit)
+    assert item.text_edit.range == types.Range(start=CURSOR, end=CURSOR)
+    assert item.command is not None and item.command.command == "tabloop.accept"
+    # The inline answer at the same place is the same text (served from the typing cache).
+    inline = await client.text_document_inline_completion_async(inline_params(uri))
+    assert isinstance(inline, types.InlineCompletionList) and inline.items
+    assert inline.items[0].insert_text == item.text_edit.new_text
+
+
+@pytest_lsp.fixture(
+    config=ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", "--stdio"]),
+)
+async def misconfigured_client(
+    lsp_client: LanguageClient, tiny_model_path: Path, server_workspace: Path, tmp_path: Path
+) -> AsyncIterator[None]:
+    options = init_options(tiny_model_path, tmp_path / "cache")
+    options["completion"]["maxNewTokens"] = -5
+    options["completion"]["temprature"] = 0.2
+    await lsp_client.initialize_session(
+        types.InitializeParams(
+            capabilities=load_profile("vscode").capabilities,
+            root_uri=server_workspace.as_uri(),
+            initialization_options=options,
+        )
+    )
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_invalid_settings_are_shown_once_and_the_server_keeps_running(
+    misconfigured_client: LanguageClient, server_workspace: Path
+) -> None:
+    client = misconfigured_client
+    status = await wait_until_ready(client)
+    assert status["model"]["state"] == "ready"
+    warnings = [m for m in client.messages if "configuration" in m.message]
+    assert len(warnings) == 1
+    assert "maxNewTokens" in warnings[0].message and "temprature" in warnings[0].message
+    uri = open_document(client, server_workspace / "words.py")
+    answer = await client.text_document_inline_completion_async(inline_params(uri))
+    assert isinstance(answer, types.InlineCompletionList) and len(answer.items) == 1
