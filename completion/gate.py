@@ -77,15 +77,9 @@ class Signals:
 
 
 def _indent_width(line: str) -> int:
-    width = 0
-    for ch in line:
-        if ch == " ":
-            width += 1
-        elif ch == "\t":
-            width += 4
-        else:
-            break
-    return width
+    """Columns of leading whitespace, a tab reaching the next multiple of 4."""
+    lead = line[: len(line) - len(line.lstrip(" \t"))]
+    return len(lead.expandtabs(4))
 
 
 def _previous_code_line(prefix: str) -> str:
@@ -292,7 +286,7 @@ class Normaliser:
     def apply(self, matrix: np.ndarray) -> torch.Tensor:
         mean = np.asarray(self.mean)
         filled = np.where(np.isnan(matrix), mean, matrix)
-        return torch.as_tensor((filled - mean) / np.asarray(self.scale), dtype=torch.float32)
+        return torch.as_tensor((filled - mean) / np.asarray(self.scale), dtype=torch.float64)
 
 
 class ShowModel(nn.Module):
@@ -302,12 +296,14 @@ class ShowModel(nn.Module):
         super().__init__()
         self.dim = dim
         self.hidden = hidden
-        self.linear = nn.Linear(dim, 1)
+        # float64 throughout: the model is tiny, and a propensity such as 1 - P(show) near 0 must
+        # come out the same for one row at serving time and for a batch at training time.
+        self.linear = nn.Linear(dim, 1, dtype=torch.float64)
         self.mlp_in: nn.Linear | None = None
         self.mlp_out: nn.Linear | None = None
         if hidden:
-            self.mlp_in = nn.Linear(dim, hidden)
-            self.mlp_out = nn.Linear(hidden, 1)
+            self.mlp_in = nn.Linear(dim, hidden, dtype=torch.float64)
+            self.mlp_out = nn.Linear(hidden, 1, dtype=torch.float64)
             # Zero output: a new MLP starts as the logistic model it extends.
             nn.init.zeros_(self.mlp_out.weight)
             nn.init.zeros_(self.mlp_out.bias)
@@ -369,7 +365,7 @@ class Policy:
         if not rows:
             return np.zeros(0)
         with torch.inference_mode():
-            p = self.show_probability(self.inputs(rows)).double().numpy()
+            p = self.show_probability(self.inputs(rows)).numpy()
         empty = np.fromiter((is_empty(f) for f in rows), dtype=bool, count=len(rows))
         return np.where(empty, 0.0, p)
 
@@ -378,7 +374,7 @@ class Policy:
         if not rows:
             return np.zeros(0)
         with torch.inference_mode():
-            p = torch.sigmoid(self.logits(self.inputs(rows))).double().numpy()
+            p = torch.sigmoid(self.logits(self.inputs(rows))).numpy()
         empty = np.fromiter((is_empty(f) for f in rows), dtype=bool, count=len(rows))
         return np.where(empty, 0.0, p)
 
@@ -421,9 +417,9 @@ class Policy:
             new_s = torch.tensor(target.scale, dtype=torch.float64)
             with torch.no_grad():
                 for layer in model.input_layers():
-                    w = layer.weight.double()
-                    layer.bias.copy_((layer.bias.double() + w @ ((new_m - old_m) / old_s)).float())
-                    layer.weight.copy_((w * (new_s / old_s)).float())
+                    w = layer.weight
+                    layer.bias.copy_(layer.bias + w @ ((new_m - old_m) / old_s))
+                    layer.weight.copy_(w * (new_s / old_s))
         return Policy(
             version=version,
             space=self.space,
@@ -480,7 +476,7 @@ class Policy:
                 raise PolicyError("normaliser has a non-positive scale")
             model = ShowModel(space.dim, int(doc["model"]["hidden"]))
             state = {
-                k: torch.tensor(v, dtype=torch.float32) for k, v in doc["model"]["state"].items()
+                k: torch.tensor(v, dtype=torch.float64) for k, v in doc["model"]["state"].items()
             }
             model.load_state_dict(state, strict=True)
             return cls(
@@ -507,7 +503,7 @@ def builtin_policy(show_floor: float = DEFAULT_SHOW_FLOOR) -> Policy:
     space = FeatureSpace()
     model = ShowModel(space.dim, hidden=0)
     names = space.names
-    weights = torch.zeros(space.dim)
+    weights = torch.zeros(space.dim, dtype=torch.float64)
     weights[names.index("logprob_mean")] = 4.0
     weights[names.index("repeats_suffix")] = -6.0
     with torch.no_grad():
