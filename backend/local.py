@@ -10,6 +10,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -62,7 +63,12 @@ class ServerThread:
 
 
 class LocalBackend:
-    """A running backend: its URL, a tenant token, and the storage to inspect it."""
+    """A backend serving on loopback: its URL, a tenant token, and the storage to inspect it.
+
+    `stop_serving()` and `start_serving()` close and reopen the same port (an outage, for
+    tests and benchmarks); `stop()` ends it for good. `asgi_wrapper` may wrap the app in
+    middleware (tests record bodies and script faults with it).
+    """
 
     def __init__(
         self,
@@ -71,6 +77,7 @@ class LocalBackend:
         tenant: str = "local",
         port: int = 0,
         limits: IngestLimits | None = None,
+        asgi_wrapper: Callable[[FastAPI], Any] | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if db_url is None:
@@ -78,22 +85,41 @@ class LocalBackend:
             db_url = f"sqlite:///{Path(self._tmp.name) / 'backend.sqlite3'}"
         self.db_url = db_url
         self.storage = Storage(db_url)
+        self.tenant = tenant
         self.token = self.storage.create_token(tenant)
         principal = self.storage.principal_for_token(self.token)
         assert principal is not None
         self.principal: Principal = principal
         self.app: FastAPI = create_app(storage=self.storage, limits=limits)
-        self._server = ServerThread(self.app, bind_loopback(port))
-        self.url = self._server.url
-        self.port = self._server.port
+        self._asgi: Any = asgi_wrapper(self.app) if asgi_wrapper else self.app
+        self.port = port
+        self._server: ServerThread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> LocalBackend:
-        self._server.start()
+        """Start serving; returns self."""
+        self.start_serving()
         return self
+
+    def start_serving(self) -> None:
+        """Listen (again) on the same port."""
+        if self._server is None:
+            self._server = ServerThread(self._asgi, bind_loopback(self.port))
+            self.port = self._server.port
+            self._server.start()
+
+    def stop_serving(self) -> None:
+        """Close the port: clients see connection refused until `start_serving()`."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
     def stop(self) -> None:
         """Stop the server and release the database (and the temporary directory, if ours)."""
-        self._server.stop()
+        self.stop_serving()
         self.storage.close()
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -102,7 +128,12 @@ class LocalBackend:
         """Decisions per action and outcomes per kind received for the tenant."""
         return self.storage.summary(self.principal.tenant_id)
 
+    def stored_ids(self) -> list[str]:
+        """Every event id stored for the tenant, one entry per row."""
+        return self.storage.event_ids(self.principal.tenant_id)
+
     def healthy(self) -> bool:
+        """`/healthz` answers 200."""
         try:
             return httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200
         except httpx.HTTPError:
