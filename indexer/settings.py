@@ -20,3 +20,47 @@ class IndexSettings(BaseModel):
     max_file_bytes: int = Field(
         1_000_000, ge=1, description="Files larger than this are not indexed."
     )
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="Extra gitignore-style patterns, relative to the workspace root, that are "
+        "never indexed.",
+    )
+    follow_symlinks: bool = Field(
+        True, description="Follow symbolic links to files and directories (loops are skipped)."
+    )
+    chunk_max_tokens: int = Field(
+        0,
+        ge=0,
+        description="Largest chunk in the embedding model's tokens; 0 uses the model's limit.",
+    )
+    chunk_min_tokens: int = Field(
+        48, ge=0, description="Chunks smaller than this are merged with their neighbours."
+    )
+    window_overlap_lines: int = Field(
+        3, ge=0, description="Lines shared by neighbouring windows of files without a grammar."
+    )
+    embed_batch_size: int = Field(
+        32, ge=1, description="Chunks embedded per model call (also the unit of progress)."
+    )
+    hnsw_threshold: int = Field(
+        50_000,
+        ge=0,
+        description="Above this many chunks the vector index switches from exact search to "
+        "HNSW; 0 never switches.",
+    )
+    debounce_ms: int = Field(
+        300, ge=0, description="Quiet time after a file event before that file is re-indexed."
+    )
+    watch: bool = Field(True, description="Watch the workspace for changes on disk.")
+    rescan_interval_s: float = Field(
+        300.0,
+        ge=0,
+        description="Seconds between full rescans that repair events the watcher missed; "
+        "0 disables them.",
+    )
+    lock_timeout_s: float = Field(
+        0.0,
+        ge=0,
+        description="How long to wait for another process that is writing the same index; "
+        "after that the index opens read-only.",
+    )

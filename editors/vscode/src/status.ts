@@ -1,0 +1,77 @@
+/* What the status bar item says, from the server's `tabloop/status` answer. */
+
+export interface ServerStatus {
+  version?: string;
+  model?: { state?: string; modelId?: string; error?: string };
+  index?: { [key: string]: unknown };
+  policy?: { version?: string };
+  telemetry?: { level?: string };
+  decisions?: { [key: string]: number };
+}
+
+export interface StatusView {
+  text: string;
+  tooltip: string;
+  /** Still loading or indexing: poll again soon. */
+  busy: boolean;
+  error: boolean;
+}
+
+const BUSY_INDEX_STATES = new Set(['starting', 'scanning', 'indexing', 'embedding', 'loading', 'syncing']);
+
+function num(value: unknown): number | undefined {
+  return typeof value === 'number' && Number.isFinite(value) ? value : undefined;
+}
+
+/** `indexing 40%` while the index is being built, otherwise undefined. */
+export function indexProgress(index: ServerStatus['index']): string | undefined {
+  if (!index) return undefined;
+  const state = typeof index.state === 'string' ? index.state : undefined;
+  const done = num(index.indexedFiles) ?? num(index.filesIndexed) ?? num(index.done);
+  const total = num(index.totalFiles) ?? num(index.filesTotal) ?? num(index.total);
+  const fraction = num(index.progress);
+  const busy = state !== undefined ? BUSY_INDEX_STATES.has(state) : done !== undefined && total !== undefined && done < total;
+  if (!busy) return undefined;
+  if (done !== undefined && total !== undefined && total > 0) return `indexing ${Math.floor((100 * done) / total)}%`;
+  if (fraction !== undefined) return `indexing ${Math.floor(100 * fraction)}%`;
+  return state === 'indexing' || state === undefined ? 'indexing' : state;
+}
+
+function describeIndex(index: ServerStatus['index']): string {
+  if (!index) return 'not reported';
+  const parts = Object.entries(index)
+    .filter(([, value]) => typeof value !== 'object' || value === null)
+    .map(([key, value]) => `${key} ${String(value)}`);
+  return parts.join(', ') || 'not reported';
+}
+
+/** Status bar text and tooltip; `status` is undefined until the server answered once. */
+export function describeStatus(status: ServerStatus | undefined, suggestionsEnabled: boolean): StatusView {
+  if (!status) return { text: '$(sync~spin) tabloop', tooltip: 'tabloop: starting the language server', busy: true, error: false };
+  const model = status.model ?? {};
+  const policy = status.policy?.version || 'none';
+  const decisions = status.decisions ?? {};
+  const tooltip = [
+    `tabloop ${status.version ?? ''}`.trim(),
+    `model: ${model.state ?? 'unknown'}${model.modelId ? ` (${model.modelId})` : ''}${model.error ? `: ${model.error}` : ''}`,
+    `policy: ${policy}`,
+    `index: ${describeIndex(status.index)}`,
+    `telemetry: ${status.telemetry?.level ?? 'unknown'}`,
+    `suggestions: ${suggestionsEnabled ? 'on' : 'off'}; shown ${decisions.shown ?? 0}, accepted ${decisions.accepted ?? 0}`,
+    'Click for details.',
+  ].join('\n');
+
+  if (model.state === 'error') return { text: '$(error) tabloop: model error', tooltip, busy: false, error: true };
+  const indexing = indexProgress(status.index);
+  if (model.state !== 'ready') {
+    return { text: `$(sync~spin) tabloop: loading model${indexing ? `, ${indexing}` : ''}`, tooltip, busy: true, error: false };
+  }
+  if (indexing) return { text: `$(sync~spin) tabloop: ${indexing}`, tooltip, busy: true, error: false };
+  const icon = suggestionsEnabled ? '$(sparkle)' : '$(circle-slash)';
+  return { text: `${icon} tabloop · policy ${policy}`, tooltip, busy: false, error: false };
+}
+
+/** The lines of the status details shown by the `tabloop.showStatus` command. */
+export function statusDetails(status: ServerStatus): string {
+  return JSON.stringify(status, null, 2);
+}

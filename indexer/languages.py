@@ -1,0 +1,248 @@
+"""The tree-sitter grammars the chunker knows, and what a definition is in each.
+
+Grammars come from the per-language wheels (`tree-sitter-python`, …); each is loaded once, on
+first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from tree_sitter import Language, Node, Parser
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """One language: its wheel, definition node types (→ symbol kind) and containers."""
+
+    name: str
+    module: str
+    function: str
+    definitions: dict[str, str]
+    # Nodes whose children may hold further definitions (class bodies, impl blocks, …).
+    containers: frozenset[str]
+
+
+_C_DEFS = {
+    "function_definition": "function",
+    "struct_specifier": "struct",
+    "enum_specifier": "enum",
+    "union_specifier": "struct",
+    "type_definition": "type",
+}
+_JS_DEFS = {
+    "function_declaration": "function",
+    "generator_function_declaration": "function",
+    "class_declaration": "class",
+    "method_definition": "method",
+    "lexical_declaration": "variable",
+    "export_statement": "export",
+}
+_TS_DEFS = {
+    **_JS_DEFS,
+    "abstract_class_declaration": "class",
+    "interface_declaration": "interface",
+    "type_alias_declaration": "type",
+    "enum_declaration": "enum",
+    "internal_module": "module",
+    "function_signature": "function",
+}
+_JS_CONTAINERS = frozenset({"class_body", "export_statement", "statement_block"})
+
+GRAMMARS: dict[str, Grammar] = {
+    g.name: g
+    for g in (
+        Grammar(
+            "python",
+            "tree_sitter_python",
+            "language",
+            {
+                "function_definition": "function",
+                "class_definition": "class",
+                "decorated_definition": "decorated",
+            },
+            frozenset({"block", "decorated_definition"}),
+        ),
+        Grammar("javascript", "tree_sitter_javascript", "language", _JS_DEFS, _JS_CONTAINERS),
+        Grammar(
+            "typescript", "tree_sitter_typescript", "language_typescript", _TS_DEFS, _JS_CONTAINERS
+        ),
+        Grammar("tsx", "tree_sitter_typescript", "language_tsx", _TS_DEFS, _JS_CONTAINERS),
+        Grammar(
+            "go",
+            "tree_sitter_go",
+            "language",
+            {
+                "function_declaration": "function",
+                "method_declaration": "method",
+                "type_declaration": "type",
+            },
+            frozenset(),
+        ),
+        Grammar(
+            "rust",
+            "tree_sitter_rust",
+            "language",
+            {
+                "function_item": "function",
+                "struct_item": "struct",
+                "enum_item": "enum",
+                "trait_item": "interface",
+                "impl_item": "impl",
+                "mod_item": "module",
+                "macro_definition": "macro",
+                "type_item": "type",
+            },
+            frozenset({"declaration_list"}),
+        ),
+        Grammar(
+            "java",
+            "tree_sitter_java",
+            "language",
+            {
+                "class_declaration": "class",
+                "interface_declaration": "interface",
+                "enum_declaration": "enum",
+                "record_declaration": "class",
+                "method_declaration": "method",
+                "constructor_declaration": "constructor",
+            },
+            frozenset({"class_body", "interface_body", "enum_body", "enum_body_declarations"}),
+        ),
+        Grammar("c", "tree_sitter_c", "language", _C_DEFS, frozenset()),
+        Grammar(
+            "cpp",
+            "tree_sitter_cpp",
+            "language",
+            {
+                **_C_DEFS,
+                "class_specifier": "class",
+                "namespace_definition": "namespace",
+                "template_declaration": "template",
+            },
+            frozenset({"field_declaration_list", "declaration_list", "template_declaration"}),
+        ),
+    )
+}
+
+EXTENSIONS: dict[str, str] = {
+    ".py": "python",
+    ".pyi": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
+    ".tsx": "tsx",
+    ".go": "go",
+    ".rs": "rust",
+    ".java": "java",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".hpp": "cpp",
+    ".hh": "cpp",
+    ".hxx": "cpp",
+}
+
+_lock = threading.Lock()
+_languages: dict[str, Language] = {}
+
+
+def language_of(path: str) -> str:
+    """The language name for a path: a grammar name, else the extension (or `text`)."""
+    suffix = PurePosixPath(path).suffix.lower()
+    return EXTENSIONS.get(suffix, suffix[1:] or "text")
+
+
+def parser_for(language: str) -> Parser | None:
+    """A new parser for `language`, or None when no grammar is bundled for it."""
+    grammar = GRAMMARS.get(language)
+    if grammar is None:
+        return None
+    with _lock:
+        loaded = _languages.get(language)
+        if loaded is None:
+            factory: Callable[[], object] = getattr(
+                importlib.import_module(grammar.module), grammar.function
+            )
+            loaded = _languages[language] = Language(factory())
+    return Parser(loaded)
+
+
+_NAME_NODES = frozenset(
+    {
+        "identifier",
+        "field_identifier",
+        "type_identifier",
+        "qualified_identifier",
+        "operator_name",
+        "destructor_name",
+        "property_identifier",
+        "namespace_identifier",
+    }
+)
+
+
+def definition_name(node: Node) -> str | None:
+    """The name a definition node introduces, or None (anonymous, or not a definition)."""
+    kind = node.type
+    if kind in ("decorated_definition", "export_statement", "template_declaration"):
+        inner = node.child_by_field_name("definition") or node.child_by_field_name("declaration")
+        if inner is None:
+            inner = next((c for c in reversed(node.named_children) if c.type != "comment"), None)
+        return definition_name(inner) if inner is not None and inner is not node else None
+    if kind == "impl_item":
+        target = node.child_by_field_name("type")
+        trait = node.child_by_field_name("trait")
+        if target is None:
+            return None
+        return f"{_text(trait)} for {_text(target)}" if trait is not None else _text(target)
+    if kind == "type_declaration":
+        spec = next((c for c in node.named_children if c.type in ("type_spec", "type_alias")), None)
+        return definition_name(spec) if spec is not None else None
+    if kind == "lexical_declaration":
+        declarator = next((c for c in node.named_children if c.type == "variable_declarator"), None)
+        value = declarator.child_by_field_name("value") if declarator is not None else None
+        if declarator is None or value is None or value.type not in _FUNCTION_VALUES:
+            return None
+        return definition_name(declarator)
+    name = node.child_by_field_name("name")
+    if name is not None:
+        return _text(name)
+    declarator = node.child_by_field_name("declarator")
+    while declarator is not None:
+        if declarator.type in _NAME_NODES:
+            return _text(declarator)
+        declarator = declarator.child_by_field_name("declarator")
+    return None
+
+
+_FUNCTION_VALUES = frozenset(
+    {"arrow_function", "function_expression", "function", "class", "generator_function"}
+)
+
+
+def definition_kind(grammar: Grammar, node: Node) -> str:
+    """The symbol kind of a definition node (wrappers report what they wrap)."""
+    kind = grammar.definitions[node.type]
+    if kind in ("decorated", "export", "template"):
+        inner = node.child_by_field_name("definition") or node.child_by_field_name("declaration")
+        if inner is not None and inner.type in grammar.definitions:
+            return definition_kind(grammar, inner)
+        return "function" if kind == "decorated" else "variable"
+    if kind == "variable":
+        return "function"  # only function-valued declarations are definitions
+    return kind
+
+
+def _text(node: Node) -> str:
+    return (node.text or b"").decode("utf-8", errors="replace")
