@@ -37,9 +37,7 @@ class CompletionSettings(BaseModel):
         description="Base URL of the OpenAI-compatible server used when `runner` is `http`.",
     )
     http_model: str = Field("", description="Model name sent to the HTTP server (`model`).")
-    http_api_key: str = Field(
-        "", description="Bearer token for the HTTP server; empty sends none."
-    )
+    http_api_key: str = Field("", description="Bearer token for the HTTP server; empty sends none.")
     http_timeout_s: float = Field(
         10.0, gt=0, description="Overall time limit of one HTTP completion call, in seconds."
     )

@@ -1,0 +1,296 @@
+"""The in-process model runner: transformers + torch on the CPU, with a hand-written decode loop.
+
+`model.generate` would do the decoding, but the editor needs things it does not give together:
+a cancellation check between every two tokens (a newer keystroke supersedes the request), the
+stop rule applied to decoded text after each token, each token's log-probability for the gate
+policy, and a KV cache kept across calls so consecutive prompts prefill only what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from completion.bundled import BUNDLED_NAME, BUNDLED_SHA256, bundled_model_path
+from completion.fim import UnknownFamily, detect_family, template_for
+from completion.runners.prefix_cache import CacheEntry, PrefixCache
+from completion.types import CancelToken, Generation, StopRule
+
+log = logging.getLogger(__name__)
+
+Dtype = Literal["auto", "bfloat16", "float32", "int8"]
+
+AUTO_DTYPE: Dtype = "float32"
+"""What `dtype = "auto"` loads on a CPU; chosen by measurement, see docs/models.md."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where weights come from: what `from_pretrained` needs, and a stable identity."""
+
+    location: str  # directory or hub id
+    gguf_file: str | None
+    name: str
+    revision: str  # short checksum or hub revision
+
+
+def _fingerprint(path: Path) -> str:
+    """A cheap content fingerprint: name, size and the first and last MiB of a file."""
+    digest = hashlib.sha256(f"{path.name}:{path.stat().st_size}".encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(path.stat().st_size - (1 << 20), 0))
+        digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:12]
+
+
+def _directory_fingerprint(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for item in sorted(directory.iterdir()):
+        if item.is_file():
+            digest.update(f"{item.name}:{item.stat().st_size}".encode())
+            if item.suffix == ".json":
+                digest.update(item.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def resolve_source(model: str, cache_dir: Path) -> ModelSource:
+    """Interpret the `completion.model` setting."""
+    if model == "bundled":
+        path = bundled_model_path(cache_dir)
+        return ModelSource(str(path.parent), path.name, BUNDLED_NAME, BUNDLED_SHA256[:12])
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"completion.model: GGUF file {path} does not exist")
+        return ModelSource(str(path.parent), path.name, path.stem, _fingerprint(path))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"completion.model: {path} is a directory without config.json, not a model"
+            )
+        return ModelSource(str(path), None, path.name, _directory_fingerprint(path))
+    if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1):
+        raise FileNotFoundError(f"completion.model: {model} does not exist")
+    # A Hugging Face hub id: the user named it, so transformers may download it.
+    return ModelSource(model, None, model.rsplit("/", 1)[-1], "hub")
+
+
+def resolve_dtype(dtype: Dtype) -> Literal["bfloat16", "float32", "int8"]:
+    return AUTO_DTYPE if dtype == "auto" else dtype  # type: ignore[return-value]
+
+
+def _cache_kwarg(model: Any) -> str:
+    """forward()'s KV-cache keyword: `cache` in new transformers, `past_key_values` before."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _new_cache(config: Any) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config)
+    except TypeError:  # older transformers: no config argument
+        return DynamicCache()
+
+
+class LocalRunner:
+    """A causal LM run in this process, one request at a time."""
+
+    def __init__(
+        self,
+        model: str,
+        cache_dir: Path,
+        *,
+        dtype: Dtype = "auto",
+        threads: int = 0,
+        reuse_cache: bool = True,
+        cache_entries: int = 2,
+        cache_max_tokens: int = 4096,
+        family: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(threads or os.cpu_count() or 1)
+        started = time.perf_counter()
+        self.source = resolve_source(model, cache_dir)
+        self.dtype = resolve_dtype(dtype)
+        location, gguf_file = self.source.location, self.source.gguf_file
+        extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(location, **extra)
+        torch_dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+        loaded: Any = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **extra)
+        loaded.eval()
+        if self.dtype == "int8":
+            loaded = _quantize_int8(loaded)
+        self.model: Any = loaded
+        self.load_s = time.perf_counter() - started
+
+        self.model_id = f"{self.source.name}@{self.source.revision}"
+        self.family = family or self._detect_family()
+        self._cache_kwarg = _cache_kwarg(self.model)
+        self._prefix_cache = PrefixCache(cache_entries if reuse_cache else 0, cache_max_tokens)
+        self._stop_ids = self._collect_stop_ids()
+        self._stop_strings = template_for(self.family).stop_tokens
+        self._generator = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()
+        log.info("loaded %s (%s) in %.1fs", self.model_id, self.dtype, self.load_s)
+
+    def _detect_family(self) -> str:
+        specials = list(getattr(self.tokenizer, "all_special_tokens", []))
+        specials += list(getattr(self.tokenizer, "get_added_vocab", dict)().keys())
+        try:
+            return detect_family(specials, self.source.location + "/" + self.source.name)
+        except UnknownFamily:
+            raise UnknownFamily(
+                f"cannot tell the fill-in-the-middle format of {self.source.name}: "
+                "set completion.fimTemplate"
+            ) from None
+
+    def _collect_stop_ids(self) -> set[int]:
+        ids: set[int] = set()
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        for value in eos if isinstance(eos, list) else [eos]:
+            if isinstance(value, int):
+                ids.add(value)
+        if isinstance(self.tokenizer.eos_token_id, int):
+            ids.add(self.tokenizer.eos_token_id)
+        vocab = self.tokenizer.get_vocab()
+        for token in template_for(self.family).stop_tokens:
+            if token in vocab:
+                ids.add(vocab[token])
+        return ids
+
+    def count_tokens(self, text: str) -> int:
+        """Number of tokens `text` takes in this model's tokenizer."""
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _forward(self, input_ids: list[int], cache: Any) -> Any:
+        import torch
+
+        tensor = torch.tensor([input_ids], dtype=torch.long)
+        # Only the last position's logits are needed; skipping the rest saves the LM-head matmul.
+        output = self.model(
+            input_ids=tensor, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache}
+        )
+        return output.logits[0, -1].float()
+
+    def _next_token(self, logits: Any, temperature: float) -> tuple[int, float]:
+        import torch
+
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if temperature <= 0:
+            token = int(torch.argmax(logits))
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=self._generator))
+        return token, float(logprobs[token])
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        stop: StopRule,
+        cancel: CancelToken,
+        temperature: float = 0.0,
+    ) -> Generation:
+        """Continue `prompt` until `stop` cuts, EOS, `max_new_tokens`, or cancellation."""
+        import torch
+
+        with self._lock, torch.inference_mode():
+            return self._generate(prompt, max_new_tokens, stop, cancel, temperature)
+
+    def _generate(
+        self,
+        prompt: str,
+        max_new_tokens: int,
+        stop: StopRule,
+        cancel: CancelToken,
+        temperature: float,
+    ) -> Generation:
+        prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]
+        result = Generation(text="", prompt_tokens=len(prompt_ids))
+        if cancel.cancelled:
+            result.stop_reason = "cancelled"
+            return result
+        started = time.perf_counter()
+        entry, reused = self._prefix_cache.take(prompt_ids)
+        if entry is None:
+            entry = CacheEntry([], _new_cache(self.model.config))
+        result.reused_tokens = reused
+        logits = self._forward(prompt_ids[reused:], entry.cache)
+        entry.tokens.extend(prompt_ids[reused:])
+        result.prefill_ms = (time.perf_counter() - started) * 1000
+
+        decode_started = time.perf_counter()
+        generated: list[int] = []
+        ends: list[int] = []  # text length after each generated token
+        text = ""
+        result.stop_reason = "length"
+        while len(generated) < max_new_tokens:
+            if cancel.cancelled:
+                result.stop_reason = "cancelled"
+                break
+            token, logprob = self._next_token(logits, temperature)
+            if token in self._stop_ids:
+                result.stop_reason = "eos"
+                break
+            generated.append(token)
+            result.token_logprobs.append(logprob)
+            text = self.tokenizer.decode(generated, skip_special_tokens=False)
+            ends.append(len(text))
+            cut = self._cut(text, stop)
+            if cut is not None:
+                text = text[:cut]
+                # Keep the log-probabilities of the tokens that contributed to the kept text.
+                kept = next((i + 1 for i, end in enumerate(ends) if end >= cut), len(ends))
+                del result.token_logprobs[kept if cut > 0 else 0 :]
+                result.stop_reason = "stop"
+                break
+            if len(generated) == max_new_tokens:
+                break
+            logits = self._forward([token], entry.cache)
+            entry.tokens.append(token)
+        result.text = text
+        result.new_tokens = len(generated)
+        result.decode_ms = (time.perf_counter() - decode_started) * 1000
+        self._prefix_cache.put(entry)
+        return result
+
+    def _cut(self, text: str, stop: StopRule) -> int | None:
+        """Where to end `text`: at a stop string of the template, or where the stop rule says."""
+        cuts = [index for token in self._stop_strings if (index := text.find(token)) >= 0]
+        # An incomplete UTF-8 sequence decodes to U+FFFD; judge the text once it is complete.
+        rule = stop(text) if not text.endswith("\ufffd") else None
+        if rule is not None:
+            cuts.append(rule)
+        return min(cuts) if cuts else None
+
+    def close(self) -> None:
+        """Drop the model and the KV caches."""
+        self._prefix_cache.clear()
+        self.model = None
+
+
+def _quantize_int8(model: Any) -> Any:
+    """Dynamic int8 quantisation of every Linear layer (weights int8, activations per call)."""
+    import torch
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch announces a move of this API to torchao; it still works and needs no extra package.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

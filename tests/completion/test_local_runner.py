@@ -1,0 +1,145 @@
+"""LocalRunner on the tiny Qwen2 model: decoding, stop rules, cancellation and KV-prefix reuse."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from completion.fim import template_for
+from completion.postprocess import clean, stop_rule
+from completion.runners.local import LocalRunner, resolve_source
+from completion.types import CancelToken, CompletionRequest
+
+BODY_PREFIX = "import os\n\n\ndef join_all(parts):\n    "
+BODY_SUFFIX = "\n\n\ndef main():\n    pass\n"
+
+
+def never(text: str) -> int | None:
+    return None
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
+    return LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), dtype="float32")
+
+
+def fim_prompt(prefix: str = BODY_PREFIX, suffix: str = BODY_SUFFIX) -> str:
+    return template_for("qwen").build(prefix, suffix)
+
+
+def test_identity(runner: LocalRunner, tiny_model_path: Path) -> None:
+    assert runner.family == "qwen"
+    assert runner.model_id.startswith(f"{tiny_model_path.name}@")
+    assert len(runner.model_id.split("@")[1]) == 12
+
+
+def test_greedy_body_is_code_that_survives_cleaning(runner: LocalRunner) -> None:
+    request = CompletionRequest(prefix=BODY_PREFIX, suffix=BODY_SUFFIX, language="python")
+    first = runner.generate(
+        fim_prompt(), max_new_tokens=24, stop=stop_rule(request), cancel=CancelToken()
+    )
+    second = runner.generate(
+        fim_prompt(), max_new_tokens=24, stop=stop_rule(request), cancel=CancelToken()
+    )
+    assert first.text == second.text, "greedy decoding is deterministic"
+    assert clean(first.text, request, min_chars=2)
+    assert first.new_tokens >= 1
+    assert first.stop_reason in {"stop", "eos", "length"}
+    assert first.prompt_tokens == runner.count_tokens(fim_prompt())
+
+
+def test_logprobs_one_per_kept_token(runner: LocalRunner) -> None:
+    generation = runner.generate(fim_prompt(), max_new_tokens=12, stop=never, cancel=CancelToken())
+    assert generation.stop_reason in {"length", "eos"}
+    assert len(generation.token_logprobs) == generation.new_tokens
+    assert all(lp <= 0 and math.isfinite(lp) for lp in generation.token_logprobs)
+
+
+def test_stop_rule_cuts_text_and_logprobs(runner: LocalRunner) -> None:
+    def after_three_chars(text: str) -> int | None:
+        return 3 if len(text) >= 3 else None
+
+    generation = runner.generate(
+        fim_prompt(), max_new_tokens=30, stop=after_three_chars, cancel=CancelToken()
+    )
+    assert generation.stop_reason == "stop"
+    assert len(generation.text) == 3
+    assert 1 <= len(generation.token_logprobs) <= 3
+
+
+def test_max_new_tokens(runner: LocalRunner) -> None:
+    generation = runner.generate(fim_prompt(), max_new_tokens=1, stop=never, cancel=CancelToken())
+    assert generation.new_tokens <= 1
+
+
+def test_cancel_between_steps(runner: LocalRunner) -> None:
+    token = CancelToken()
+    steps: list[str] = []
+
+    def cancel_after_two(text: str) -> int | None:
+        steps.append(text)
+        if len(steps) == 2:
+            token.cancel("superseded")
+        return None
+
+    generation = runner.generate(
+        fim_prompt(), max_new_tokens=40, stop=cancel_after_two, cancel=token
+    )
+    if generation.stop_reason == "eos":
+        pytest.skip("the model ended before the second step")
+    assert generation.stop_reason == "cancelled"
+    assert generation.new_tokens == 2
+
+
+def test_cancelled_before_start_does_no_work(runner: LocalRunner) -> None:
+    token = CancelToken()
+    token.cancel()
+    generation = runner.generate(fim_prompt(), max_new_tokens=8, stop=never, cancel=token)
+    assert generation.stop_reason == "cancelled"
+    assert generation.text == ""
+    assert generation.new_tokens == 0
+
+
+def test_prefix_reuse_matches_a_cold_run(tiny_model_path: Path, tmp_path: Path) -> None:
+    warm = LocalRunner(str(tiny_model_path), tmp_path, dtype="float32", reuse_cache=True)
+    cold = LocalRunner(str(tiny_model_path), tmp_path, dtype="float32", reuse_cache=False)
+    typed = [BODY_PREFIX, BODY_PREFIX + "r", BODY_PREFIX + "re", BODY_PREFIX + "res = "]
+    reused = []
+    for prefix in typed:
+        prompt = fim_prompt(prefix)
+        hot = warm.generate(prompt, max_new_tokens=16, stop=never, cancel=CancelToken())
+        ref = cold.generate(prompt, max_new_tokens=16, stop=never, cancel=CancelToken())
+        assert hot.text == ref.text
+        assert hot.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-4)
+        assert ref.reused_tokens == 0
+        reused.append(hot.reused_tokens)
+    assert reused[0] == 0
+    # Each keystroke re-prefills only the tokens around the cursor.
+    assert all(count >= len(warm.tokenizer(BODY_PREFIX)["input_ids"]) - 2 for count in reused[1:])
+
+
+def test_same_prompt_twice_reuses_all_but_one_token(runner: LocalRunner) -> None:
+    prompt = fim_prompt(BODY_PREFIX + "x = ")
+    first = runner.generate(prompt, max_new_tokens=4, stop=never, cancel=CancelToken())
+    second = runner.generate(prompt, max_new_tokens=4, stop=never, cancel=CancelToken())
+    assert second.reused_tokens == second.prompt_tokens - 1
+    assert second.text == first.text
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        pytest.param("/nonexistent/model.gguf", "does not exist", id="missing-gguf"),
+        pytest.param("./no/such/dir", "does not exist", id="missing-path"),
+    ],
+)
+def test_bad_model_setting(model: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=message):
+        resolve_source(model, tmp_path)
+
+
+def test_directory_without_config(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"without config\.json"):
+        resolve_source(str(tmp_path), tmp_path)
