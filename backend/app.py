@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 from backend.metrics import Metrics
 from backend.ratelimit import RateLimiter
-from backend.routes import events, health
+from backend.routes import events, health, policy
 from backend.routes.events import IngestLimits
 from backend.storage import Storage, default_db_url
 
@@ -68,4 +68,5 @@ def create_app(
 
     app.include_router(health.router)
     app.include_router(events.router)
+    policy.install(app)
     return app

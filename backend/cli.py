@@ -76,12 +76,14 @@ def _serve(argv: list[str]) -> int:
 
     from backend.app import create_app
     from backend.routes.events import IngestLimits
+    from backend.routes.policy import schedule_training
 
     args = _serve_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     limits = IngestLimits() if args.rate is None else IngestLimits(rate_events_per_s=args.rate)
     db_url = args.db or default_db_url()
     app = create_app(db_url, limits=limits)
+    schedule_training(app)  # the learning loop: train and promote policies while serving
     print(
         f"tabloop backend on http://{args.host}:{args.port} (database {db_url.split('@')[-1]})",
         file=sys.stderr,

@@ -106,3 +106,50 @@ class Logger:
                 )
             )
         return logged
+
+
+def to_events(logged: list[LoggedDecision]) -> list[dict[str, object]]:
+    """The telemetry events a client would have sent for these decisions, as JSON."""
+    from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
+
+    events: list[dict[str, object]] = []
+    for d in logged:
+        chars = int(float(d.features["suggestion_chars"]))
+        events.append(
+            DecisionEvent(
+                decision_id=d.decision_id,
+                session_id="s",
+                install_id="i",
+                language=str(d.features["language"]),
+                trigger="automatic",
+                policy_version=d.policy_version,
+                model_id="synthetic",
+                action="show" if d.shown else "silence",
+                propensity=d.propensity,
+                features=dict(d.features),
+                suggestion_chars=chars,
+                time=d.time,
+            ).model_dump(mode="json")
+        )
+        if not d.shown:
+            continue
+        accepted = d.reward > 0
+        events.append(
+            OutcomeEvent(
+                decision_id=d.decision_id,
+                kind="accepted" if accepted else "ignored",
+                accepted_chars=chars if accepted else None,
+                time=d.time,
+            ).model_dump(mode="json")
+        )
+        if accepted:
+            events.append(
+                RetentionEvent(
+                    decision_id=d.decision_id,
+                    after_s=120,
+                    accepted_chars=chars,
+                    retained_chars=chars,
+                    time=d.time,
+                ).model_dump(mode="json")
+            )
+    return events
