@@ -53,6 +53,7 @@ class SenderStats:
     duplicate_events: int = 0
     quarantined_events: int = 0
     retries: int = 0
+    last_retry_delay_s: float = 0.0
     last_error: str = ""
 
 
@@ -219,6 +220,7 @@ class Sender:
             delay = retry_after if retry_after is not None else self._backoff(attempt)
             if retry_after is not None:
                 self._not_before = time.monotonic() + retry_after
+            self.stats.last_retry_delay_s = delay
             if time.monotonic() + delay > deadline:
                 return Export.PENDING
             if self._sleep(delay):

@@ -93,8 +93,10 @@ class Spool:
         *,
         max_events: int = 100_000,
         max_bytes: int = 64 * 1024 * 1024,
+        busy_timeout_s: float = 10.0,
     ) -> None:
         self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.moved_aside: list[Path] = []
@@ -106,10 +108,13 @@ class Spool:
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
-            self.path, timeout=10.0, isolation_level=None, check_same_thread=False
+            self.path,
+            timeout=self.busy_timeout_s,
+            isolation_level=None,
+            check_same_thread=False,
         )
         try:
-            conn.execute("PRAGMA busy_timeout = 10000")
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")
             row = conn.execute("PRAGMA quick_check").fetchone()

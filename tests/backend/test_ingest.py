@@ -107,9 +107,7 @@ def test_same_id_twice_in_one_batch_is_stored_once(backend: BackendServer) -> No
         pytest.param(lambda e: {**e, "event_id": "nope"}, "event_id", id="bad-event-id"),
     ],
 )
-def test_invalid_events_are_rejected_alone(
-    backend: BackendServer, mutate: Any, error: str
-) -> None:
+def test_invalid_events_are_rejected_alone(backend: BackendServer, mutate: Any, error: str) -> None:
     good = outcome()
     bad = mutate(decision())
     answer = post(backend, batch(good, bad)).json()

@@ -1,0 +1,221 @@
+"""The sender against the real backend on loopback: delivery, retries, quarantine, outages."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from telemetry.events import OutcomeEvent
+from telemetry.sender import Export, Sender, encode_batch, parse_retry_after
+from telemetry.spool import Spool
+from tests.support.backend_server import BackendServer
+
+
+def spool_with(tmp_path: Path, n: int) -> tuple[Spool, list[str]]:
+    spool = Spool(tmp_path / "spool.sqlite3")
+    events = [OutcomeEvent(decision_id=f"d{i}", kind="ignored") for i in range(n)]
+    spool.append([(str(e.event_id), e.model_dump_json().encode()) for e in events])
+    return spool, [str(e.event_id) for e in events]
+
+
+def sender_for(spool: Spool, backend: BackendServer, **over: float) -> Sender:
+    options: dict[str, float] = {
+        "batch_size": 100,
+        "flush_interval_s": 0.05,
+        "request_timeout_s": 5.0,
+        "retry_deadline_s": 5.0,
+        "backoff_initial_s": 0.01,
+        "backoff_max_s": 0.05,
+        **over,
+    }
+    return Sender(
+        spool,
+        url=backend.url,
+        token=backend.token,
+        rng=random.Random(7),
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def far() -> float:
+    return time.monotonic() + 30
+
+
+def test_round_trip_deletes_only_what_the_backend_has(
+    tmp_path: Path, backend: BackendServer
+) -> None:
+    spool, ids = spool_with(tmp_path, 250)
+    sender = sender_for(spool, backend)
+    assert sender.drain(far())
+    assert len(spool) == 0
+    assert sorted(backend.stored_ids()) == sorted(ids)
+    assert sender.stats.sent_events == 250
+    # Batches of at most 100, gzipped, with the tenant's token.
+    sizes = [len(json.loads(body)["events"]) for body in backend.bodies]
+    assert sizes == [100, 100, 50]
+
+
+def test_replayed_events_count_as_delivered(tmp_path: Path, sqlite_backend: BackendServer) -> None:
+    spool, ids = spool_with(tmp_path, 10)
+    batch = spool.peek(10)
+    sender = sender_for(spool, sqlite_backend)
+    assert sender.export(batch, far()) is Export.DELIVERED
+    spool.append([(e.event_id, e.body) for e in batch])  # as if the delete had been lost
+    assert sender.drain(far())
+    assert sender.stats.duplicate_events == 10
+    assert sorted(sqlite_backend.stored_ids()) == sorted(ids)
+
+
+@pytest.mark.parametrize(
+    ("faults", "retry_after", "expected_delay"),
+    [
+        pytest.param([429], "1", 1.0, id="429-retry-after-seconds"),
+        pytest.param([429], None, None, id="429-without-retry-after"),
+        pytest.param([503, 502, 504], None, None, id="5xx-transient"),
+        pytest.param([503], "0", 0.0, id="503-retry-after-zero"),
+    ],
+)
+def test_transient_failures_are_retried(
+    tmp_path: Path,
+    sqlite_backend: BackendServer,
+    faults: list[int],
+    retry_after: str | None,
+    expected_delay: float | None,
+) -> None:
+    spool, ids = spool_with(tmp_path, 5)
+    sqlite_backend.faults.add(*faults, retry_after=retry_after)
+    sender = sender_for(spool, sqlite_backend)
+    assert sender.drain(far())
+    assert sender.stats.retries == len(faults)
+    assert sqlite_backend.statuses == [*faults, 200]
+    assert sorted(sqlite_backend.stored_ids()) == sorted(ids)
+    if expected_delay is not None:
+        assert sender.stats.last_retry_delay_s == expected_delay
+    else:  # jittered backoff: between half and all of the doubled initial delay
+        assert 0.005 <= sender.stats.last_retry_delay_s <= 0.01 * 2 ** (len(faults) - 1)
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        pytest.param(400, id="400"),
+        pytest.param(401, id="401"),
+        pytest.param(403, id="403"),
+        pytest.param(404, id="404"),
+        pytest.param(413, id="413-single-event"),
+        pytest.param(500, id="500"),
+    ],
+)
+def test_final_failures_are_quarantined_not_retried(
+    tmp_path: Path, sqlite_backend: BackendServer, status: int
+) -> None:
+    spool, ids = spool_with(tmp_path, 1)
+    sqlite_backend.faults.add(status)
+    sender = sender_for(spool, sqlite_backend)
+    assert sender.drain(far())
+    assert sqlite_backend.statuses == [status]  # one request, no retry
+    assert sender.stats.retries == 0
+    assert len(spool) == 0
+    assert [row[0] for row in spool.quarantined()] == ids
+    assert spool.stats().quarantined_events == 1
+    assert sqlite_backend.stored_ids() == []
+
+
+def test_413_splits_the_batch_before_giving_up(
+    tmp_path: Path, sqlite_backend: BackendServer
+) -> None:
+    spool, ids = spool_with(tmp_path, 8)
+    sqlite_backend.faults.add(413, 413)
+    sender = sender_for(spool, sqlite_backend)
+    assert sender.drain(far())
+    sizes = [len(json.loads(body)["events"]) for body in sqlite_backend.bodies]
+    assert sizes[:3] == [8, 4, 2]
+    assert sorted(sqlite_backend.stored_ids()) == sorted(ids)
+    assert spool.stats().quarantined_events == 0
+
+
+def test_events_the_backend_rejects_are_quarantined_the_rest_delivered(
+    tmp_path: Path, sqlite_backend: BackendServer
+) -> None:
+    spool, ids = spool_with(tmp_path, 3)
+    spool.append([("bogus", b'{"type":"outcome","kind":"gone"}')])
+    sender = sender_for(spool, sqlite_backend)
+    assert sender.drain(far())
+    assert sorted(sqlite_backend.stored_ids()) == sorted(ids)
+    (quarantined,) = spool.quarantined()
+    assert quarantined[0] == "bogus" and quarantined[1] == 200
+
+
+def test_backend_down_keeps_events_until_deadline(tmp_path: Path) -> None:
+    with BackendServer() as backend:
+        spool, ids = spool_with(tmp_path, 20)
+        backend.stop_serving()
+        sender = sender_for(spool, backend, retry_deadline_s=0.3)
+        started = time.monotonic()
+        assert not sender.drain(time.monotonic() + 0.3)
+        assert time.monotonic() - started < 5  # bounded by the deadline, not stuck
+        assert len(spool) == 20
+        assert "ConnectError" in sender.stats.last_error
+        backend.start_serving()
+        assert sender.drain(far())
+        assert sorted(backend.stored_ids()) == sorted(ids)
+
+
+def test_unreadable_2xx_answer_keeps_the_events(tmp_path: Path) -> None:
+    with BackendServer() as backend:
+        spool, ids = spool_with(tmp_path, 3)
+        backend.faults.add(200)  # a 200 whose body is not an ingest answer
+        sender = sender_for(spool, backend)
+        assert sender.export(spool.peek(10), far()) is Export.PENDING
+        assert len(spool) == 3
+        assert sender.drain(far())
+        assert sorted(backend.stored_ids()) == sorted(ids)
+
+
+def test_shutdown_interrupts_a_long_retry_after_and_keeps_events(
+    tmp_path: Path, sqlite_backend: BackendServer
+) -> None:
+    spool, _ = spool_with(tmp_path, 5)
+    sqlite_backend.faults.add(*([429] * 50), retry_after="3600")
+    sender = sender_for(spool, sqlite_backend, retry_deadline_s=7200)
+    sender.start()
+    while not sqlite_backend.statuses:
+        time.sleep(0.01)
+    started = time.monotonic()
+    assert not sender.shutdown(timeout=0.5)
+    assert time.monotonic() - started < 10  # not an hour
+    assert len(spool) == 5
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        pytest.param(None, None, id="absent"),
+        pytest.param("7", 7.0, id="seconds"),
+        pytest.param(" 2.5 ", 2.5, id="fractional"),
+        pytest.param("-3", 0.0, id="negative-clamped"),
+        pytest.param("999999", 3600.0, id="capped"),
+        pytest.param("Wed, 21 Oct 2015 07:28:00 GMT", 0.0, id="date-in-the-past"),
+        pytest.param("soon", None, id="garbage"),
+        pytest.param("nan", None, id="nan"),
+    ],
+)
+def test_parse_retry_after(header: str | None, expected: float | None) -> None:
+    assert parse_retry_after(header) == expected
+
+
+def test_parse_retry_after_date_in_the_future() -> None:
+    now = 1_700_000_000.0
+    assert parse_retry_after("Tue, 14 Nov 2023 22:13:27 GMT", now=now) == pytest.approx(7.0)
+
+
+def test_encode_batch_is_valid_gzipped_json(tmp_path: Path) -> None:
+    import gzip
+
+    spool, ids = spool_with(tmp_path, 3)
+    payload = json.loads(gzip.decompress(encode_batch(spool.peek(3))))
+    assert [e["event_id"] for e in payload["events"]] == ids
