@@ -221,7 +221,10 @@ class Chunker:
         fitted: list[_Segment] = []
         for segment, tokens in zip(segments, counts, strict=True):
             segment.tokens = tokens
-            if tokens <= self.max_tokens or segment.end - segment.start <= 1:
+            # Parts of a split definition are split finer, so that its header packs with the
+            # start of its body instead of making a chunk of its own.
+            limit = self.max_tokens if depth == 0 else self.max_tokens // 2
+            if tokens <= limit or segment.end - segment.start <= 1:
                 fitted.append(segment)
                 continue
             children = [child for node in segment.nodes for child in node.children]

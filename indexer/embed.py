@@ -8,6 +8,7 @@ across files, workspaces, branches and runs.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sqlite3
@@ -68,38 +69,75 @@ def _fingerprint(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def describe_local_model(path: Path) -> tuple[int, int] | None:
+    """(dimension, max_seq_length) of a sentence-transformers directory read from its config
+    files, or None when only loading the model can tell (extra modules such as Dense)."""
+    try:
+        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        if kinds[:2] != ["Transformer", "Pooling"] or set(kinds[2:]) - {"Normalize"}:
+            return None
+        pooling = next(m["path"] for m in modules if m["type"].endswith("Pooling"))
+        config = json.loads((path / pooling / "config.json").read_text(encoding="utf-8"))
+        pooled = sum(1 for key, on in config.items() if key.startswith("pooling_mode") and on)
+        bert = json.loads((path / "sentence_bert_config.json").read_text(encoding="utf-8"))
+        if pooled != 1 or not (path / "tokenizer.json").is_file():
+            return None
+        return int(config["word_embedding_dimension"]), int(bert["max_seq_length"])
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+
+
 class SentenceTransformerEmbedder:
-    """A sentence-transformers model on the CPU (or `device`), loaded once.
+    """A sentence-transformers model on the CPU (or `device`).
 
     `model` is `bundled`, a local directory, or a model name (downloaded by sentence-transformers
-    only when the user names one).
+    only when the user names one). A local model whose shape its config files describe is loaded
+    on the first `embed`, so opening an index that is up to date never pays for the model.
     """
 
     def __init__(self, model: str = BUNDLED, *, device: str = "cpu", batch_size: int = 32) -> None:
-        from sentence_transformers import SentenceTransformer
-
         if model == BUNDLED:
-            path = bundled_model_path()
+            path: Path | None = bundled_model_path()
             # The bundled model is complete on disk; never let the hub library reach out.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            source = str(path)
-            name = f"bundled:{path.name}:{_fingerprint(path)}"
         elif Path(model).expanduser().is_dir():
             path = Path(model).expanduser().resolve()
-            source = str(path)
-            name = f"path:{path}:{_fingerprint(path)}"
         else:
-            source, name = model, f"hub:{model}"
-        self._model: Any = SentenceTransformer(source, device=device)
+            path = None
+        self._source = str(path) if path is not None else model
+        self._device = device
         self._batch_size = batch_size
-        self._dimension = int(self._model.get_embedding_dimension() or 0)
-        self._model_id = f"{name}:{self._dimension}"
-        self._max_tokens = max(8, int(self._model.max_seq_length or 256) - 2)
         self._lock = threading.Lock()
-        tokenizer = getattr(getattr(self._model, "tokenizer", None), "backend_tokenizer", None)
-        self._counter: TokenCounter = (
-            WordPieceCounter(tokenizer) if tokenizer is not None else EstimatedCounter()
-        )
+        self._model: Any = None
+        shape = describe_local_model(path) if path is not None else None
+        if path is not None and shape is not None:
+            prefix = "bundled" if model == BUNDLED else "path"
+            name = f"{prefix}:{path.name if model == BUNDLED else path}:{_fingerprint(path)}"
+            self._dimension, max_seq_length = shape
+            self._counter: TokenCounter = WordPieceCounter(path / "tokenizer.json")
+        else:
+            loaded = self._load()
+            name = f"path:{path}:{_fingerprint(path)}" if path is not None else f"hub:{model}"
+            self._dimension = int(loaded.get_embedding_dimension() or 0)
+            max_seq_length = int(loaded.max_seq_length or 256)
+            tokenizer = getattr(getattr(loaded, "tokenizer", None), "backend_tokenizer", None)
+            self._counter = (
+                WordPieceCounter(tokenizer) if tokenizer is not None else EstimatedCounter()
+            )
+        self._model_id = f"{name}:{self._dimension}"
+        self._max_tokens = max(8, max_seq_length - 2)
+
+    def _load(self) -> Any:
+        if self._model is None:
+            from sentence_transformers import SentenceTransformer
+
+            self._model = SentenceTransformer(self._source, device=self._device)
+        return self._model
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
 
     @property
     def model_id(self) -> str:
@@ -121,7 +159,7 @@ class SentenceTransformerEmbedder:
         if not texts:
             return np.zeros((0, self._dimension), dtype=np.float32)
         with self._lock:  # one model, many threads (indexer and search)
-            vectors = self._model.encode(
+            vectors = self._load().encode(
                 list(texts),
                 batch_size=self._batch_size,
                 normalize_embeddings=True,

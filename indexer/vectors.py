@@ -112,7 +112,8 @@ class VectorIndex:
         if index.d != dimension:
             raise ValueError(f"index has dimension {index.d}, expected {dimension}")
         loaded = cls(dimension, hnsw_threshold)
-        index = faiss.downcast_index(index)
+        # Keep the object deserialize_index returned: it owns the memory (a downcast view of
+        # it would not, and the index would be freed under us).
         if not isinstance(index, faiss.IndexIDMap2):
             raise ValueError(f"unexpected index type {type(index).__name__}")
         loaded.index = index
