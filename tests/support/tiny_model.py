@@ -64,8 +64,8 @@ def _source_texts() -> list[str]:
 
 def _fim_examples(texts: list[str], rng: random.Random, count: int) -> list[str]:
     """FIM documents: a window of code with a one-to-three-line middle cut out."""
-    examples = []
-    windows = []
+    examples: list[str] = []
+    windows: list[list[str]] = []
     for text in texts:
         lines = text.splitlines(keepends=True)
         windows.extend(lines[i : i + 12] for i in range(0, max(len(lines) - 12, 1), 3))
