@@ -58,6 +58,8 @@ def configure_logging(verbosity: int, log_file: str | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # pygls logs every message it sends at INFO; keep that for -vv.
+    logging.getLogger("pygls").setLevel(level if verbosity >= 2 else logging.WARNING)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -122,11 +122,13 @@ class OutcomeTracker:
         emit: Emit,
         *,
         ignore_after_s: float = 10.0,
+        retention_time_scale: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         text_of: Callable[[str], str | None] = lambda uri: None,
     ) -> None:
         self.emit = emit
         self.ignore_after_s = ignore_after_s
+        self.retention_time_scale = retention_time_scale
         self.clock = clock
         self.text_of = text_of
         self.pending: dict[str, Pending] = {}  # by uri: the one suggestion shown there
@@ -218,7 +220,7 @@ class OutcomeTracker:
     def next_deadline(self) -> float | None:
         """The earliest time at which `tick()` has something to do, or None."""
         times = [p.anchor + self.ignore_after_s for p in self.pending.values()]
-        times += [r.accepted_at + r.checkpoints[0] for r in self.retention.values()]
+        times += [self._due(r) for r in self.retention.values()]
         return min(times) if times else None
 
     def tick(self, now: float | None = None) -> None:
@@ -228,13 +230,16 @@ class OutcomeTracker:
             if now >= pending.anchor + self.ignore_after_s:
                 self._finish(pending, "ignored", now, reason="timeout")
         for retention in list(self.retention.values()):
-            while retention.checkpoints and now >= retention.accepted_at + retention.checkpoints[0]:
+            while retention.checkpoints and now >= self._due(retention):
                 after_s = retention.checkpoints.pop(0)
                 self._measure(retention, after_s)
             if not retention.checkpoints:
                 del self.retention[retention.decision_id]
 
     # -- internals ----------------------------------------------------------------------
+
+    def _due(self, retention: Retention) -> float:
+        return retention.accepted_at + retention.checkpoints[0] / self.retention_time_scale
 
     def _find(self, decision_id: str) -> Pending | None:
         for pending in self.pending.values():

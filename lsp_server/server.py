@@ -36,6 +36,8 @@ FEATURE_MODULES = (
     "lsp_server.features.documents",
     "lsp_server.features.inline",
     "lsp_server.features.commands",
+    "lsp_server.features.telemetry",
+    "lsp_server.features.context",
 )
 
 DECISIONS_KEPT = 2048

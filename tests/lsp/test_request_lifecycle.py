@@ -1,0 +1,169 @@
+"""Stale, superseded and cancelled requests, with the real engine and tiny model in process.
+
+Over stdio these races depend on timing; here the runner holds its first decode step until the
+test has moved the document on, so each case is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lsprotocol import types
+
+from completion import gate
+from completion.engine import Engine
+from completion.runner import ModelRunner
+from completion.runners import load_runner
+from completion.settings import CompletionSettings
+from completion.types import CancelToken, Generation, StopRule
+from lsp_server.features.inline import TypingTracker, decide
+from lsp_server.server import TabloopServer
+
+URI = "file:///work/example.py"
+TEXT = "def area(width, height):\n    return \n\n\nprint(area(2, 3))\n"
+CURSOR = types.Position(line=1, character=11)
+
+
+class HeldRunner:
+    """A real runner whose first decode step waits until the test releases it."""
+
+    def __init__(self, inner: ModelRunner) -> None:
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.family = inner.family
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.steps_after_release = 0
+        self.last: Generation | None = None
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        stop: StopRule,
+        cancel: CancelToken,
+        temperature: float = 0.0,
+    ) -> Generation:
+        def held_stop(text: str) -> int | None:
+            if not self.started.is_set():
+                self.started.set()
+                assert self.release.wait(30), "the test never released the runner"
+            else:
+                self.steps_after_release += 1
+            return stop(text)
+
+        self.last = self.inner.generate(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop=held_stop,
+            cancel=cancel,
+            temperature=temperature,
+        )
+        return self.last
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture(scope="module")
+def real_runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
+    settings = CompletionSettings(model=str(tiny_model_path), max_new_tokens=32)
+    return load_runner(settings, tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture
+def server(real_runner: ModelRunner) -> tuple[TabloopServer, HeldRunner]:
+    runner = HeldRunner(real_runner)
+    ls = TabloopServer()
+    # pygls's own initialize step, which sets up the workspace (no user handlers registered).
+    next(
+        ls.protocol.lsp_initialize(
+            types.InitializeParams(capabilities=types.ClientCapabilities(), root_uri=None)
+        ),
+        None,
+    )
+    settings = CompletionSettings(model="held", max_new_tokens=32, cache=False)
+    always = gate.builtin_policy().with_floor(1.0)
+    ls.engine = Engine(settings, runner, policy_source=lambda: always)
+    ls.model_state = "ready"
+    ls.workspace.put_text_document(
+        types.TextDocumentItem(uri=URI, language_id="python", version=1, text=TEXT)
+    )
+    return ls, runner
+
+
+async def start_request(ls: TabloopServer, runner: HeldRunner) -> asyncio.Task[Any]:
+    task = asyncio.get_running_loop().create_task(
+        decide(ls, URI, CURSOR, "automatic", TypingTracker())
+    )
+    started = await asyncio.get_running_loop().run_in_executor(None, runner.started.wait, 30)
+    assert started, "the engine never reached the model"
+    return task
+
+
+def type_character(ls: TabloopServer, version: int) -> None:
+    ls.workspace.update_text_document(
+        types.VersionedTextDocumentIdentifier(uri=URI, version=version),
+        types.TextDocumentContentChangePartial(
+            range=types.Range(start=CURSOR, end=CURSOR), text="w"
+        ),
+    )
+
+
+async def test_an_answer_for_a_version_the_editor_left_is_empty(
+    server: tuple[TabloopServer, HeldRunner],
+) -> None:
+    ls, runner = server
+    task = await start_request(ls, runner)
+    type_character(ls, 2)  # the document moves on while the model works
+    runner.release.set()
+    assert await task is None
+    assert ls.counters.stale == 1
+    assert ls.decisions == {}  # nothing was recorded as shown for the old version
+
+
+async def test_a_newer_request_supersedes_the_running_one_within_a_step(
+    server: tuple[TabloopServer, HeldRunner],
+) -> None:
+    ls, runner = server
+    task = await start_request(ls, runner)
+    ls.begin_request(URI)  # what a newer request for the same document does
+    runner.release.set()
+    assert await task is None
+    assert ls.counters.cancelled == 1
+    assert runner.last is not None and runner.last.stop_reason == "cancelled"
+    assert runner.steps_after_release <= 1
+
+
+async def test_cancel_request_stops_the_model(server: tuple[TabloopServer, HeldRunner]) -> None:
+    ls, runner = server
+    task = await start_request(ls, runner)
+    task.cancel()  # pygls cancels the handler's task on `$/cancelRequest`
+    await asyncio.sleep(0)
+    runner.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert ls.in_flight == {}
+    # The model thread finishes its step, sees the token and stops.
+    await asyncio.get_running_loop().run_in_executor(ls.model_executor, lambda: None)
+    assert runner.last is not None and runner.last.stop_reason == "cancelled"
+    assert runner.steps_after_release <= 1
+
+
+async def test_current_request_is_answered(server: tuple[TabloopServer, HeldRunner]) -> None:
+    ls, runner = server
+    task = await start_request(ls, runner)
+    runner.release.set()
+    answer = await task
+    assert answer is not None
+    decision, request = answer
+    assert decision.shown and decision.text
+    assert request.version == 1 and ls.counters.shown == 1
