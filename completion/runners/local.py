@@ -8,84 +8,20 @@ policy, and a KV cache kept across calls so consecutive prompts prefill only wha
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 import os
 import threading
 import time
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from completion.bundled import BUNDLED_NAME, BUNDLED_SHA256, bundled_model_path
 from completion.fim import UnknownFamily, detect_family, template_for
+from completion.runners.loading import Dtype, load_model, resolve_dtype, resolve_source
 from completion.runners.prefix_cache import CacheEntry, PrefixCache
 from completion.types import CancelToken, Generation, StopRule
 
 log = logging.getLogger(__name__)
-
-Dtype = Literal["auto", "bfloat16", "float32", "int8"]
-
-AUTO_DTYPE: Dtype = "float32"
-"""What `dtype = "auto"` loads on a CPU; chosen by measurement, see docs/models.md."""
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where weights come from: what `from_pretrained` needs, and a stable identity."""
-
-    location: str  # directory or hub id
-    gguf_file: str | None
-    name: str
-    revision: str  # short checksum or hub revision
-
-
-def _fingerprint(path: Path) -> str:
-    """A cheap content fingerprint: name, size and the first and last MiB of a file."""
-    digest = hashlib.sha256(f"{path.name}:{path.stat().st_size}".encode())
-    with path.open("rb") as handle:
-        digest.update(handle.read(1 << 20))
-        handle.seek(max(path.stat().st_size - (1 << 20), 0))
-        digest.update(handle.read(1 << 20))
-    return digest.hexdigest()[:12]
-
-
-def _directory_fingerprint(directory: Path) -> str:
-    digest = hashlib.sha256()
-    for item in sorted(directory.iterdir()):
-        if item.is_file():
-            digest.update(f"{item.name}:{item.stat().st_size}".encode())
-            if item.suffix == ".json":
-                digest.update(item.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-def resolve_source(model: str, cache_dir: Path) -> ModelSource:
-    """Interpret the `completion.model` setting."""
-    if model == "bundled":
-        path = bundled_model_path(cache_dir)
-        return ModelSource(str(path.parent), path.name, BUNDLED_NAME, BUNDLED_SHA256[:12])
-    path = Path(model).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise FileNotFoundError(f"completion.model: GGUF file {path} does not exist")
-        return ModelSource(str(path.parent), path.name, path.stem, _fingerprint(path))
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"completion.model: {path} is a directory without config.json, not a model"
-            )
-        return ModelSource(str(path), None, path.name, _directory_fingerprint(path))
-    if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1):
-        raise FileNotFoundError(f"completion.model: {model} does not exist")
-    # A Hugging Face hub id: the user named it, so transformers may download it.
-    return ModelSource(model, None, model.rsplit("/", 1)[-1], "hub")
-
-
-def resolve_dtype(dtype: Dtype) -> Literal["bfloat16", "float32", "int8"]:
-    return AUTO_DTYPE if dtype == "auto" else dtype  # type: ignore[return-value]
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -120,21 +56,12 @@ class LocalRunner:
         seed: int = 0,
     ) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(threads or os.cpu_count() or 1)
         started = time.perf_counter()
         self.source = resolve_source(model, cache_dir)
         self.dtype = resolve_dtype(dtype)
-        location, gguf_file = self.source.location, self.source.gguf_file
-        extra: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(location, **extra)
-        torch_dtype = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
-        loaded: Any = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype, **extra)
-        loaded.eval()
-        if self.dtype == "int8":
-            loaded = _quantize_int8(loaded)
-        self.model: Any = loaded
+        self.tokenizer, self.model = load_model(self.source, self.dtype, cache_dir)
         self.load_s = time.perf_counter() - started
 
         self.model_id = f"{self.source.name}@{self.source.revision}"
@@ -282,15 +209,3 @@ class LocalRunner:
         """Drop the model and the KV caches."""
         self._prefix_cache.clear()
         self.model = None
-
-
-def _quantize_int8(model: Any) -> Any:
-    """Dynamic int8 quantisation of every Linear layer (weights int8, activations per call)."""
-    import torch
-    from torch.ao.quantization import quantize_dynamic
-
-    with warnings.catch_warnings():
-        # torch announces a move of this API to torchao; it still works and needs no extra package.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

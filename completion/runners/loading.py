@@ -1,0 +1,153 @@
+"""Finding and loading weights for the local runner: HF directories, hub ids, GGUF files.
+
+GGUF weights are quantised; transformers dequantises them into torch tensors, which for the
+bundled 0.5B model takes minutes on a small CPU. The first load therefore also writes the
+dequantised model as safetensors into the cache directory (keyed by the file's checksum), and
+every later load reads that instead, in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from completion.bundled import BUNDLED_NAME, BUNDLED_SHA256, bundled_model_path
+
+log = logging.getLogger(__name__)
+
+Dtype = Literal["auto", "bfloat16", "float32", "int8"]
+ConcreteDtype = Literal["bfloat16", "float32", "int8"]
+
+AUTO_DTYPE: ConcreteDtype = "float32"
+"""What `dtype = "auto"` loads on a CPU; chosen by measurement, see docs/models.md."""
+
+CONVERTED_DIR = "converted"
+_COMPLETE = ".complete"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where weights come from: what `from_pretrained` needs, and a stable identity."""
+
+    location: str  # directory or hub id
+    gguf_file: str | None
+    name: str
+    revision: str  # short checksum or hub revision
+
+
+def _fingerprint(path: Path) -> str:
+    """A cheap content fingerprint: name, size and the first and last MiB of a file."""
+    digest = hashlib.sha256(f"{path.name}:{path.stat().st_size}".encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(path.stat().st_size - (1 << 20), 0))
+        digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:12]
+
+
+def _directory_fingerprint(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for item in sorted(directory.iterdir()):
+        if item.is_file():
+            digest.update(f"{item.name}:{item.stat().st_size}".encode())
+            if item.suffix == ".json":
+                digest.update(item.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def resolve_source(model: str, cache_dir: Path) -> ModelSource:
+    """Interpret the `completion.model` setting."""
+    if model == "bundled":
+        path = bundled_model_path(cache_dir)
+        return ModelSource(str(path.parent), path.name, BUNDLED_NAME, BUNDLED_SHA256[:12])
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"completion.model: GGUF file {path} does not exist")
+        return ModelSource(str(path.parent), path.name, path.stem, _fingerprint(path))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"completion.model: {path} is a directory without config.json, not a model"
+            )
+        return ModelSource(str(path), None, path.name, _directory_fingerprint(path))
+    if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1):
+        raise FileNotFoundError(f"completion.model: {model} does not exist")
+    # A Hugging Face hub id: the user named it, so transformers may download it.
+    return ModelSource(model, None, model.rsplit("/", 1)[-1], "hub")
+
+
+def resolve_dtype(dtype: Dtype) -> ConcreteDtype:
+    """The dtype `auto` stands for on this machine, or `dtype` itself."""
+    return AUTO_DTYPE if dtype == "auto" else dtype
+
+
+def converted_path(source: ModelSource, cache_dir: Path) -> Path:
+    """Where the dequantised copy of a GGUF model is kept."""
+    return cache_dir / "models" / CONVERTED_DIR / f"{source.name}-{source.revision}"
+
+
+def _save_converted(tokenizer: Any, model: Any, target: Path) -> None:
+    """Write the dequantised model atomically; a failure only costs the next load time."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(work)
+        tokenizer.save_pretrained(work)
+        (work / _COMPLETE).write_text("ok\n", encoding="ascii")
+        os.rename(work, target)
+    except OSError as exc:
+        if not (target / _COMPLETE).is_file():
+            log.warning("could not keep the converted model in %s: %s", target, exc)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def load_model(source: ModelSource, dtype: ConcreteDtype, cache_dir: Path) -> tuple[Any, Any]:
+    """(tokenizer, model in eval mode) for `source` in `dtype`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    location: str = source.location
+    extra: dict[str, Any] = {}
+    convert_to: Path | None = None
+    if source.gguf_file:
+        converted = converted_path(source, cache_dir)
+        if (converted / _COMPLETE).is_file():
+            location = str(converted)
+        else:
+            extra["gguf_file"] = source.gguf_file
+            convert_to = converted
+    tokenizer = AutoTokenizer.from_pretrained(location, **extra)
+    model: Any
+    if convert_to is not None:
+        log.info("dequantising %s once; later loads use %s", source.gguf_file, convert_to)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **extra)
+        _save_converted(tokenizer, model, convert_to)
+        model = model.to(torch_dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+    model.eval()
+    if dtype == "int8":
+        model = quantize_int8(model)
+    return tokenizer, model
+
+
+def quantize_int8(model: Any) -> Any:
+    """Dynamic int8 quantisation of every Linear layer (weights int8, activations per call)."""
+    import torch
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch announces a move of this API to torchao; it still works and needs no extra package.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
