@@ -1,0 +1,45 @@
+--- Options of the tabloop Neovim plugin, with their defaults.
+local M = {}
+
+---@class tabloop.Keymaps
+---@field accept string|false Accept the suggestion shown (falls back to the key itself).
+---@field next string|false Show the next suggestion.
+---@field prev string|false Show the previous suggestion.
+---@field dismiss string|false Hide the suggestion shown.
+
+---@class tabloop.Options
+---@field keymaps tabloop.Keymaps Insert-mode keys, buffer-local where tabloop attaches; `false` disables one.
+---@field settings table Server settings (camelCase, as in the README's table), e.g. `{ completion = { maxNewTokens = 32 } }`.
+---@field telemetry boolean Whether tabloop may report telemetry (`telemetry.clientEnabled`).
+---@field cmd? string[] The server command; default `tabloop serve --stdio`.
+---@field search_results integer How many hits `:TabloopSearch` asks for.
+
+---@type tabloop.Options
+M.defaults = {
+  keymaps = {
+    accept = '<Tab>',
+    next = '<M-]>',
+    prev = '<M-[>',
+    dismiss = '<C-]>',
+  },
+  settings = {},
+  telemetry = true,
+  cmd = nil,
+  search_results = 20,
+}
+
+---@type tabloop.Options
+M.options = vim.deepcopy(M.defaults)
+
+--- The settings object sent to the server: the user's settings plus the telemetry switch.
+---@return table
+function M.server_settings()
+  local settings = vim.deepcopy(M.options.settings)
+  settings.telemetry = settings.telemetry or {}
+  if settings.telemetry.clientEnabled == nil then
+    settings.telemetry.clientEnabled = M.options.telemetry
+  end
+  return settings
+end
+
+return M

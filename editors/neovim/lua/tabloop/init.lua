@@ -1,0 +1,138 @@
+--- tabloop for Neovim: ghost-text suggestions from the tabloop language server, codebase search
+--- by meaning, and status. `lsp/tabloop.lua` is the server config; this module is what runs when
+--- the server attaches to a buffer.
+local config = require('tabloop.config')
+local inline = require('tabloop.inline')
+
+local M = {}
+
+--- Configure the plugin (all fields optional; see `:help tabloop`).
+---@param opts? tabloop.Options|table
+function M.setup(opts)
+  config.options = vim.tbl_deep_extend('force', vim.deepcopy(config.defaults), opts or {})
+  if opts and opts.keymaps then
+    -- `false` switches a key off; tbl_deep_extend keeps it as given.
+    config.options.keymaps = vim.tbl_extend('force', config.defaults.keymaps, opts.keymaps)
+  end
+  local settings = config.server_settings()
+  ---@type vim.lsp.Config
+  local lsp_config = { init_options = settings, settings = { tabloop = settings } }
+  if config.options.cmd then
+    lsp_config.cmd = config.options.cmd
+  end
+  if vim.lsp.config then
+    vim.lsp.config('tabloop', lsp_config)
+  end
+  -- Clients already running pull the new settings.
+  for _, client in ipairs(M.clients()) do
+    client.settings = vim.tbl_deep_extend('force', client.settings or {}, { tabloop = settings })
+    client:notify('workspace/didChangeConfiguration', { settings = { tabloop = settings } })
+  end
+end
+
+---@param bufnr? integer
+---@return vim.lsp.Client[]
+function M.clients(bufnr)
+  return vim.lsp.get_clients({ name = 'tabloop', bufnr = bufnr })
+end
+
+---@param mode string
+---@param lhs string|false
+---@param rhs string|function
+---@param bufnr integer
+---@param desc string
+---@param expr? boolean
+local function map(mode, lhs, rhs, bufnr, desc, expr)
+  if lhs then
+    vim.keymap.set(mode, lhs, rhs, { buffer = bufnr, desc = desc, expr = expr, silent = true })
+  end
+end
+
+---@param bufnr integer
+local function set_keymaps(bufnr)
+  local keys = config.options.keymaps
+  if inline.supported() then
+    local accept_key = keys.accept
+    map('i', accept_key, function()
+      if inline.accept(bufnr) then
+        return ''
+      end
+      return vim.keycode(accept_key --[[@as string]])
+    end, bufnr, 'tabloop: accept the suggestion', true)
+    map('i', keys.next, function()
+      inline.select(1)
+    end, bufnr, 'tabloop: next suggestion')
+    map('i', keys.prev, function()
+      inline.select(-1)
+    end, bufnr, 'tabloop: previous suggestion')
+    map('i', keys.dismiss, function()
+      inline.dismiss(bufnr)
+    end, bufnr, 'tabloop: dismiss the suggestion')
+  end
+end
+
+--- Called by `lsp/tabloop.lua` when the server attaches to a buffer.
+---@param client vim.lsp.Client
+---@param bufnr integer
+function M.attach(client, bufnr)
+  if inline.supported() then
+    inline.attach(client, bufnr)
+  elseif vim.lsp.completion and vim.lsp.completion.enable then
+    -- Neovim 0.11: suggestions arrive as ordinary completion items.
+    vim.lsp.completion.enable(true, client.id, bufnr, { autotrigger = true })
+  end
+  -- Neovim 0.10 and older: the server's completion items reach 'omnifunc' (<C-x><C-o>).
+  set_keymaps(bufnr)
+end
+
+--- Ask the server for its status; `callback(err, status)`.
+---@param callback fun(err: lsp.ResponseError?, status: table?)
+---@param bufnr? integer
+function M.status(callback, bufnr)
+  local client = M.clients(bufnr)[1] or M.clients()[1]
+  if not client then
+    callback({ code = -1, message = 'tabloop is not running (:checkhealth vim.lsp)' }, nil)
+    return
+  end
+  client:request('tabloop/status', {}, function(err, result)
+    callback(err, result)
+  end, bufnr)
+end
+
+--- One line for a statusline: model state, indexing and policy version (from the last answer).
+---@type string
+M.last_status_line = ''
+
+---@param status table
+---@return string
+function M.format_status(status)
+  local model = status.model or {}
+  local index = status.index or {}
+  local parts = { 'tabloop' }
+  if model.state == 'ready' then
+    table.insert(parts, 'policy ' .. ((status.policy or {}).version or 'none'))
+  else
+    table.insert(parts, 'model ' .. tostring(model.state))
+  end
+  if type(index.state) == 'string' and index.state ~= 'ready' then
+    table.insert(parts, 'index ' .. index.state)
+  end
+  return table.concat(parts, ' · ')
+end
+
+--- For 'statusline': `%{v:lua.require'tabloop'.statusline()}`.
+---@return string
+function M.statusline()
+  return M.last_status_line
+end
+
+--- Refresh `M.last_status_line`.
+function M.refresh_status()
+  M.status(function(err, status)
+    if not err and status then
+      M.last_status_line = M.format_status(status)
+    end
+  end)
+end
+
+return M
