@@ -172,11 +172,10 @@ class NumericFeature:
     hi: float
     transform: Literal["identity", "log1p"] = "identity"
 
-    def apply(self, raw: float) -> float:
-        if math.isnan(raw):
-            return math.nan
-        value = min(max(raw, self.lo), self.hi)
-        return math.log1p(value) if self.transform == "log1p" else value
+    def apply(self, raw: np.ndarray) -> np.ndarray:
+        """Clip and transform a column of raw values; NaN (missing) stays NaN."""
+        value = np.clip(raw, self.lo, self.hi)
+        return np.log1p(value) if self.transform == "log1p" else value
 
 
 DEFAULT_NUMERIC = (
@@ -225,18 +224,30 @@ class FeatureSpace:
     def dim(self) -> int:
         return len(self.numeric) + sum(len(values) for _, values in self.categorical)
 
-    def row(self, features: Features) -> list[float]:
+    def row(self, features: Features) -> np.ndarray:
         """One raw input row (NaN where a numeric feature is missing: the normaliser fills it)."""
-        row = [spec.apply(_number(features.get(spec.name, math.nan))) for spec in self.numeric]
-        for key, values in self.categorical:
-            value = features.get(key, OTHER)
-            fallback = OTHER if OTHER in values else None
-            chosen = value if value in values else fallback
-            row.extend(1.0 if v == chosen else 0.0 for v in values)
-        return row
+        return self.matrix([features])[0]
 
     def matrix(self, rows: Sequence[Features]) -> np.ndarray:
-        return np.asarray([self.row(f) for f in rows], dtype=np.float64).reshape(-1, self.dim)
+        """Raw input rows, computed a column at a time (the trainer featurises many)."""
+        out = np.empty((len(rows), self.dim), dtype=np.float64)
+        for j, spec in enumerate(self.numeric):
+            try:
+                raw = np.fromiter((f.get(spec.name, math.nan) for f in rows), np.float64, len(rows))
+            except (TypeError, ValueError):  # a string or None where a number belongs
+                raw = np.fromiter(
+                    (_number(f.get(spec.name, math.nan)) for f in rows), np.float64, len(rows)
+                )
+            raw[np.isinf(raw)] = np.nan  # an infinite value is as unknown as a missing one
+            out[:, j] = spec.apply(raw)
+        j = len(self.numeric)
+        for key, values in self.categorical:
+            fallback = OTHER if OTHER in values else None
+            chosen = [c if (c := f.get(key, OTHER)) in values else fallback for f in rows]
+            for value in values:
+                out[:, j] = [1.0 if c == value else 0.0 for c in chosen]
+                j += 1
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
