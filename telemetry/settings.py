@@ -68,3 +68,9 @@ class TelemetrySettings(BaseModel):
         gt=0,
         description="A shown suggestion with no reaction for this long counts as ignored.",
     )
+    retention_time_scale: float = Field(
+        1.0,
+        gt=0,
+        description="Divides the 30/120/600-second retention delays; above 1 only for tests "
+        "and demos.",
+    )

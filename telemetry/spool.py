@@ -21,7 +21,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,6 +154,19 @@ class Spool:
         self._move_aside(exc)
         self._conn = self._connect()
 
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        # Called with the lock held. IMMEDIATE takes the write lock up front, so a concurrent
+        # writer (another editor window) waits on busy_timeout instead of failing mid-way.
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
     def close(self) -> None:
         """Close the database; the spool must not be used afterwards."""
         with self._lock:
@@ -177,11 +191,9 @@ class Spool:
                 return self._append(events)
 
     def _append(self, events: Sequence[tuple[str, bytes]]) -> int:
-        conn = self._conn
         oversized = [(i, b) for i, b in events if len(b) > self.max_bytes]
         fitting = [(i, b, len(b)) for i, b in events if len(b) <= self.max_bytes]
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as conn:
             # rowcount counts the statement's own rows, not the triggers' counter updates.
             inserted = conn.executemany(
                 "INSERT OR IGNORE INTO events (event_id, body, bytes) VALUES (?, ?, ?)", fitting
@@ -192,10 +204,6 @@ class Spool:
                     "UPDATE counters SET value = value + ? WHERE name = 'dropped_events'",
                     (dropped,),
                 )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         if dropped:
             log.warning("telemetry spool full: dropped %d oldest events", dropped)
         return inserted
@@ -245,50 +253,35 @@ class Spool:
         ids = [(event_id,) for event_id in event_ids]
         if not ids:
             return 0
-        with self._lock:
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                removed = conn.executemany("DELETE FROM events WHERE event_id = ?", ids).rowcount
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-        return removed
+        with self._lock, self._transaction() as conn:
+            return int(conn.executemany("DELETE FROM events WHERE event_id = ?", ids).rowcount)
 
     def quarantine(self, event_ids: Iterable[str], *, status: int | None, reason: str) -> int:
         """Move events the backend refused for good into the quarantine table, and count them."""
         ids = list(event_ids)
         if not ids:
             return 0
-        with self._lock:
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                moved = 0
-                now = time.time()
-                for event_id in ids:
-                    row = conn.execute(
-                        "SELECT body FROM events WHERE event_id = ?", (event_id,)
-                    ).fetchone()
-                    if row is None:
-                        continue
-                    conn.execute(
-                        "INSERT INTO quarantine (event_id, body, status, reason, at) "
-                        "VALUES (?, ?, ?, ?, ?)",
-                        (event_id, row[0], status, reason[:1000], now),
-                    )
-                    conn.execute("DELETE FROM events WHERE event_id = ?", (event_id,))
-                    moved += 1
+        moved = 0
+        now = time.time()
+        with self._lock, self._transaction() as conn:
+            for event_id in ids:
+                row = conn.execute(
+                    "SELECT body FROM events WHERE event_id = ?", (event_id,)
+                ).fetchone()
+                if row is None:
+                    continue
                 conn.execute(
-                    "UPDATE counters SET value = value + ? WHERE name = 'quarantined_events'",
-                    (moved,),
+                    "INSERT INTO quarantine (event_id, body, status, reason, at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (event_id, row[0], status, reason[:1000], now),
                 )
-                self._trim_quarantine()
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
+                conn.execute("DELETE FROM events WHERE event_id = ?", (event_id,))
+                moved += 1
+            conn.execute(
+                "UPDATE counters SET value = value + ? WHERE name = 'quarantined_events'",
+                (moved,),
+            )
+            self._trim_quarantine()
         log.warning("telemetry: %d events quarantined (%s: %s)", moved, status, reason[:200])
         return moved
 
