@@ -51,8 +51,8 @@ class TokenCounter(Protocol):
         """Tokens on each line of one text (tokens never span a newline)."""
         ...
 
-    def cut(self, text: str, max_tokens: int) -> int:
-        """Length of the longest prefix of `text` (at least 1 char) within `max_tokens`."""
+    def pieces(self, text: str, max_tokens: int) -> list[str]:
+        """`text` cut into consecutive pieces of at most `max_tokens` tokens each."""
         ...
 
 
@@ -75,14 +75,17 @@ class EstimatedCounter:
     def line_counts(self, lines: Sequence[str]) -> list[int]:
         return self.count(lines)
 
-    def cut(self, text: str, max_tokens: int) -> int:
+    def pieces(self, text: str, max_tokens: int) -> list[str]:
+        starts = [0]
         used = 0
         for match in self._pieces.finditer(text):
             piece = match.group()
-            used += math.ceil(len(piece) / 3) if piece[0].isalnum() else 1
-            if used > max_tokens:
-                return max(1, match.start())
-        return len(text)
+            cost = math.ceil(len(piece) / 3) if piece[0].isalnum() else 1
+            if used + cost > max_tokens and match.start() > starts[-1]:
+                starts.append(match.start())
+                used = 0
+            used += cost
+        return _cut(text, starts)
 
 
 class WordPieceCounter:
@@ -111,11 +114,15 @@ class WordPieceCounter:
         rows = np.minimum(np.searchsorted(starts, begins, side="right"), len(lines) - 1)
         return [int(n) for n in np.bincount(rows, minlength=len(lines))]
 
-    def cut(self, text: str, max_tokens: int) -> int:
+    def pieces(self, text: str, max_tokens: int) -> list[str]:
         offsets = self._tokenizer.encode(text, add_special_tokens=False).offsets
-        if len(offsets) <= max_tokens:
-            return len(text)
-        return max(1, offsets[max_tokens][0])
+        starts = [0] + [offsets[i][0] for i in range(max_tokens, len(offsets), max_tokens)]
+        return _cut(text, starts)
+
+
+def _cut(text: str, starts: list[int]) -> list[str]:
+    bounds = [*starts, len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 @dataclass
@@ -126,6 +133,7 @@ class _Segment:
     is_def: bool = False
     is_comment: bool = False
     tokens: int = 0
+    continues: bool = False  # a later part of a split definition: packs with what precedes it
 
 
 def split_lines(text: str) -> list[str]:
@@ -205,7 +213,7 @@ class Chunker:
             return [_Segment(start, end)]
         groups[0].start = start
         for before, after in itertools.pairwise(groups):
-            after.start = before.end  # blank lines go with the node after them
+            before.end = after.start  # blank lines go with the node before them
         groups[-1].end = end
         return groups
 
@@ -237,6 +245,9 @@ class Chunker:
                 parts = self._line_segments(segment.start, segment.end)
             parts = self._fit(parts, lines, grammar, depth + 1)
             parts[0].is_def |= segment.is_def  # a split definition still starts a chunk
+            for part in parts[1:]:
+                part.continues = segment.is_def or segment.continues
+            parts[0].continues = segment.continues
             fitted.extend(parts)
         return fitted
 
@@ -257,7 +268,7 @@ class Chunker:
             if current:
                 ranges.append((current[0].start, current[-1].end))
 
-        for segment in segments:
+        for segment in _attach_comments(segments, self.max_tokens):
             if segment.tokens > self.max_tokens:  # one line too long: cut it at token limits
                 flush()
                 current, tokens = [], 0
@@ -266,22 +277,17 @@ class Chunker:
             has_def = any(s.is_def for s in current)
             if current and (
                 tokens + segment.tokens > self.max_tokens
-                or ((segment.is_def or has_def) and tokens >= self.min_tokens)
+                or (
+                    (segment.is_def or (has_def and not segment.continues))
+                    and tokens >= self.min_tokens
+                )
             ):
-                carried: list[_Segment] = []
-                if segment.is_def:
-                    while len(current) > 1 and current[-1].is_comment:
-                        carried.insert(0, current.pop())
-                    if sum(s.tokens for s in carried) + segment.tokens > self.max_tokens:
-                        current.extend(carried)
-                        carried = []
                 flush()
                 kept = current[-overlap:] if overlap else []
                 kept_tokens = sum(s.tokens for s in kept)
                 if kept_tokens + segment.tokens > self.max_tokens:
                     kept, kept_tokens = [], 0
-                current = kept + carried
-                tokens = kept_tokens + sum(s.tokens for s in carried)
+                current, tokens = kept, kept_tokens
             current.append(segment)
             tokens += segment.tokens
         flush()
@@ -301,14 +307,34 @@ class Chunker:
     def _cut_line(
         self, path: str, language: str, lines: list[str], line: int, symbols: list[Symbol]
     ) -> list[Chunk]:
-        rest = lines[line]
         defined = tuple(s for s in symbols if s.line == line)
-        out: list[Chunk] = []
-        while rest.strip():
-            cut = self.counter.cut(rest, self.max_tokens)
-            out.append(Chunk(path, line, line + 1, language, rest[:cut], defined))
-            rest = rest[cut:]
-        return out
+        return [
+            Chunk(path, line, line + 1, language, piece, defined)
+            for piece in self.counter.pieces(lines[line], self.max_tokens)
+            if piece.strip()
+        ]
+
+
+def _attach_comments(segments: list[_Segment], max_tokens: int) -> list[_Segment]:
+    """Merge comments directly above a definition into it, so they start its chunk."""
+    out: list[_Segment] = []
+    run: list[_Segment] = []  # comments waiting for what follows them
+    for segment in segments:
+        if segment.is_comment and not segment.is_def:
+            run.append(segment)
+            continue
+        if segment.is_def and run:
+            tokens = sum(s.tokens for s in run) + segment.tokens
+            if tokens <= max_tokens:
+                merged = _Segment(run[0].start, segment.end, [], True, False, tokens)
+                out.append(merged)
+                run = []
+                continue
+        out.extend(run)
+        run = []
+        out.append(segment)
+    out.extend(run)
+    return out
 
 
 def _dedupe_pieces(chunks: list[Chunk]) -> list[Chunk]:
@@ -342,7 +368,8 @@ def collect_symbols(root: Node, grammar: Grammar) -> list[Symbol]:
                     continue
                 if kind == "function" and container:
                     kind = "method"
-                found.append(Symbol(name, kind, child.start_point.row, container))
+                if kind != "impl":  # an impl block is a scope for its methods, not a symbol
+                    found.append(Symbol(name, kind, child.start_point.row, container))
                 if kind in _SCOPES:
                     stack.append((child, name, depth + 1))
             elif child.type in grammar.containers:

@@ -79,11 +79,14 @@ def describe_local_model(path: Path) -> tuple[int, int] | None:
             return None
         pooling = next(m["path"] for m in modules if m["type"].endswith("Pooling"))
         config = json.loads((path / pooling / "config.json").read_text(encoding="utf-8"))
-        pooled = sum(1 for key, on in config.items() if key.startswith("pooling_mode") and on)
+        # Two config dialects: boolean `pooling_mode_*` flags, or one `pooling_mode` string.
+        flags = sum(1 for key, on in config.items() if key.startswith("pooling_mode_") and on)
+        pooled = flags == 1 or isinstance(config.get("pooling_mode"), str)
+        dimension = config.get("word_embedding_dimension") or config.get("embedding_dimension")
         bert = json.loads((path / "sentence_bert_config.json").read_text(encoding="utf-8"))
-        if pooled != 1 or not (path / "tokenizer.json").is_file():
+        if not pooled or not dimension or not (path / "tokenizer.json").is_file():
             return None
-        return int(config["word_embedding_dimension"]), int(bert["max_seq_length"])
+        return int(dimension), int(bert["max_seq_length"])
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return None
 
