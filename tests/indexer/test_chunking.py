@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import itertools
 from pathlib import Path
 
 import pytest
@@ -198,7 +199,7 @@ def test_text_files_use_overlapping_windows(counter: WordPieceCounter) -> None:
     chunks = Chunker(counter, max_tokens=100, overlap_lines=3).chunk("NOTES.txt", text)
     check_invariants(chunks, text, counter, 100)
     assert chunks[0].language == "txt"
-    for before, after in zip(chunks, chunks[1:], strict=False):
+    for before, after in itertools.pairwise(chunks):
         assert after.start_line == before.end_line - 3
 
 

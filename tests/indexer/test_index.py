@@ -172,7 +172,7 @@ def test_symbols_by_name_then_by_meaning(workspace: Path, open_index: OpenIndex)
     assert {"insort_left", "insort_right"} <= set(names)
     methods = index.symbols("JSONDecoder", 5)
     assert methods[0].name == "JSONDecoder" and methods[0].kind == "class"
-    decode = [s for s in index.symbols("raw_decode", 5) if s.name == "raw_decode"][0]
+    decode = next(s for s in index.symbols("raw_decode", 5) if s.name == "raw_decode")
     assert decode.container == "JSONDecoder" and decode.kind == "method"
 
 
