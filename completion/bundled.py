@@ -150,6 +150,8 @@ def assemble(parts: list[Path], target: Path, sha256: str, size: int) -> Path:
                         written += len(chunk)
             out.flush()
             os.fsync(out.fileno())
+        # mkstemp makes the file private; the model is not a secret, and other tools may read it.
+        os.chmod(tmp, 0o644)
         actual = digest.hexdigest()
         if written != size or actual != sha256:
             raise BundledModelCorrupt(

@@ -1,0 +1,69 @@
+"""The real bundled model completes a real function (slow: loads Qwen2.5-Coder-0.5B)."""
+
+from __future__ import annotations
+
+import ast
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from completion import bundled
+from completion.fim import template_for
+from completion.postprocess import clean, stop_rule
+from completion.runners.local import LocalRunner
+from completion.types import CancelToken, CompletionRequest
+
+# Kept between runs: assembling and dequantising the model once costs minutes.
+CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "bundled"
+
+
+@pytest.fixture(scope="module")
+def bundled_runner() -> LocalRunner:
+    try:
+        bundled.part_paths()
+    except bundled.BundledModelMissing:
+        pytest.skip("tabloop[models] is not installed")
+    return LocalRunner("bundled", CACHE_DIR)
+
+
+def body_removed(source: str, function: str) -> tuple[str, str]:
+    """(prefix, suffix) of `source` with `function`'s body cut out, cursor on its first line."""
+    node = next(
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.FunctionDef) and n.name == function
+    )
+    lines = source.splitlines(keepends=True)
+    first, last = node.body[0].lineno - 1, node.body[-1].end_lineno or node.lineno
+    indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())]
+    prefix = "".join(lines[:first]) + indent
+    suffix = "\n" + "".join(lines[last:])
+    return prefix, suffix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("module", "function"),
+    [
+        pytest.param("colorsys.py", "rgb_to_yiq", id="colorsys-rgb_to_yiq"),
+        pytest.param("bisect.py", "insort_right", id="bisect-insort_right"),
+    ],
+)
+def test_bundled_model_completes_a_real_function(
+    bundled_runner: LocalRunner, module: str, function: str
+) -> None:
+    source = (Path(sysconfig.get_paths()["stdlib"]) / module).read_text(encoding="utf-8")
+    prefix, suffix = body_removed(source, function)
+    runner = bundled_runner
+    request = CompletionRequest(prefix=prefix, suffix=suffix, language="python", path=module)
+    generation = runner.generate(
+        template_for(runner.family).build(prefix, suffix, path=module),
+        max_new_tokens=96,
+        stop=stop_rule(request),
+        cancel=CancelToken(),
+    )
+    suggestion = clean(generation.text, request, min_chars=2)
+    assert suggestion, f"empty suggestion from {generation!r}"
+    ast.parse(prefix + suggestion + suffix)
+    assert generation.token_logprobs and max(generation.token_logprobs) <= 0
