@@ -14,15 +14,16 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from backend.auth import CurrentPrincipal
 from backend.metrics import Metrics
+from backend.ratelimit import RateLimiter
 from backend.storage import AnyEvent, Principal, Storage
-from telemetry.events import IngestResponse, Rejection, parse_event
+from telemetry.events import Event, IngestResponse, Rejection, parse_event
 
 router = APIRouter()
 
@@ -81,38 +82,104 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {error['msg']}" if where else error["msg"]
 
 
-def validate_batch(
-    items: list[Any], max_event_bytes: int
-) -> tuple[list[tuple[int, AnyEvent]], list[Rejection]]:
-    """Valid events with their index, and a rejection for every invalid one."""
-    valid: list[tuple[int, AnyEvent]] = []
+class EventBatch(BaseModel):
+    """The request body when every event in it is valid (the fast path)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[Event]
+
+
+Valid = list[tuple[int, AnyEvent, str]]  # index in the batch, event, its JSON
+
+
+def _sized(
+    index: int, event: AnyEvent, limit: int, valid: Valid, rejected: list[Rejection]
+) -> None:
+    text = event.model_dump_json()  # also what is stored
+    if len(text) > limit:
+        event_id = str(event.event_id)
+        rejected.append(Rejection(index=index, event_id=event_id, error="event too large"))
+    else:
+        valid.append((index, event, text))
+
+
+def validate_batch(items: list[Any], max_event_bytes: int) -> tuple[Valid, list[Rejection]]:
+    """Valid events with their index and JSON, and a rejection for every invalid one."""
+    valid: Valid = []
     rejected: list[Rejection] = []
     for index, item in enumerate(items):
-        raw_id = item.get("event_id") if isinstance(item, dict) else None
-        event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else None
-        size = len(json.dumps(item, separators=(",", ":")))
-        if size > max_event_bytes:
-            rejected.append(Rejection(index=index, event_id=event_id, error="event too large"))
-            continue
         try:
-            valid.append((index, parse_event(item)))
+            event = parse_event(item)
         except ValidationError as exc:
+            raw_id = item.get("event_id") if isinstance(item, dict) else None
+            event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else None
             rejected.append(Rejection(index=index, event_id=event_id, error=_first_error(exc)))
+            continue
+        _sized(index, event, max_event_bytes, valid, rejected)
     return valid, rejected
 
 
-def store_batch(
-    storage: Storage, principal: Principal, items: list[Any], limits: IngestLimits
-) -> tuple[IngestResponse, dict[str, int]]:
-    """Validate and store a decoded batch (runs in a worker thread).
+@dataclass(frozen=True)
+class Refusal:
+    """A batch refused as a whole."""
 
-    Returns the answer and the number of newly stored events per type.
-    """
-    valid, rejected = validate_batch(items, limits.max_event_bytes)
-    inserted = storage.insert_events(principal.tenant_id, [event for _, event in valid])
+    status: int
+    reason: str
+    detail: str
+    events: int = 0
+    retry_after: int | None = None
+
+
+@dataclass
+class Ingested:
+    """A processed batch: the answer, and new events per type for the metrics."""
+
+    answer: IngestResponse
+    stored_by_type: dict[str, int]
+
+
+def ingest_body(
+    storage: Storage,
+    principal: Principal,
+    body: bytes,
+    limits: IngestLimits,
+    limiter: RateLimiter,
+) -> Ingested | Refusal:
+    """Decode, validate, rate-limit and store one request body (runs in a worker thread)."""
+    items: list[Any] | None = None
+    try:
+        # Fast path: pydantic parses and validates the whole body in one pass.
+        events: list[AnyEvent] = EventBatch.model_validate_json(body).events
+        count = len(events)
+    except ValidationError:
+        # Something is wrong somewhere: decode it ourselves to say which events, or why not.
+        try:
+            payload = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return Refusal(400, "malformed", f"body is not JSON: {exc}")
+        items = payload.get("events") if isinstance(payload, dict) else None
+        if not isinstance(items, list) or set(payload) != {"events"}:
+            return Refusal(400, "malformed", 'body must be {"events": [...]}')
+        count = len(items)
+    if count > limits.max_batch_events:
+        return Refusal(413, "batch_too_large", f"at most {limits.max_batch_events} events a batch")
+    wait = limiter.take(principal.tenant_id, count)
+    if wait > 0:
+        return Refusal(429, "rate_limited", "rate limit exceeded", count, max(1, math.ceil(wait)))
+    if items is None:
+        valid: Valid = []
+        rejected: list[Rejection] = []
+        for index, event in enumerate(events):
+            _sized(index, event, limits.max_event_bytes, valid, rejected)
+    else:
+        valid, rejected = validate_batch(items, limits.max_event_bytes)
+    inserted = storage.insert_events(
+        principal.tenant_id, [event for _, event, _ in valid], [text for _, _, text in valid]
+    )
     answer = IngestResponse(rejected=rejected)
     stored_by_type: dict[str, int] = {}
-    for _, event in valid:
+    for _, event, _ in valid:
         event_id = str(event.event_id)
         if event_id in inserted:
             answer.accepted.append(event_id)
@@ -120,7 +187,7 @@ def store_batch(
             inserted.discard(event_id)  # a second copy in the same batch is a duplicate
         else:
             answer.duplicate.append(event_id)
-    return answer, stored_by_type
+    return Ingested(answer, stored_by_type)
 
 
 @router.post("/v1/events")
@@ -129,29 +196,17 @@ async def ingest_events(request: Request, principal: CurrentPrincipal) -> JSONRe
     limits: IngestLimits = request.app.state.limits
     metrics: Metrics = request.app.state.metrics
     body = await read_body(request, limits.max_body_bytes)
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _refuse(request, 400, "malformed", f"body is not JSON: {exc}") from exc
-    items = payload.get("events") if isinstance(payload, dict) else None
-    if not isinstance(items, list) or set(payload) != {"events"}:
-        raise _refuse(request, 400, "malformed", 'body must be {"events": [...]}')
-    if len(items) > limits.max_batch_events:
-        raise _refuse(
-            request, 413, "batch_too_large", f"at most {limits.max_batch_events} events a batch"
-        )
-    wait = request.app.state.rate_limiter.take(principal.tenant_id, len(items))
-    if wait > 0:
-        metrics.inc("tabloop_events_rejected_total", len(items), reason="rate_limited")
-        metrics.inc("tabloop_ingest_requests_total", status="429")
-        return JSONResponse(
-            {"detail": "rate limit exceeded"},
-            status_code=status.HTTP_429_TOO_MANY_REQUESTS,
-            headers={"Retry-After": str(max(1, math.ceil(wait)))},
-        )
     storage: Storage = request.app.state.storage
-    answer, stored_by_type = await run_in_threadpool(store_batch, storage, principal, items, limits)
-    for kind, count in stored_by_type.items():
+    result = await run_in_threadpool(
+        ingest_body, storage, principal, body, limits, request.app.state.rate_limiter
+    )
+    if isinstance(result, Refusal):
+        metrics.inc("tabloop_events_rejected_total", max(1, result.events), reason=result.reason)
+        metrics.inc("tabloop_ingest_requests_total", status=str(result.status))
+        headers = {"Retry-After": str(result.retry_after)} if result.retry_after else None
+        return JSONResponse({"detail": result.detail}, status_code=result.status, headers=headers)
+    answer = result.answer
+    for kind, count in result.stored_by_type.items():
         metrics.inc("tabloop_events_ingested_total", count, type=kind)
     if answer.duplicate:
         metrics.inc("tabloop_events_duplicate_total", len(answer.duplicate))
