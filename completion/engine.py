@@ -56,6 +56,7 @@ class Engine:
         # One model call at a time: runners keep a KV cache that is not thread-safe.
         self._model_lock = threading.Lock()
         self.model_calls = 0
+        self.prefill_tokens = 0  # prompt tokens computed (not served from the KV cache), all calls
 
     @classmethod
     def load(
@@ -129,6 +130,7 @@ class Engine:
                     temperature=self.settings.temperature,
                 )
                 self.model_calls += 1
+                self.prefill_tokens += generation.prompt_tokens - generation.reused_tokens
             timings.model_ms = (time.perf_counter() - model_started) * 1000
             cancel.raise_if_cancelled()
             text = postprocess.clean(generation.text, request, self.settings.min_chars)

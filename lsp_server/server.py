@@ -202,6 +202,8 @@ class TabloopServer(LanguageServer):
                 "modelId": engine.model_id if engine else "",
                 "error": self.model_error,
                 "calls": engine.model_calls if engine else 0,
+                "prefillTokens": engine.prefill_tokens if engine else 0,
+                "typingCacheHits": engine.cache.hits if engine else 0,
             },
             "policy": {"version": self.policy_version()},
             "telemetry": {"level": self.settings.telemetry.level},

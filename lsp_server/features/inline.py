@@ -152,11 +152,17 @@ async def decide(
         ls.counters.stale += 1
         return None
     ls.remember(decision, request)
+    generation = decision.generation
     ls.request_timings.append(
         {
             "handler_ms": (time.perf_counter() - handler_started) * 1000,
             "model_ms": decision.timings.model_ms,
             "context_ms": decision.timings.context_ms,
+            "prompt_tokens": generation.prompt_tokens if generation else 0,
+            "prefill_tokens": (
+                generation.prompt_tokens - generation.reused_tokens if generation else 0
+            ),
+            "cache_hit": float(decision.cache_hit),
         }
     )
     if not decision.shown:

@@ -26,6 +26,8 @@ ENGINE_FIELDS = (
     "http_api_key",
     "dtype",
     "threads",
+    "cache",
+    "fim_template",
 )
 
 
@@ -168,6 +170,9 @@ def register(server: TabloopServer) -> None:
         ls.resolve_settings()
         if engine_settings(ls) != before:
             ls.run_task(load_engine(ls), "reload-engine")
+        elif ls.engine is not None:
+            # Budgets, lengths and timeouts apply from the next request on.
+            ls.engine.settings = ls.settings.completion
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: TabloopServer, params: None) -> None:
