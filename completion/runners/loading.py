@@ -8,6 +8,7 @@ every later load reads that instead, in seconds.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -94,18 +95,53 @@ def converted_path(source: ModelSource, cache_dir: Path) -> Path:
     return cache_dir / "models" / CONVERTED_DIR / f"{source.name}-{source.revision}"
 
 
-def _save_converted(tokenizer: Any, model: Any, target: Path) -> None:
-    """Write the dequantised model atomically; a failure only costs the next load time."""
+def _plain_state(model: Any) -> dict[str, Any] | None:
+    """The model's tensors, tied ones once; None when some are not plain floats (packed blocks)."""
+    state: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, tensor in model.state_dict().items():
+        if not tensor.is_floating_point():
+            return None
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in seen:  # tied weights (lm_head = embed_tokens): saved once, re-tied on load
+            continue
+        seen.add(storage)
+        state[name] = tensor.detach().contiguous()
+    return state
+
+
+def save_converted(tokenizer: Any, model: Any, target: Path) -> bool:
+    """Write a dequantised model as a plain safetensors model directory, atomically.
+
+    transformers' `save_pretrained` refuses models loaded from GGUF (their quantiser is not
+    serialisable) even when every weight is already a plain tensor, so the weights are written
+    with safetensors and the config without its GGUF quantisation entry. Returns False (and logs)
+    when the model cannot be kept; that only costs the next load its time.
+    """
+    from safetensors.torch import save_file
+
+    state = _plain_state(model)
+    if state is None:
+        log.info("not keeping a converted copy: the weights stay packed in GGUF blocks")
+        return False
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        model.save_pretrained(work)
+        save_file(state, str(work / "model.safetensors"), metadata={"format": "pt"})
+        config = copy.deepcopy(model.config)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(work)
+        model.generation_config.save_pretrained(work)
         tokenizer.save_pretrained(work)
         (work / _COMPLETE).write_text("ok\n", encoding="ascii")
         os.rename(work, target)
+        return True
     except OSError as exc:
-        if not (target / _COMPLETE).is_file():
-            log.warning("could not keep the converted model in %s: %s", target, exc)
+        if (target / _COMPLETE).is_file():
+            return True  # another process kept it first
+        log.warning("could not keep the converted model in %s: %s", target, exc)
+        return False
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -131,7 +167,7 @@ def load_model(source: ModelSource, dtype: ConcreteDtype, cache_dir: Path) -> tu
     if convert_to is not None:
         log.info("dequantising %s once; later loads use %s", source.gguf_file, convert_to)
         model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **extra)
-        _save_converted(tokenizer, model, convert_to)
+        save_converted(tokenizer, model, convert_to)
         model = model.to(torch_dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
