@@ -31,7 +31,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "policy": ("backend.policy_cli:policy_main", "list, promote or roll back policies"),
 }
 EVALUATIONS: dict[str, str] = {
-    "holes": "completion.evaluation:main",
+    "holes": "lsp_server.evaluation:main",
     "replay": "backend.replay:main",
 }
 

@@ -1,0 +1,263 @@
+"""`tabloop eval holes`: how good the suggestions are on real code, with and without retrieval.
+
+Positions are sampled in real files. At each, the rest of the line is hidden (a *line* hole) or,
+for a share of them at the start of a statement inside a block, the rest of the block (a *block*
+hole); the engine completes the hole from the text before and after it. Both runs, without and
+with snippets from a semantic index of the corpus, see the same holes.
+
+Reported per run: `exact_line_match` (the first line is exactly right), `edit_similarity`
+(1 - Levenshtein distance / longer length, between suggestion and truth), `parses` (Python
+files still parse with the suggestion in place) and `latency_ms_p50` (the engine's time when the
+model ran; model outputs are cached by prompt, so a rerun costs little and keeps the latency of
+the first run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from completion.context import ContextSource
+from completion.types import CompletionRequest
+from lsp_server import config
+from lsp_server.features.inline import LANGUAGE_BY_SUFFIX
+
+BLOCK_SHARE = 0.25
+MAX_FILE_BYTES = 300_000
+
+
+@dataclass(frozen=True)
+class Hole:
+    path: Path
+    prefix: str
+    truth: str
+    suffix: str
+    kind: str  # "line" or "block"
+    line: int
+    character: int
+
+    def request(self) -> CompletionRequest:
+        return CompletionRequest(
+            prefix=self.prefix,
+            suffix=self.suffix,
+            language=LANGUAGE_BY_SUFFIX.get(self.path.suffix, "plaintext"),
+            path=str(self.path),
+            uri=self.path.as_uri(),
+            trigger="invoked",
+            line=self.line,
+            character=self.character,
+        )
+
+
+def levenshtein(a: str, b: str) -> int:
+    """Edit distance (insertions, deletions, substitutions), in O(len(a) * len(b))."""
+    if len(a) < len(b):
+        a, b = b, a
+    previous = list(range(len(b) + 1))
+    for i, char_a in enumerate(a, 1):
+        current = [i]
+        for j, char_b in enumerate(b, 1):
+            current.append(
+                min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (char_a != char_b))
+            )
+        previous = current
+    return previous[-1]
+
+
+def edit_similarity(suggestion: str, truth: str) -> float:
+    """1 - distance / longer length; 1.0 for two empty strings."""
+    longest = max(len(suggestion), len(truth))
+    return 1.0 if longest == 0 else 1.0 - levenshtein(suggestion, truth) / longest
+
+
+def _block_end(lines: list[str], start: int) -> int:
+    """Index after the last line of the block holding line `start` (by indentation)."""
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines):
+        line = lines[end]
+        if line.strip() and len(line) - len(line.lstrip()) < indent:
+            break
+        end += 1
+    while end > start + 1 and not lines[end - 1].strip():
+        end -= 1
+    return end
+
+
+def sample_holes(files: Sequence[Path], n: int, rng: random.Random) -> list[Hole]:
+    """`n` holes spread over `files`, the same for the same seed."""
+    candidates: list[tuple[Path, int]] = []
+    texts: dict[Path, list[str]] = {}
+    for path in files:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        except (OSError, UnicodeDecodeError):
+            continue
+        texts[path] = lines
+        for number, line in enumerate(lines):
+            stripped = line.strip()
+            if len(stripped) >= 8 and not stripped.startswith(("#", '"', "'", "//", "*")):
+                candidates.append((path, number))
+    holes = []
+    for path, number in rng.sample(candidates, min(n, len(candidates))):
+        lines = texts[path]
+        line = lines[number]
+        indent = len(line) - len(line.lstrip())
+        content = line.rstrip("\r\n")
+        ending = line[len(content) :]
+        before = "".join(lines[:number])
+        indented = indent > 0 and number + 1 < len(lines)
+        if indented and rng.random() < BLOCK_SHARE:
+            # Block hole: the cursor after the indent; the rest of the block is hidden.
+            end = _block_end(lines, number)
+            hidden = "".join(lines[number:end])
+            truth = hidden[indent:].rstrip("\n")
+            prefix = before + line[:indent]
+            suffix = "\n" + "".join(lines[end:]) if end < len(lines) else ""
+            holes.append(Hole(path, prefix, truth, suffix, "block", number, indent))
+            continue
+        column = indent + rng.randrange(0, max(1, (len(content) - indent) // 2 + 1))
+        holes.append(
+            Hole(
+                path,
+                before + content[:column],
+                content[column:],
+                ending + "".join(lines[number + 1 :]),
+                "line",
+                number,
+                column,
+            )
+        )
+    return holes
+
+
+def parses(hole: Hole, suggestion: str) -> bool | None:
+    """Whether a Python file parses with the suggestion in place (None for other languages)."""
+    if hole.path.suffix != ".py":
+        return None
+    try:
+        ast.parse(hole.prefix + suggestion + hole.suffix)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def score(
+    holes: Sequence[Hole], suggestions: Sequence[str], latencies: Sequence[float]
+) -> dict[str, Any]:
+    exact = [
+        s.split("\n", 1)[0].strip() == h.truth.split("\n", 1)[0].strip()
+        for h, s in zip(holes, suggestions, strict=True)
+    ]
+    similarity = [
+        edit_similarity(s if h.kind == "block" else s.split("\n", 1)[0], h.truth)
+        for h, s in zip(holes, suggestions, strict=True)
+    ]
+    parsed = [p for h, s in zip(holes, suggestions, strict=True) if (p := parses(h, s)) is not None]
+    # Baseline for `parses`: the file with nothing inserted (a hole often leaves it broken).
+    parsed_empty = [p for h in holes if (p := parses(h, "")) is not None]
+    return {
+        "n": len(holes),
+        "exact_line_match": round(sum(exact) / len(holes), 4),
+        "edit_similarity": round(statistics.fmean(similarity), 4),
+        "parses": round(sum(parsed) / len(parsed), 4) if parsed else None,
+        "parses_if_left_empty": round(sum(parsed_empty) / len(parsed_empty), 4)
+        if parsed_empty
+        else None,
+        "empty_suggestions": sum(1 for s in suggestions if not s),
+        "latency_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
+    }
+
+
+def corpus_files(root: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.suffix in LANGUAGE_BY_SUFFIX and p.is_file() and p.stat().st_size <= MAX_FILE_BYTES
+    )
+
+
+def run_holes(args: argparse.Namespace) -> dict[str, Any]:
+    from completion.engine import Engine
+    from completion.output_cache import CachedRunner
+    from completion.runners import load_runner
+
+    corpus = Path(args.corpus).resolve()
+    resolved = config.resolve(corpus)
+    settings = resolved.settings
+    completion = settings.completion.model_copy(
+        update={
+            "max_new_tokens": args.max_new_tokens,
+            **({"model": args.model} if args.model else {}),
+        }
+    )
+    cache_dir = settings.cache_path()
+    holes = sample_holes(corpus_files(corpus), args.n, random.Random(args.seed))
+    if not holes:
+        raise SystemExit(f"no source files with code lines under {corpus}")
+    runner = CachedRunner(load_runner(completion, cache_dir), cache_dir / "eval" / "outputs.jsonl")
+    results: dict[str, Any] = {"corpus": str(corpus), "seed": args.seed, "model": runner.model_id}
+    index = None
+    try:
+        sources: list[tuple[str, ContextSource | None]] = [("without_retrieval", None)]
+        if not args.no_retrieval:
+            index, context = corpus_context(corpus, settings, cache_dir)
+            sources.append(("with_retrieval", context))
+        for name, source in sources:
+            engine = Engine(completion, runner, context_source=source)
+            suggestions, latencies = [], []
+            for number, hole in enumerate(holes, 1):
+                decision = engine.complete(hole.request())
+                suggestions.append(decision.text)
+                generation = decision.generation
+                if generation is not None:
+                    latencies.append(
+                        decision.timings.context_ms + generation.prefill_ms + generation.decode_ms
+                    )
+                print(f"\r{name}: {number}/{len(holes)}", end="", file=sys.stderr, flush=True)
+            print(file=sys.stderr)
+            results[name] = score(holes, suggestions, latencies)
+        results["model_runs"] = runner.misses
+        results["cached_outputs_used"] = runner.hits
+    finally:
+        if index is not None:
+            index.close()
+        runner.close()
+    return results
+
+
+def corpus_context(
+    corpus: Path, settings: config.Settings, cache_dir: Path
+) -> tuple[Any, ContextSource]:
+    """An index of the corpus (built or brought up to date) and a context source over it."""
+    from indexer.service import index_workspace
+    from lsp_server.context import WorkspaceContext
+
+    started = time.perf_counter()
+    index, _ = index_workspace(corpus, settings.index, cache_dir)
+    print(f"indexed {corpus} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    context = WorkspaceContext(lambda: index, lambda _uri: None, lambda: corpus)
+    return index, context
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tabloop eval holes", description=__doc__)
+    parser.add_argument("--corpus", required=True, help="directory of real source files")
+    parser.add_argument("--n", type=int, default=200, help="holes to sample")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", help="completion model (default: configured)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--no-retrieval", action="store_true", help="skip the run with an index")
+    parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
+    args = parser.parse_args(argv)
+    print(json.dumps(run_holes(args), indent=2))
+    return 0
