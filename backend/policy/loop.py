@@ -35,6 +35,7 @@ class RunSummary:
     candidate: str | None = None
     promoted: bool = False
     report: dict[str, Any] = field(default_factory=dict)
+    through_event_id: int = 0  # newest event row the run could see (set by the scheduler)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -143,6 +144,7 @@ class TrainingScheduler:
                 except Exception:
                     log.exception("training tenant %s failed", tenant_id)
                     continue
+                summary.through_event_id = newest
                 self._seen[tenant_id] = newest
                 done.append(summary)
                 self.runs.append(summary)

@@ -1,0 +1,231 @@
+"""Pieces of the replay simulator: cursor positions in real files, a simulated user, and a model
+runner that remembers its outputs by prompt hash.
+
+The simulated user writes each file top to bottom. At a sampled position the text before the
+cursor exists and nothing after it does; the user accepts a suggestion when it says what the file
+really says next, takes a prefix of it when at least `min_partial_chars` of it are right, and
+otherwise ignores it. Accepted text survives (is retained) as far as it matches the truth.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from completion.runner import ModelRunner
+from completion.types import CancelToken, CompletionRequest, Generation, StopRule
+
+LANGUAGE_BY_SUFFIX = {".py": "python", ".js": "javascript", ".ts": "typescript", ".go": "go"}
+MAX_FILE_BYTES = 200_000
+
+
+@dataclass(frozen=True)
+class Position:
+    """A cursor position in a real file: what was typed before it, and the truth after it."""
+
+    path: str
+    prefix: str
+    truth: str  # the rest of the file, as it was really written
+    language: str
+    line: int
+    character: int
+
+    def request(self) -> CompletionRequest:
+        return CompletionRequest(
+            prefix=self.prefix,
+            suffix="",
+            language=self.language,
+            path=self.path,
+            uri=Path(self.path).as_uri(),
+            trigger="automatic",
+            line=self.line,
+            character=self.character,
+        )
+
+
+def corpus_files(root: Path) -> list[Path]:
+    """Source files under `root` (sorted, tests and huge files left out)."""
+    files = [
+        p
+        for p in sorted(root.rglob("*"))
+        if p.suffix in LANGUAGE_BY_SUFFIX
+        and p.is_file()
+        and p.stat().st_size <= MAX_FILE_BYTES
+        and "test" not in p.parts[-1]
+    ]
+    return files
+
+
+def sample_positions(root: Path, count: int, seed: int) -> list[Position]:
+    """`count` positions spread over the files under `root`, the same for the same seed.
+
+    A position is where a typist pauses: at the start of a line's code (after its indent) or
+    after a space or punctuation inside it, never in a blank line.
+    """
+    rng = random.Random(seed)
+    candidates: list[tuple[Path, int, int]] = []
+    texts: dict[Path, str] = {}
+    for path in corpus_files(root):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        texts[path] = text
+        offset = 0
+        for number, line in enumerate(text.split("\n")):
+            stripped = line.strip()
+            if stripped and not stripped.startswith("#") and number > 3:
+                indent = len(line) - len(line.lstrip())
+                stops = [indent] + [
+                    i + 1 for i in range(indent, len(line) - 1) if line[i] in " (.,=[:"
+                ]
+                column = rng.choice(stops)
+                candidates.append((path, offset + column, number))
+            offset += len(line) + 1
+    chosen = rng.sample(candidates, min(count, len(candidates)))
+    chosen.sort(key=lambda c: (str(c[0]), c[1]))
+    positions = []
+    for path, offset, number in chosen:
+        text = texts[path]
+        prefix = text[:offset]
+        positions.append(
+            Position(
+                path=str(path),
+                prefix=prefix,
+                truth=text[offset:],
+                language=LANGUAGE_BY_SUFFIX[path.suffix],
+                line=number,
+                character=len(prefix) - prefix.rfind("\n") - 1,
+            )
+        )
+    return positions
+
+
+@dataclass(frozen=True)
+class UserResponse:
+    """What the simulated user did with a shown suggestion."""
+
+    kind: Literal["accepted", "partial", "ignored"]
+    accepted_chars: int
+    retained_chars: int
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def simulated_user(suggestion: str, truth: str, min_partial_chars: int = 4) -> UserResponse:
+    """Accept what matches the truth, take a right prefix of at least a few characters, else
+    ignore.
+
+    A multi-line suggestion whose first line is right is accepted whole (the user sees the line
+    they meant to type); what it gets wrong after that is deleted, so only the matching part is
+    retained.
+    """
+    matching = _common_prefix(suggestion, truth)
+    if matching == len(suggestion):
+        return UserResponse("accepted", len(suggestion), len(suggestion))
+    first_line = suggestion.split("\n", 1)[0]
+    if "\n" in suggestion and first_line.strip() and matching > len(first_line):
+        return UserResponse("accepted", len(suggestion), matching)
+    if len(suggestion[:matching].strip()) >= min_partial_chars:
+        return UserResponse("partial", matching, matching)
+    return UserResponse("ignored", 0, 0)
+
+
+class CachedRunner:
+    """A model runner that answers a prompt it has seen before from a file, by prompt hash.
+
+    The bundled model decodes a few tokens a second on a CPU; a replay asks for the same prompts
+    round after round, so each prompt is run once. Entries are appended to a JSON-lines file
+    keyed by SHA-256 of (model id, generation parameters, prompt); a cut last line (a killed run)
+    is ignored.
+    """
+
+    def __init__(self, runner: ModelRunner, path: Path) -> None:
+        self.runner = runner
+        self.model_id = runner.model_id
+        self.family = runner.family
+        self.path = path
+        self.hits = 0
+        self.misses = 0
+        self._lock = threading.Lock()
+        self._entries: dict[str, Generation] = {}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    entry = json.loads(line)
+                    self._entries[entry["key"]] = Generation(
+                        text=str(entry["text"]),
+                        token_logprobs=[float(x) for x in entry["token_logprobs"]],
+                        prompt_tokens=int(entry["prompt_tokens"]),
+                        new_tokens=int(entry["new_tokens"]),
+                        stop_reason=entry["stop_reason"],
+                    )
+                except (ValueError, KeyError, TypeError):
+                    continue
+
+    def count_tokens(self, text: str) -> int:
+        return self.runner.count_tokens(text)
+
+    def _key(self, prompt: str, max_new_tokens: int, temperature: float) -> str:
+        material = json.dumps([self.model_id, max_new_tokens, temperature, prompt])
+        return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        stop: StopRule,
+        cancel: CancelToken,
+        temperature: float = 0.0,
+    ) -> Generation:
+        key = self._key(prompt, max_new_tokens, temperature)
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is not None:
+            self.hits += 1
+            return Generation(
+                text=entry.text,
+                token_logprobs=list(entry.token_logprobs),
+                prompt_tokens=entry.prompt_tokens,
+                new_tokens=entry.new_tokens,
+                stop_reason=entry.stop_reason,
+            )
+        self.misses += 1
+        generation = self.runner.generate(
+            prompt, max_new_tokens=max_new_tokens, stop=stop, cancel=cancel, temperature=temperature
+        )
+        if generation.stop_reason == "cancelled":
+            return generation
+        record = {
+            "key": key,
+            "text": generation.text,
+            "token_logprobs": generation.token_logprobs,
+            "prompt_tokens": generation.prompt_tokens,
+            "new_tokens": generation.new_tokens,
+            "stop_reason": generation.stop_reason,
+            "model_ms": generation.prefill_ms + generation.decode_ms,
+        }
+        with self._lock:
+            self._entries[key] = generation
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+        return generation
+
+    def close(self) -> None:
+        self.runner.close()
