@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,10 +27,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backend.db.migrate import upgrade
 from backend.db.models import ApiToken, StoredEvent, Tenant
+from backend.group_commit import GroupCommitter
 from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
 
 AnyEvent = DecisionEvent | OutcomeEvent | RetentionEvent
 TOKEN_PREFIX = "tl_"
+TOKEN_CACHE_S = 10.0
+TOKEN_CACHE_MAX = 10_000
 
 
 def default_db_url() -> str:
@@ -103,6 +107,7 @@ class Storage:
         if migrate:
             upgrade(self.engine)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._principals: dict[str, tuple[Principal, float]] = {}
         insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
         table = StoredEvent.__table__
         assert isinstance(table, Table)
@@ -111,9 +116,11 @@ class Storage:
             .on_conflict_do_nothing(index_elements=["tenant_id", "event_id"])
             .returning(table.c.event_id)
         )
+        self._writer = GroupCommitter(self.engine, self._insert_ignore)
 
     def close(self) -> None:
-        """Release every pooled connection."""
+        """Finish pending inserts and release every pooled connection."""
+        self._writer.close()
         self.engine.dispose()
 
     # -- tenants and tokens ---------------------------------------------------------------
@@ -158,17 +165,32 @@ class Storage:
                 return False
             row.revoked_at = datetime.now(UTC)
             session.commit()
+            self._principals.pop(row.token_hash, None)
             return True
 
     def principal_for_token(self, token: str) -> Principal | None:
-        """The tenant a live token belongs to, or None."""
+        """The tenant a live token belongs to, or None.
+
+        Answers are cached for `TOKEN_CACHE_S` seconds: a token revoked by another process (the
+        CLI, another replica) stops working within that time; one revoked here, at once.
+        """
+        key = hash_token(token)
+        now = time.monotonic()
+        cached = self._principals.get(key)
+        if cached is not None and cached[1] > now:
+            return cached[0]
         with self.sessions() as session:
             row = session.execute(
                 select(Tenant.id, Tenant.name)
                 .join(ApiToken, ApiToken.tenant_id == Tenant.id)
-                .where(ApiToken.token_hash == hash_token(token), ApiToken.revoked_at.is_(None))
+                .where(ApiToken.token_hash == key, ApiToken.revoked_at.is_(None))
             ).first()
-        return Principal(row[0], row[1]) if row else None
+        principal = Principal(row[0], row[1]) if row else None
+        if principal is not None:  # unknown tokens are not cached: they may be created next
+            if len(self._principals) >= TOKEN_CACHE_MAX:
+                self._principals.clear()
+            self._principals[key] = (principal, now + TOKEN_CACHE_S)
+        return principal
 
     # -- events -------------------------------------------------------------------------------
 
@@ -207,10 +229,9 @@ class Storage:
             )
         # One statement, compiled once and cached; SQLAlchemy runs the rows as "insertmanyvalues"
         # batches with RETURNING on both databases (a multi-VALUES literal would be compiled
-        # anew for every batch, which costs more than the insert itself).
-        with self.engine.begin() as connection:
-            inserted = set(connection.execute(self._insert_ignore, rows).scalars())
-        return inserted
+        # anew for every batch, which costs more than the insert itself). Concurrent requests
+        # share a transaction, so one fsync covers them all.
+        return self._writer.insert(rows)
 
     def event_ids(self, tenant_id: int) -> list[str]:
         """Every stored event id of a tenant, in arrival order (tests and audits)."""
