@@ -142,7 +142,13 @@ class TelemetryFeature:
         if client is not None:
             self._retire(client)
         self.client = TelemetryClient(wanted, settings.cache_path() / "telemetry")
-        self.client.start()  # no-op while the level is off
+        try:
+            self.client.start()  # no-op while the level is off
+        except Exception:
+            # A spool we cannot open (locked for long, unwritable) must not stop the server.
+            log.warning("telemetry disabled: could not open the spool", exc_info=True)
+            self.client = None
+            return
         log.info("telemetry level %s, backend %s", self.client.level, wanted.backend_url or "none")
 
     def set_client_enabled(self, enabled: bool) -> None:
