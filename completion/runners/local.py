@@ -162,6 +162,7 @@ class LocalRunner:
         result.prefill_ms = (time.perf_counter() - started) * 1000
 
         decode_started = time.perf_counter()
+        anchor = prompt_ids[-1:]
         generated: list[int] = []
         ends: list[int] = []  # text length after each generated token
         text = ""
@@ -176,7 +177,7 @@ class LocalRunner:
                 break
             generated.append(token)
             result.token_logprobs.append(logprob)
-            text = self.tokenizer.decode(generated, skip_special_tokens=False)
+            text = self._decode(anchor, generated)
             ends.append(len(text))
             cut = self._cut(text, stop)
             if cut is not None:
@@ -195,6 +196,16 @@ class LocalRunner:
         result.decode_ms = (time.perf_counter() - decode_started) * 1000
         self._prefix_cache.put(entry)
         return result
+
+    def _decode(self, anchor: list[int], generated: list[int]) -> str:
+        """Text of `generated` as it continues the prompt.
+
+        SentencePiece tokenizers drop the leading space of the first token of a decoded sequence;
+        decoding after the prompt's last token and removing that token's text keeps it.
+        """
+        options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+        head = self.tokenizer.decode(anchor, **options)
+        return str(self.tokenizer.decode(anchor + generated, **options))[len(head) :]
 
     def _cut(self, text: str, stop: StopRule) -> int | None:
         """Where to end `text`: at a stop string of the template, or where the stop rule says."""

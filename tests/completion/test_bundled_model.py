@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import sysconfig
 from pathlib import Path
 
@@ -14,8 +15,12 @@ from completion.postprocess import clean, stop_rule
 from completion.runners.local import LocalRunner
 from completion.types import CancelToken, CompletionRequest
 
-# Kept between runs: assembling and dequantising the model once costs minutes.
-CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "bundled"
+# Kept between runs: assembling and dequantising the model once costs minutes. A cache that
+# already holds it can be named with TABLOOP_TEST_MODEL_CACHE.
+CACHE_DIR = Path(
+    os.environ.get("TABLOOP_TEST_MODEL_CACHE")
+    or Path(__file__).resolve().parents[2] / ".cache" / "bundled"
+)
 
 
 @pytest.fixture(scope="module")
