@@ -26,7 +26,7 @@ def _corpus(root: Path, *names: str) -> Path:
     ("suggestion", "kind", "accepted", "retained"),
     [
         pytest.param("return x\n", "accepted", 9, 9, id="exact"),
-        pytest.param("return x\nfoo()", "accepted", 14, 11, id="first-line-right"),
+        pytest.param("return x\nfoo()", "accepted", 14, 13, id="first-line-right"),
         pytest.param("return y", "partial", 7, 7, id="right-prefix"),
         pytest.param("ret", "accepted", 3, 3, id="short-but-right"),
         pytest.param("pass", "ignored", 0, 0, id="wrong"),
