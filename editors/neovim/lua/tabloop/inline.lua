@@ -9,11 +9,6 @@ local METHOD = 'textDocument/inlineCompletion'
 ---@type table<integer, { client_id: integer, decision_id: string }?>
 M.shown = {}
 
----@return boolean
-function M.supported()
-  return vim.lsp.inline_completion ~= nil
-end
-
 ---@param item table lsp.InlineCompletionItem
 ---@return string?
 local function decision_id(item)
