@@ -62,6 +62,7 @@ export function describeStatus(status: ServerStatus | undefined, suggestionsEnab
   ].join('\n');
 
   if (model.state === 'error') return { text: '$(error) tabloop: model error', tooltip, busy: false, error: true };
+  if (model.state === 'disabled') return { text: '$(circle-slash) tabloop: off', tooltip, busy: false, error: false };
   const indexing = indexProgress(status.index);
   if (model.state !== 'ready') {
     return { text: `$(sync~spin) tabloop: loading model${indexing ? `, ${indexing}` : ''}`, tooltip, busy: true, error: false };

@@ -37,6 +37,12 @@ describe('describeStatus', () => {
     assert.match(describeStatus(READY, false).text, /^\$\(circle-slash\)/);
   });
 
+  it('says off when the server has completion disabled', () => {
+    const view = describeStatus({ ...READY, model: { state: 'disabled' } }, false);
+    assert.equal(view.text, '$(circle-slash) tabloop: off');
+    assert.equal(view.busy, false);
+  });
+
   it('reports a model error', () => {
     const view = describeStatus({ ...READY, model: { state: 'error', error: 'no such model' } }, true);
     assert.equal(view.error, true);
