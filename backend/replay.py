@@ -33,7 +33,6 @@ from backend.policy.loop import TrainingScheduler
 from backend.policy.settings import TrainerSettings
 from backend.routes.policy import schedule_training
 from backend.simulation import (
-    CachedRunner,
     Position,
     UserResponse,
     sample_positions,
@@ -41,6 +40,7 @@ from backend.simulation import (
 )
 from completion.engine import Engine
 from completion.gate import Policy, Signals, builtin_policy
+from completion.output_cache import CachedRunner
 from completion.policy_client import PolicyClient
 from completion.settings import CompletionSettings
 from completion.types import Decision

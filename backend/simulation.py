@@ -1,5 +1,4 @@
-"""Pieces of the replay simulator: cursor positions in real files, a simulated user, and a model
-runner that remembers its outputs by prompt hash.
+"""Pieces of the replay simulator: cursor positions in real files and a simulated user.
 
 The simulated user writes each file top to bottom. At a sampled position the text before the
 cursor exists and nothing after it does; the user accepts a suggestion when it says what the file
@@ -9,17 +8,12 @@ otherwise ignores it. Accepted text survives (is retained) as far as it matches 
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import random
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from completion.runner import ModelRunner
-from completion.types import CancelToken, CompletionRequest, Generation, StopRule
+from completion.types import CompletionRequest
 
 LANGUAGE_BY_SUFFIX = {".py": "python", ".js": "javascript", ".ts": "typescript", ".go": "go"}
 MAX_FILE_BYTES = 200_000
@@ -141,91 +135,3 @@ def simulated_user(suggestion: str, truth: str, min_partial_chars: int = 4) -> U
     if len(suggestion[:matching].strip()) >= min_partial_chars:
         return UserResponse("partial", matching, matching)
     return UserResponse("ignored", 0, 0)
-
-
-class CachedRunner:
-    """A model runner that answers a prompt it has seen before from a file, by prompt hash.
-
-    The bundled model decodes a few tokens a second on a CPU; a replay asks for the same prompts
-    round after round, so each prompt is run once. Entries are appended to a JSON-lines file
-    keyed by SHA-256 of (model id, generation parameters, prompt); a cut last line (a killed run)
-    is ignored.
-    """
-
-    def __init__(self, runner: ModelRunner, path: Path) -> None:
-        self.runner = runner
-        self.model_id = runner.model_id
-        self.family = runner.family
-        self.path = path
-        self.hits = 0
-        self.misses = 0
-        self._lock = threading.Lock()
-        self._entries: dict[str, Generation] = {}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    entry = json.loads(line)
-                    self._entries[entry["key"]] = Generation(
-                        text=str(entry["text"]),
-                        token_logprobs=[float(x) for x in entry["token_logprobs"]],
-                        prompt_tokens=int(entry["prompt_tokens"]),
-                        new_tokens=int(entry["new_tokens"]),
-                        stop_reason=entry["stop_reason"],
-                    )
-                except (ValueError, KeyError, TypeError):
-                    continue
-
-    def count_tokens(self, text: str) -> int:
-        return self.runner.count_tokens(text)
-
-    def _key(self, prompt: str, max_new_tokens: int, temperature: float) -> str:
-        material = json.dumps([self.model_id, max_new_tokens, temperature, prompt])
-        return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
-
-    def generate(
-        self,
-        prompt: str,
-        *,
-        max_new_tokens: int,
-        stop: StopRule,
-        cancel: CancelToken,
-        temperature: float = 0.0,
-    ) -> Generation:
-        key = self._key(prompt, max_new_tokens, temperature)
-        with self._lock:
-            entry = self._entries.get(key)
-        if entry is not None:
-            self.hits += 1
-            return Generation(
-                text=entry.text,
-                token_logprobs=list(entry.token_logprobs),
-                prompt_tokens=entry.prompt_tokens,
-                new_tokens=entry.new_tokens,
-                stop_reason=entry.stop_reason,
-            )
-        self.misses += 1
-        generation = self.runner.generate(
-            prompt, max_new_tokens=max_new_tokens, stop=stop, cancel=cancel, temperature=temperature
-        )
-        if generation.stop_reason == "cancelled":
-            return generation
-        record = {
-            "key": key,
-            "text": generation.text,
-            "token_logprobs": generation.token_logprobs,
-            "prompt_tokens": generation.prompt_tokens,
-            "new_tokens": generation.new_tokens,
-            "stop_reason": generation.stop_reason,
-            "model_ms": generation.prefill_ms + generation.decode_ms,
-        }
-        with self._lock:
-            self._entries[key] = generation
-            with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-        return generation
-
-    def close(self) -> None:
-        self.runner.close()
