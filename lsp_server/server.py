@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
@@ -25,6 +26,7 @@ from lsp_server import __version__, config
 
 if TYPE_CHECKING:
     from completion.engine import Engine
+    from completion.policy_client import PolicyClient
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,9 @@ class TabloopServer(LanguageServer):
         self.init_options: Any = None
         self.client_config: Any = None
         self.engine: Engine | None = None
+        self.policy_client: PolicyClient | None = None
+        self.policy_client_key: tuple[Any, ...] = ()
+        self.policy_client_lock = threading.Lock()
         self.model_state: ModelState = "loading"
         self.model_error = ""
         # Model work runs here, one call at a time, never on the event loop.
@@ -234,6 +239,8 @@ class TabloopServer(LanguageServer):
                 log.exception("shutdown hook failed")
         for token in self.in_flight.values():
             token.cancel("shutdown")
+        if self.policy_client is not None:
+            self.policy_client.close()
         engine, self.engine = self.engine, None
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(self.model_executor, engine.close)

@@ -6,13 +6,18 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
 from lsp_server.server import TabloopServer
+
+if TYPE_CHECKING:
+    from completion.gate import Policy
+    from completion.policy_client import PolicyClient
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +56,7 @@ def supports_work_done_progress(server: TabloopServer) -> bool:
 
 async def load_engine(server: TabloopServer) -> None:
     """Import torch, load the model and warm it, on the model thread; report progress."""
-    from completion import gate  # heavy imports (torch) stay off the initialize path
-    from completion.engine import Engine
+    from completion.engine import Engine  # heavy imports (torch) stay off `initialize`
 
     settings = server.settings
     if not settings.completion.enabled:
@@ -79,22 +83,13 @@ async def load_engine(server: TabloopServer) -> None:
     loop = asyncio.get_running_loop()
     try:
         context_source = server.extensions.get("context")
-        policy_client = server.extensions.get("policy")
-        if policy_client is not None:
-            policy_source = policy_client.current
-        else:
-            builtin = gate.builtin_policy().with_floor(settings.policy.show_floor)
-
-            def policy_source() -> gate.Policy:
-                return builtin
-
         engine = await loop.run_in_executor(
             server.model_executor,
             lambda: Engine.load(
                 settings.completion,
                 settings.cache_path(),
                 context_source=context_source,
-                policy_source=policy_source,
+                policy_source=current_policy(server),
             ),
         )
     except Exception as exc:
@@ -118,6 +113,48 @@ async def load_engine(server: TabloopServer) -> None:
             hook()
     if progress:
         server.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+
+
+def ensure_policy_client(server: TabloopServer) -> PolicyClient:
+    """The client that keeps the show/silence policy current, rebuilt when its settings change.
+
+    Without a backend it serves the last cached policy, or the built-in one. Call it off the
+    event loop: the policy module imports torch.
+    """
+    from completion.policy_client import PolicyClient
+
+    settings = server.settings
+    key = (
+        settings.telemetry.backend_url,
+        settings.telemetry.token,
+        settings.policy.refresh_s,
+        settings.policy.show_floor,
+    )
+    with server.policy_client_lock:
+        client = server.policy_client
+        if client is not None and server.policy_client_key == key:
+            return client
+        if client is not None:
+            client.close()
+        client = PolicyClient(
+            settings.telemetry.backend_url or None,
+            settings.telemetry.token or None,
+            settings.cache_path() / "policy",
+            settings.policy.refresh_s,
+            show_floor=settings.policy.show_floor,
+        )
+        client.start()
+        server.policy_client, server.policy_client_key = client, key
+        return client
+
+
+def current_policy(server: TabloopServer) -> Callable[[], Policy]:
+    """A policy source that follows the server's policy client, whichever it is now."""
+
+    def source() -> Policy:
+        return ensure_policy_client(server).current()
+
+    return source
 
 
 async def pull_configuration(server: TabloopServer) -> None:
@@ -173,6 +210,7 @@ def register(server: TabloopServer) -> None:
         elif ls.engine is not None:
             # Budgets, lengths and timeouts apply from the next request on.
             ls.engine.settings = ls.settings.completion
+            await asyncio.get_running_loop().run_in_executor(None, ensure_policy_client, ls)
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: TabloopServer, params: None) -> None:

@@ -1,0 +1,265 @@
+"""The workspace index in the server: `workspace/symbol`, `tabloop/search`, progress, edits.
+
+The index (`indexer.service.WorkspaceIndex`) starts in the background once the settings are
+known, reports `$/progress` while it scans and embeds, follows document changes (debounced) and
+saves, and is published as `server.extensions["index"]` for the completion context and
+`tabloop/status`. Nothing here blocks the event loop: searches embed their query on a worker
+thread, and the index does its own writing on its own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pygls.uris import from_fs_path, to_fs_path
+
+from indexer.service import WorkspaceIndex
+from indexer.types import SearchHit, SymbolHit
+from lsp_server.server import TabloopServer
+
+log = logging.getLogger(__name__)
+
+SEARCH_REQUEST = "tabloop/search"
+SEARCH_K_MAX = 100
+PROGRESS_INTERVAL_S = 0.25
+CLOSE_WAIT_S = 5.0
+
+SYMBOL_KINDS = {
+    "function": types.SymbolKind.Function,
+    "method": types.SymbolKind.Method,
+    "constructor": types.SymbolKind.Constructor,
+    "class": types.SymbolKind.Class,
+    "struct": types.SymbolKind.Struct,
+    "enum": types.SymbolKind.Enum,
+    "interface": types.SymbolKind.Interface,
+    "type": types.SymbolKind.Class,
+    "module": types.SymbolKind.Module,
+    "namespace": types.SymbolKind.Namespace,
+    "macro": types.SymbolKind.Function,
+    "variable": types.SymbolKind.Variable,
+}
+
+
+class IndexFeature:
+    """Owns the server's `WorkspaceIndex`: starts, restarts and closes it, feeds it edits."""
+
+    def __init__(self, server: TabloopServer) -> None:
+        self.server = server
+        self.index: WorkspaceIndex | None = None
+        self._key: tuple[Any, ...] | None = None
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._token: str | None = None
+        self._last_report = 0.0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def on_settings(self, settings: Any) -> None:
+        root = self.server.workspace_root
+        enabled = bool(settings.index.enabled) and root is not None
+        key = (str(root), settings.index.model_dump_json(), str(settings.cache_path()))
+        if enabled and key == self._key:
+            return
+        self._close_index()
+        if not enabled or root is None:
+            return
+        self._key = key
+        index = WorkspaceIndex(Path(root), settings.index, settings.cache_path())
+        self.index = index
+        self.server.extensions["index"] = index
+        loop = asyncio.get_event_loop()
+        index.start(
+            lambda stage, done, total: loop.call_soon_threadsafe(
+                self._on_progress, index, stage, done, total
+            )
+        )
+        log.info("indexing %s", root)
+
+    def _close_index(self) -> None:
+        index, self.index, self._key = self.index, None, None
+        self.server.extensions.pop("index", None)
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        if index is not None:
+            # Closing waits for the batch being embedded; do not hold the event loop for it.
+            closer = threading.Thread(target=index.close, name="tabloop-index-close", daemon=True)
+            closer.start()
+            closer.join(CLOSE_WAIT_S)
+
+    def on_shutdown(self) -> None:
+        self._close_index()
+
+    # -- progress ----------------------------------------------------------------------------
+
+    def _on_progress(self, index: WorkspaceIndex, stage: str, done: int, total: int) -> None:
+        if index is not self.index or not _supports_progress(self.server):
+            return
+        if stage == "ready":
+            if self._token is not None:
+                token, self._token = self._token, None
+                message = f"{done} files indexed"
+                self.server.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+            return
+        now = time.monotonic()
+        if self._token is not None and now - self._last_report < PROGRESS_INTERVAL_S:
+            return
+        self._last_report = now
+        message = "scanning" if stage == "scan" else f"indexing {done}/{total} files"
+        percentage = int(100 * done / total) if stage == "index" and total else None
+        if self._token is None:
+            self._token = f"tabloop-index-{uuid.uuid4().hex[:8]}"
+            self.server.run_task(self._begin(self._token, message), "index-progress")
+        else:
+            self.server.work_done_progress.report(
+                self._token, types.WorkDoneProgressReport(message=message, percentage=percentage)
+            )
+
+    async def _begin(self, token: str, message: str) -> None:
+        try:
+            await self.server.work_done_progress.create_async(token)
+        except Exception:
+            log.debug("client refused work-done progress", exc_info=True)
+            return
+        begin = types.WorkDoneProgressBegin(title="tabloop index", message=message, percentage=0)
+        self.server.work_done_progress.begin(token, begin)
+
+    # -- documents (a `DocumentListener`) ----------------------------------------------------
+
+    def did_open(self, uri: str) -> None:
+        pass  # the file on disk is indexed already; edits arrive as changes
+
+    def did_change(
+        self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
+    ) -> None:
+        index = self.index
+        if index is None:
+            return
+        timer = self._timers.pop(uri, None)
+        if timer is not None:
+            timer.cancel()
+        delay = index.settings.debounce_ms / 1000
+        loop = asyncio.get_event_loop()
+        self._timers[uri] = loop.call_later(delay, self._flush, uri)
+
+    def _flush(self, uri: str) -> None:
+        self._timers.pop(uri, None)
+        index, path = self.index, _path(uri)
+        document = self.server.workspace.text_documents.get(uri)
+        if index is not None and path is not None and document is not None:
+            index.update_document(path, document.source)
+
+    def did_save(self, uri: str) -> None:
+        self._from_disk(uri)
+
+    def did_close(self, uri: str) -> None:
+        self._from_disk(uri)  # unsaved changes are gone with the buffer
+
+    def _from_disk(self, uri: str) -> None:
+        timer = self._timers.pop(uri, None)
+        if timer is not None:
+            timer.cancel()
+        index, path = self.index, _path(uri)
+        if index is not None and path is not None:
+            index.update_document(path, None)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def search(self, query: str, k: int) -> list[SearchHit]:
+        index = self.index
+        if index is None or not query.strip():
+            return []
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, index.search, query, k)
+
+    async def symbols(self, query: str) -> list[SymbolHit]:
+        index = self.index
+        if index is None or not query.strip():
+            return []
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, index.symbols, query, 100)
+
+    def uri_of(self, rel: str) -> str:
+        index = self.index
+        root = index.root if index is not None else Path(".")
+        return from_fs_path(str(root / rel)) or ""
+
+
+def _supports_progress(server: TabloopServer) -> bool:
+    window = server.client_capabilities.window
+    return bool(window and window.work_done_progress)
+
+
+def _path(uri: str) -> Path | None:
+    path = to_fs_path(uri)
+    return Path(path) if path else None
+
+
+def _param(params: Any, name: str, default: Any = None) -> Any:
+    if isinstance(params, dict):
+        return params.get(name, default)
+    return getattr(params, name, default)
+
+
+def hit_json(feature: IndexFeature, hit: SearchHit) -> dict[str, Any]:
+    """A search hit on the wire: `{uri, range, score, preview}` plus symbols."""
+    return {
+        "uri": feature.uri_of(hit.path),
+        "range": {
+            "start": {"line": hit.start_line, "character": 0},
+            "end": {"line": hit.end_line, "character": 0},
+        },
+        "score": round(hit.score, 4),
+        "preview": hit.preview,
+        "symbols": list(hit.symbols),
+    }
+
+
+def register(server: TabloopServer) -> None:
+    feature = IndexFeature(server)
+    server.hooks.settings.append(feature.on_settings)
+    server.hooks.documents.append(feature)
+    server.hooks.shutdown.append(feature.on_shutdown)
+
+    @server.feature(SEARCH_REQUEST)
+    async def search(ls: TabloopServer, params: Any) -> list[dict[str, Any]]:
+        """`{query, k}` → the k chunks closest in meaning, best first."""
+        try:
+            query = str(_param(params, "query", "") or "")
+            k = max(1, min(int(_param(params, "k", 10) or 10), SEARCH_K_MAX))
+            return [hit_json(feature, hit) for hit in await feature.search(query, k)]
+        except Exception:
+            log.warning("tabloop/search failed", exc_info=True)
+            return []
+
+    @server.feature(types.WORKSPACE_SYMBOL)
+    async def workspace_symbol(
+        ls: TabloopServer, params: types.WorkspaceSymbolParams
+    ) -> list[types.WorkspaceSymbol]:
+        """Symbols by name, then by meaning, from the index."""
+        try:
+            found = await feature.symbols(params.query)
+        except Exception:
+            log.warning("workspace/symbol failed", exc_info=True)
+            return []
+        return [
+            types.WorkspaceSymbol(
+                name=symbol.name,
+                kind=SYMBOL_KINDS.get(symbol.kind, types.SymbolKind.Variable),
+                container_name=symbol.container or None,
+                location=types.Location(
+                    uri=feature.uri_of(symbol.path),
+                    range=types.Range(
+                        start=types.Position(line=symbol.line, character=0),
+                        end=types.Position(line=symbol.line, character=0),
+                    ),
+                ),
+            )
+            for symbol in found
+        ]
