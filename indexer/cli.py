@@ -72,6 +72,8 @@ class ProgressBar:
         if stage != self._stage or self._bar is None:
             self.close()
             self._stage = stage
+            if stage == "ready":
+                return
             label = "scanning" if stage == "scan" else "indexing files"
             self._bar = tqdm(total=total or None, desc=label, unit="file", file=self.stream)
         if total and self._bar.total != total:
@@ -107,6 +109,14 @@ def index_main(argv: list[str]) -> int:
     )
     parser.add_argument("path", nargs="?", type=Path, default=Path.cwd(), help="workspace root")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--sync",
+        action="store_true",
+        help="fetch the team's vectors first (fresh index), then sync the index to the backend "
+        "($TABLOOP_TELEMETRY__BACKEND_URL, $TABLOOP_TELEMETRY__TOKEN; see docs/sync.md)",
+    )
+    parser.add_argument("--backend-url", help="backend for --sync")
+    parser.add_argument("--token", help="tenant token for --sync")
     _common(parser)
     args = parser.parse_args(argv)
     _logging(args.verbose)
@@ -116,8 +126,15 @@ def index_main(argv: list[str]) -> int:
         return 2
     bar = ProgressBar(enabled=not args.no_progress)
     started = time.perf_counter()
+    synced: dict[str, Any] = {}
     try:
-        index, stats = run_index(root, _settings(args), args.cache_dir or default_cache_dir(), bar)
+        cache_dir = args.cache_dir or default_cache_dir()
+        if args.sync:
+            from indexer.sync_setup import sync_index_main
+
+            index, stats, synced = sync_index_main(root, _settings(args), cache_dir, args, bar)
+        else:
+            index, stats = run_index(root, _settings(args), cache_dir, bar)
     except RuntimeError as exc:
         bar.close()
         print(f"tabloop index: {exc}", file=sys.stderr)
@@ -137,7 +154,8 @@ def index_main(argv: list[str]) -> int:
         "chunks_embedded": stats.chunks_embedded,
         "chunks_reused": stats.chunks_reused,
         "seconds": round(time.perf_counter() - started, 3),
-        "merkle_root": status["merkle_root"],
+        "merkle_root": status["merkleRoot"],
+        **synced,
     }
     if args.json:
         print(json.dumps(report))

@@ -58,6 +58,17 @@ class IndexSettings(BaseModel):
         description="Seconds between full rescans that repair events the watcher missed; "
         "0 disables them.",
     )
+    sync: bool = Field(
+        False,
+        description="Keep a copy of this index on the backend (`telemetry.backendUrl`, "
+        "`telemetry.token`): keyed ids, line ranges and vectors, never code or paths; teammates "
+        "who share `syncSecret` reuse each other's embeddings.",
+    )
+    sync_secret: str = Field(
+        "",
+        description="Secret that keys what the index sync sends; empty generates one kept in "
+        "the cache directory (mode 0600). Share it within a team to reuse embeddings.",
+    )
     lock_timeout_s: float = Field(
         0.0,
         ge=0,

@@ -55,7 +55,8 @@ class IndexChanged(RuntimeError):
 class SyncReport:
     """What one sync did and what it cost on the wire."""
 
-    root: str = ""
+    root: str = ""  # keyed root, now on the server too
+    local_root: str = ""  # the plain Merkle root of the index state that was synced
     in_sync_before: bool = False
     files_uploaded: int = 0
     paths_removed: int = 0
@@ -147,10 +148,11 @@ def sync_index(
     started = time.perf_counter()
     before = (client.stats.requests, client.stats.bytes_sent, client.stats.bytes_received)
     model = keys.model(store.model_id)
-    tree, plain_of = keys.tree(store.leaves())
-    local_root = tree.root_hash.hex()
-    report = SyncReport(root=local_root)
-    if client.root(workspace, model) == local_root:
+    leaves = store.leaves()
+    tree, plain_of = keys.tree(leaves)
+    keyed_root = tree.root_hash.hex()
+    report = SyncReport(root=keyed_root, local_root=MerkleTree.from_leaves(leaves).root_hash.hex())
+    if client.root(workspace, model) == keyed_root:
         report.in_sync_before = True
     else:
         found = walk_differences(client, tree, workspace, model)
@@ -363,7 +365,8 @@ class IndexSyncer:
         self._thread: threading.Thread | None = None
         self.last_report: SyncReport | None = None
         self.last_error = ""
-        self.synced_root: bytes | None = None
+        self.synced_root: bytes | None = None  # keyed root the server confirmed
+        self.synced_local_root: bytes | None = None  # local (plain) root that sync covered
         self.failures = 0
 
     def start(self) -> None:
@@ -412,7 +415,7 @@ class IndexSyncer:
         now = time.monotonic()
         if self._wanted:
             return True
-        if seen is not None and seen != self.synced_root and now - seen_at >= self.debounce_s:
+        if seen is not None and seen != self.synced_local_root and now - seen_at >= self.debounce_s:
             return True
         return self.interval_s > 0 and now - last_attempt >= self.interval_s
 
@@ -456,6 +459,8 @@ class IndexSyncer:
                 report = sync_index(store, self.keys, self.client, self.workspace, dtype=self.dtype)
                 self.last_report = report
                 self.synced_root = bytes.fromhex(report.root)
+                # What the store held when the sync read it; a later change makes a sync due.
+                self.synced_local_root = bytes.fromhex(report.local_root)
                 log.info(
                     "index synced: %d files, %d vectors, %d bytes",
                     report.files_uploaded,
