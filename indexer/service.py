@@ -74,7 +74,7 @@ class WorkspaceIndex:
 
     def start(self, progress: Progress | None = None) -> None:
         """Begin indexing in the background; `progress(stage, done, total)` is called from
-        the worker thread."""
+        the worker thread, with stage `scan`, `index` (files) and finally `ready`."""
         with self._cond:
             if self._thread is not None:
                 return
@@ -234,6 +234,8 @@ class WorkspaceIndex:
             self._set("indexing")
         self.last_stats = self._indexer.index_changes(result, self._report, self._apply_documents)
         self._store_save()
+        files, _ = self._store.counts() if self._store is not None else (0, 0)
+        self._report("ready", files, files)
 
     def _store_save(self) -> None:
         if self._store is not None:
@@ -360,14 +362,17 @@ class WorkspaceIndex:
         files, chunks = store.counts() if store is not None else (0, 0)
         stage, done, total = self._progress
         indexer = self._indexer
+        # Flat, JSON-ready keys: the server passes this on as the `index` part of tabloop/status.
         return {
             "root": str(self.root),
             "state": self._state,
             "files": files,
             "chunks": chunks,
-            "progress": {"stage": stage, "done": done, "total": total},
+            "stage": stage,
+            "done": done,
+            "total": total,
             "queued": len(self._queue),
-            "merkle_root": indexer.tree.root_hash.hex() if indexer is not None else "",
+            "merkleRoot": indexer.tree.root_hash.hex() if indexer is not None else "",
             "writer": self._lock.held,
             "error": self._error,
             "recovered": list(store.recovered) if store is not None else [],

@@ -29,9 +29,10 @@ class IndexSettings(BaseModel):
         True, description="Follow symbolic links to files and directories (loops are skipped)."
     )
     chunk_max_tokens: int = Field(
-        0,
+        128,
         ge=0,
-        description="Largest chunk in the embedding model's tokens; 0 uses the model's limit.",
+        description="Largest chunk in the embedding model's tokens (never above the model's "
+        "limit; all-MiniLM-L6-v2 was trained on 128); 0 uses the model's limit.",
     )
     chunk_min_tokens: int = Field(
         48, ge=0, description="Chunks smaller than this are merged with their neighbours."

@@ -74,11 +74,12 @@ class IndexFeature:
         self.index = index
         self.server.extensions["index"] = index
         loop = asyncio.get_event_loop()
-        index.start(
-            lambda stage, done, total: loop.call_soon_threadsafe(
-                self._on_progress, index, stage, done, total
-            )
-        )
+
+        def progress(stage: str, done: int, total: int) -> None:
+            # Called on the index's worker thread: hand over to the event loop.
+            loop.call_soon_threadsafe(self._on_progress, index, stage, done, total)
+
+        index.start(progress)
         log.info("indexing %s", root)
 
     def _close_index(self) -> None:
@@ -105,7 +106,9 @@ class IndexFeature:
             if self._token is not None:
                 token, self._token = self._token, None
                 message = f"{done} files indexed"
-                self.server.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+                self.server.work_done_progress.end(
+                    token, types.WorkDoneProgressEnd(message=message)
+                )
             return
         now = time.monotonic()
         if self._token is not None and now - self._last_report < PROGRESS_INTERVAL_S:

@@ -150,7 +150,7 @@ def test_remove_and_merkle_follow_the_files(workspace: Path, open_index: OpenInd
         if p.is_file()
     }
     assert indexer.tree.root_hash == MerkleTree.from_leaves(on_disk).root_hash
-    assert index.status()["merkle_root"] == indexer.tree.root_hash.hex()
+    assert index.status()["merkleRoot"] == indexer.tree.root_hash.hex()
 
 
 def test_chunk_at_and_paths_outside(workspace: Path, open_index: OpenIndex, tmp_path: Path) -> None:
