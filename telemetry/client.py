@@ -90,12 +90,17 @@ class TelemetryClient:
     def set_client_enabled(self, enabled: bool) -> None:
         """Honour the editor's telemetry switch (VS Code's `isTelemetryEnabled`)."""
         self.settings = self.settings.model_copy(update={"client_enabled": enabled})
-        if self.level != "off":
-            self.start()
+        self._follow_level()
 
     def set_level(self, level: Level) -> None:
         """Change the configured level (the configuration was re-read)."""
         self.settings = self.settings.model_copy(update={"level": level})
+        self._follow_level()
+
+    def _follow_level(self) -> None:
+        # Off: nothing new is recorded and nothing spooled leaves the machine until it is on.
+        if self.sender is not None:
+            self.sender.set_enabled(self.level != "off")
         if self.level != "off":
             self.start()
 

@@ -121,6 +121,8 @@ class Sender:
         )
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._enabled = threading.Event()  # cleared while the user has telemetry off
+        self._enabled.set()
         self._final_deadline = 0.0
         self._thread: threading.Thread | None = None
         self._failures = 0  # consecutive failed rounds, for the resting backoff
@@ -139,6 +141,14 @@ class Sender:
         """Ask for a send now (a full batch is waiting)."""
         self._wake.set()
 
+    def set_enabled(self, enabled: bool) -> None:
+        """Pause (telemetry was turned off: nothing more leaves the machine) or resume."""
+        if enabled:
+            self._enabled.set()
+            self._wake.set()
+        else:
+            self._enabled.clear()
+
     def shutdown(self, timeout: float) -> bool:
         """Stop, sending what can be sent within `timeout`; True when the spool was emptied."""
         self._final_deadline = time.monotonic() + max(timeout, 0.0)
@@ -146,7 +156,7 @@ class Sender:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout + self.request_timeout_s + 1.0)
-        else:
+        elif self._enabled.is_set():
             self.drain(self._final_deadline)
         self._http.close()
         return len(self.spool) == 0
@@ -157,6 +167,8 @@ class Sender:
             self._wake.clear()
             if self._stop.is_set():
                 break
+            if not self._enabled.is_set():
+                continue
             rest = self._not_before - time.monotonic()
             if rest > 0 and self._stop.wait(rest):
                 break
@@ -170,6 +182,8 @@ class Sender:
             else:
                 self._failures += 1
                 self._stop.wait(self._backoff(self._failures))
+        if not self._enabled.is_set():
+            return
         try:
             self.drain(self._final_deadline)
         except Exception:
@@ -180,6 +194,8 @@ class Sender:
     def drain(self, deadline: float) -> bool:
         """Send batches until the spool is empty (True) or a batch stays pending (False)."""
         while time.monotonic() < deadline:
+            if not self._enabled.is_set():
+                return False
             batch = self.spool.peek(self._batch_limit)
             if not batch:
                 return True

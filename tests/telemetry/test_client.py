@@ -160,3 +160,23 @@ def test_install_id_is_made_once(tmp_path: Path) -> None:
     assert install_id(tmp_path) == first
     (tmp_path / "install_id").write_text("")
     assert install_id(tmp_path) != first
+
+
+def test_turning_telemetry_off_stops_sending_what_is_spooled(
+    tmp_path: Path, sqlite_backend: BackendServer
+) -> None:
+    client = TelemetryClient(settings(sqlite_backend, flush_interval_s=60), tmp_path)
+    client.start()
+    events = [OutcomeEvent(decision_id=f"d{i}", kind="ignored") for i in range(5)]
+    for event in events:
+        client.record(event)
+    assert client.flush_to_spool(10)
+    client.set_client_enabled(False)
+    assert client.sender is not None
+    client.sender.wake()
+    time.sleep(0.3)  # a working sender posts within milliseconds of a wake
+    assert sqlite_backend.bodies == []
+    client.set_level("metrics")  # still off: the editor's switch wins
+    client.set_client_enabled(True)
+    wait_for(lambda: len(sqlite_backend.stored_ids()) == 5)
+    assert client.shutdown(5)
