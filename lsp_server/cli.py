@@ -197,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv:
         parser.print_help()
         return 2
+    if argv[0] in DELEGATED:  # argparse's REMAINDER drops a leading option: pass argv through
+        return int(_load(DELEGATED[argv[0]][0])(argv[1:]) or 0)
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
