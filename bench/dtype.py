@@ -19,7 +19,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 BASELINE = "float32"
 SOURCE_FILE = "textwrap.py"
@@ -49,11 +49,12 @@ def _never(text: str) -> int | None:
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Measure one dtype in this process."""
+    from completion.runners.loading import Dtype
     from completion.runners.local import LocalRunner
     from completion.types import CancelToken
 
     started = time.perf_counter()
-    dtype = BASELINE if args.child == "first-load" else args.child
+    dtype = cast(Dtype, BASELINE if args.child == "first-load" else args.child)
     runner = LocalRunner(
         args.model, Path(args.cache_dir), dtype=dtype, threads=args.threads, reuse_cache=True
     )

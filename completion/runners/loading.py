@@ -135,6 +135,9 @@ def save_converted(tokenizer: Any, model: Any, target: Path) -> bool:
         model.generation_config.save_pretrained(work)
         tokenizer.save_pretrained(work)
         (work / _COMPLETE).write_text("ok\n", encoding="ascii")
+        # mkdtemp makes a private directory; a model cache is not secret.
+        for item in (work, *work.iterdir()):
+            item.chmod(0o755 if item.is_dir() else 0o644)
         os.rename(work, target)
         return True
     except OSError as exc:
