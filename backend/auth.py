@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
+from starlette.concurrency import run_in_threadpool
 
 from backend.storage import Principal, Storage
 
@@ -18,14 +19,18 @@ def bearer_token(request: Request) -> str | None:
     return token.strip()
 
 
-def require_principal(request: Request) -> Principal:
+async def require_principal(request: Request) -> Principal:
     """FastAPI dependency: the tenant of the request's token, else 401.
 
-    A plain `def`, so FastAPI runs its database lookup in the thread pool, off the event loop.
+    A cached token costs no I/O; otherwise the lookup runs in the thread pool, off the loop.
     """
     token = bearer_token(request)
     storage: Storage = request.app.state.storage
-    principal = storage.principal_for_token(token) if token else None
+    principal = None
+    if token:
+        principal = storage.cached_principal(token) or await run_in_threadpool(
+            storage.principal_for_token, token
+        )
     if principal is None:
         request.app.state.metrics.inc("tabloop_requests_unauthorized_total")
         raise HTTPException(

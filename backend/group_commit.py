@@ -1,16 +1,15 @@
 """Group commit: concurrent ingest requests share one transaction and one fsync.
 
 A durable commit costs an fsync (milliseconds on ordinary disks), far more than inserting a
-hundred rows. Requests hand their rows to one writer thread; it runs every batch that is waiting
-in a single transaction, commits once, and hands each request the ids its own rows inserted.
-Under load the number of commits per second stays at what the disk allows while each commit
-carries more events; with a single client it is one request per commit, as before.
+hundred rows. The first request to arrive becomes the leader: it commits its own rows and those
+of every request that queued up meanwhile in one transaction, and hands each its result; then it
+leads again while more are waiting. With a single client this is one request per commit and no
+thread hand-off; under load each fsync carries many requests' events.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -20,7 +19,7 @@ from sqlalchemy import Engine, Executable
 
 log = logging.getLogger(__name__)
 
-MAX_ROWS_PER_COMMIT = 5000
+Pending = tuple[Sequence[dict[str, Any]], Future[set[str]]]
 
 
 class GroupCommitter:
@@ -30,45 +29,31 @@ class GroupCommitter:
         self.engine = engine
         self.statement = statement
         self.commits = 0
-        self._queue: queue.SimpleQueue[tuple[Sequence[dict[str, Any]], Future[set[str]]] | None]
-        self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="tabloop-group-commit", daemon=True)
-        self._thread.start()
+        self._lock = threading.Lock()
+        self._pending: list[Pending] = []
+        self._leading = False
 
     def insert(self, rows: Sequence[dict[str, Any]], timeout: float = 60.0) -> set[str]:
         """Insert `rows` durably; returns the keys that were new. Raises what the database did."""
         done: Future[set[str]] = Future()
-        self._queue.put((rows, done))
+        with self._lock:
+            self._pending.append((rows, done))
+            lead = not self._leading
+            self._leading = True
+        if lead:
+            self._lead()
         return done.result(timeout)
 
-    def close(self) -> None:
-        """Finish what is queued and stop the writer thread."""
-        self._queue.put(None)
-        self._thread.join(30)
-
-    def _run(self) -> None:
+    def _lead(self) -> None:
         while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            group = [first]
-            rows = len(first[0])
-            stop = False
-            while rows < MAX_ROWS_PER_COMMIT:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                group.append(item)
-                rows += len(item[0])
+            with self._lock:
+                group, self._pending = self._pending, []
+                if not group:
+                    self._leading = False
+                    return
             self._commit(group)
-            if stop:
-                return
 
-    def _commit(self, group: list[tuple[Sequence[dict[str, Any]], Future[set[str]]]]) -> None:
+    def _commit(self, group: list[Pending]) -> None:
         try:
             results = []
             with self.engine.begin() as connection:

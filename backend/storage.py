@@ -119,8 +119,7 @@ class Storage:
         self._writer = GroupCommitter(self.engine, self._insert_ignore)
 
     def close(self) -> None:
-        """Finish pending inserts and release every pooled connection."""
-        self._writer.close()
+        """Release every pooled connection."""
         self.engine.dispose()
 
     # -- tenants and tokens ---------------------------------------------------------------
@@ -168,17 +167,24 @@ class Storage:
             self._principals.pop(row.token_hash, None)
             return True
 
+    def cached_principal(self, token: str) -> Principal | None:
+        """The tenant of `token` if a recent lookup is cached (no I/O), else None."""
+        cached = self._principals.get(hash_token(token))
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
+        return None
+
     def principal_for_token(self, token: str) -> Principal | None:
         """The tenant a live token belongs to, or None.
 
         Answers are cached for `TOKEN_CACHE_S` seconds: a token revoked by another process (the
         CLI, another replica) stops working within that time; one revoked here, at once.
         """
+        cached = self.cached_principal(token)
+        if cached is not None:
+            return cached
         key = hash_token(token)
         now = time.monotonic()
-        cached = self._principals.get(key)
-        if cached is not None and cached[1] > now:
-            return cached[0]
         with self.sessions() as session:
             row = session.execute(
                 select(Tenant.id, Tenant.name)
