@@ -197,10 +197,43 @@ function freshState() {
     openedDocuments: [] as string[],
     revealed: [] as { uri: string; range: Range }[],
     extensions: new Map<string, unknown>(),
+    /** Inline completion providers registered (by the language client). */
+    inlineProviders: [] as { selector: unknown; provider: InlineProvider }[],
+    documentEmitter: new EventEmitter<TextDocument>(),
+    /** Progress shown with `window.withProgress`: its title and what was reported. */
+    progress: [] as { title: string | undefined; reports: unknown[] }[],
     telemetryEnabled: true,
     telemetryEmitter: new EventEmitter<boolean>(),
     configurationEmitter: new EventEmitter<{ affectsConfiguration(section: string): boolean }>(),
   };
+}
+
+export interface InlineProvider {
+  provideInlineCompletionItems(
+    document: TextDocument,
+    position: Position,
+    context: { triggerKind: number; selectedCompletionInfo: undefined },
+    token: unknown,
+  ): Promise<InlineCompletionList | InlineCompletionItem[] | undefined | null>;
+}
+
+/** A text document held in memory: enough for the language client's document sync. */
+export class TextDocument {
+  version = 1;
+  isClosed = false;
+  isDirty = false;
+  isUntitled = false;
+  eol = 1;
+  constructor(readonly uri: Uri, readonly languageId: string, private text: string) {}
+  get fileName(): string {
+    return this.uri.fsPath;
+  }
+  get lineCount(): number {
+    return this.text.split('\n').length;
+  }
+  getText(): string {
+    return this.text;
+  }
 }
 
 export interface QuickPickItemLike {
@@ -275,10 +308,22 @@ export const mock = {
   /** Forget everything tests did, before the next test. */
   reset(): void {
     mock.state = freshState();
+    workspace.textDocuments = [];
+    workspace.workspaceFolders = undefined;
   },
   setConfig(scope: 'defaults' | 'global' | 'workspace', key: string, value: unknown): void {
     mock.state.config[scope].set(key, value);
     mock.state.configurationEmitter.fire({ affectsConfiguration: (s: string) => key === s || key.startsWith(`${s}.`) });
+  },
+  /** Opens a document as VS Code would: listed in `workspace.textDocuments`, then announced. */
+  openDocument(fsPath: string, languageId: string, text: string): TextDocument {
+    const document = new TextDocument(Uri.file(fsPath), languageId, text);
+    workspace.textDocuments.push(document);
+    mock.state.documentEmitter.fire(document);
+    return document;
+  },
+  setWorkspaceFolders(paths: string[]): void {
+    workspace.workspaceFolders = paths.map((p, index) => ({ uri: Uri.file(p), name: path.basename(p), index }));
   },
   setTelemetryEnabled(enabled: boolean): void {
     mock.state.telemetryEnabled = enabled;
@@ -337,7 +382,9 @@ export const workspace = {
   get onDidChangeConfiguration() {
     return mock.state.configurationEmitter.event;
   },
-  onDidOpenTextDocument: noop,
+  get onDidOpenTextDocument() {
+    return mock.state.documentEmitter.event;
+  },
   onDidCloseTextDocument: noop,
   onDidChangeTextDocument: noop,
   onDidSaveTextDocument: noop,
@@ -410,8 +457,14 @@ export const window = {
     mock.state.outputChannels.push(channel);
     return channel;
   },
-  withProgress: <R>(_options: unknown, task: (progress: { report(value: unknown): void }) => Promise<R>) =>
-    task({ report: () => undefined }),
+  withProgress: <R>(
+    options: { title?: string },
+    task: (progress: { report(value: unknown): void }, token: CancellationTokenSource['token']) => Promise<R>,
+  ) => {
+    const reports: unknown[] = [];
+    mock.state.progress.push({ title: options.title, reports });
+    return task({ report: (value) => reports.push(value) }, new CancellationTokenSource().token);
+  },
 };
 
 export const commands = {
@@ -428,10 +481,33 @@ export const commands = {
 
 const registration = (): Disposable => new Disposable(() => undefined);
 
+interface DocumentFilterLike {
+  scheme?: string;
+  language?: string;
+}
+
+/** Like VS Code's: 10 when a filter's scheme and language (those it names) fit the document. */
+function matchSelector(selector: unknown, document: TextDocument): number {
+  const filters = (Array.isArray(selector) ? selector : [selector]) as (DocumentFilterLike | string)[];
+  const fits = filters.some((filter) =>
+    typeof filter === 'string'
+      ? filter === document.languageId
+      : (filter.scheme === undefined || filter.scheme === document.uri.scheme) &&
+        (filter.language === undefined || filter.language === document.languageId),
+  );
+  return fits ? 10 : 0;
+}
+
 export const languages = {
-  match: () => 0,
+  match: matchSelector,
   createDiagnosticCollection: () => ({ set: () => undefined, delete: () => undefined, clear: () => undefined, dispose: () => undefined }),
-  registerInlineCompletionItemProvider: registration,
+  registerInlineCompletionItemProvider: (selector: unknown, provider: InlineProvider) => {
+    const entry = { selector, provider };
+    mock.state.inlineProviders.push(entry);
+    return new Disposable(() => {
+      mock.state.inlineProviders = mock.state.inlineProviders.filter((e) => e !== entry);
+    });
+  },
   registerCompletionItemProvider: registration,
   registerHoverProvider: registration,
   registerSignatureHelpProvider: registration,

@@ -5,7 +5,7 @@
  * completion and its acceptance. Needs the project's .venv; prints why when it skips.
  */
 import * as assert from 'node:assert/strict';
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { promises as fs } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
@@ -32,30 +32,7 @@ import { isFound, resolveServer, which, canImportServer, type ServerLaunch } fro
 import { serverKeys, serverSettings, type ConfigurationReader } from '../../src/settings';
 import type { ServerStatus } from '../../src/status';
 import { EXTENSION_DIR, PROFILES_DIR, REPO_ROOT, venvPython } from '../paths';
-
-const READY_TIMEOUT_MS = 180_000;
-const SOURCE = [
-  'def join_words(words, separator=" "):',
-  '    """Join words with a separator, skipping empty ones."""',
-  '    kept = [word for word in words if word]',
-  '    result = ',
-  '    return result',
-  '',
-].join('\n');
-
-function run(command: string, args: string[], options: { cwd: string; timeout: number }): Promise<string> {
-  return new Promise((resolve, reject) => {
-    execFile(command, args, options, (error, stdout, stderr) => (error ? reject(new Error(`${error.message}\n${stderr}`)) : resolve(stdout)));
-  });
-}
-
-/** The tiny test model: `TABLOOP_TEST_MODEL`, else built (once, cached) by the Python test support. */
-async function tinyModel(python: string): Promise<string> {
-  if (process.env.TABLOOP_TEST_MODEL) return process.env.TABLOOP_TEST_MODEL;
-  const code = 'from tests.support.tiny_model import build_tiny_model; print(build_tiny_model())';
-  const out = await run(python, ['-c', code], { cwd: REPO_ROOT, timeout: 900_000 });
-  return out.trim().split('\n').pop()!;
-}
+import { CURSOR, READY_TIMEOUT_MS, SOURCE, sleep, tinyModel } from './fixtures';
 
 /** A `tabloop.*` configuration as VS Code would hold it, explicit values only. */
 function userConfiguration(values: Record<string, unknown>): ConfigurationReader {
@@ -162,7 +139,7 @@ describe('the extension starts the real server', { skip: skipReason, timeout: 60
     for (;;) {
       status = await connection.sendRequest<ServerStatus>('tabloop/status', {});
       if (status.model?.state !== 'loading' || performance.now() > deadline) break;
-      await new Promise((r) => setTimeout(r, 100));
+      await sleep(100);
     }
     timings.ready = performance.now() - activatedAt;
     assert.equal(status.model?.state, 'ready', `model not ready: ${JSON.stringify(status.model)}\n${stderr.slice(-2000)}`);
@@ -174,7 +151,7 @@ describe('the extension starts the real server', { skip: skipReason, timeout: 60
     const started = performance.now();
     const answer = (await connection.sendRequest(InlineCompletionRequest.type, {
       textDocument: { uri },
-      position: { line: 3, character: 13 },
+      position: CURSOR,
       context: { triggerKind: InlineCompletionTriggerKind.Automatic },
     })) as InlineCompletionList;
     timings.firstInlineCompletion = performance.now() - started;
@@ -182,7 +159,7 @@ describe('the extension starts the real server', { skip: skipReason, timeout: 60
     assert.ok(answer.items.length > 0, `no suggestion\n${stderr.slice(-2000)}`);
     const [item] = answer.items;
     assert.ok(typeof item!.insertText === 'string' && item!.insertText.trim().length > 0);
-    assert.deepEqual(item!.range, { start: { line: 3, character: 13 }, end: { line: 3, character: 13 } });
+    assert.deepEqual(item!.range, { start: CURSOR, end: CURSOR });
     assert.equal(item!.command?.command, 'tabloop.accept');
     const decisionId = item!.command!.arguments![0];
 

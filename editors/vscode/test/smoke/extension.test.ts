@@ -1,0 +1,129 @@
+/*
+ * The whole extension, activated in the mocked VS Code host with the real vscode-languageclient
+ * and the real server: server discovery from `tabloop.server.path`, settings through
+ * initializationOptions and the `workspace/configuration` middleware, the status bar reaching
+ * ready, the inline completion provider the client registers, the accept command it forwards,
+ * and a settings change reaching the server. Needs the project's .venv; prints why when it skips.
+ */
+import * as assert from 'node:assert/strict';
+import { promises as fs } from 'node:fs';
+import * as os from 'node:os';
+import * as path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { after, before, describe, it } from 'node:test';
+
+import * as vscode from 'vscode';
+
+import { activate, deactivate, type TabloopExtension } from '../../src/extension';
+import { mock, type InlineCompletionList, type TextDocument } from '../mock/vscode';
+import { EXTENSION_DIR, venvPython } from '../paths';
+import { CURSOR, READY_TIMEOUT_MS, SOURCE, sleep, tinyModel } from './fixtures';
+
+const python = venvPython();
+const skipReason = python ? undefined : 'no Python environment at .venv (run `make venv`); skipping the extension smoke test';
+if (skipReason) process.stdout.write(`# ${skipReason}\n`);
+
+async function waitFor<T>(what: string, timeoutMs: number, probe: () => T | undefined | Promise<T | undefined>): Promise<T> {
+  const deadline = performance.now() + timeoutMs;
+  for (;;) {
+    const value = await probe();
+    if (value !== undefined) return value;
+    if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+describe('the extension in a VS Code host, against the real server', { skip: skipReason, timeout: 600_000 }, () => {
+  let workspace: string;
+  let extension: TabloopExtension;
+  let document: TextDocument;
+  const timings: Record<string, number> = {};
+
+  before(async () => {
+    const model = await tinyModel(python!);
+    workspace = await fs.mkdtemp(path.join(os.tmpdir(), 'tabloop-ext-'));
+    await fs.writeFile(path.join(workspace, 'words.py'), SOURCE);
+    process.env.XDG_CONFIG_HOME = path.join(workspace, '.config');
+    mock.reset();
+    mock.setWorkspaceFolders([workspace]);
+    // What a user would put in settings.json.
+    const settings: Record<string, unknown> = {
+      'tabloop.server.path': python,
+      'tabloop.completion.model': model,
+      'tabloop.completion.maxNewTokens': 24,
+      'tabloop.cacheDir': path.join(workspace, '.cache'),
+      'tabloop.index.enabled': false,
+      'tabloop.policy.showFloor': 1.0,
+      'tabloop.telemetry.level': 'off',
+    };
+    for (const [key, value] of Object.entries(settings)) mock.setConfig('global', key, value);
+  });
+
+  after(async () => {
+    await deactivate();
+    if (Object.keys(timings).length) process.stdout.write(`# extension timings (ms): ${JSON.stringify(timings)}\n`);
+    if (workspace) await fs.rm(workspace, { recursive: true, force: true });
+  });
+
+  it('activates, starts the server and shows it ready in the status bar', async () => {
+    const packageJSON = JSON.parse(await fs.readFile(path.join(EXTENSION_DIR, 'package.json'), 'utf8'));
+    const started = performance.now();
+    extension = await activate({ subscriptions: [], extension: { packageJSON } } as unknown as vscode.ExtensionContext);
+    timings.activateReturned = performance.now() - started;
+    assert.equal(extension.launch?.source, 'setting');
+    assert.deepEqual(extension.launch?.args, ['-m', 'lsp_server', '--stdio']);
+    const text = await waitFor(`the status bar to say ready (${extension.statusItem.text})`, READY_TIMEOUT_MS, () => {
+      const current = extension.statusItem.text;
+      return /policy/.test(current) ? current : undefined;
+    });
+    timings.activationToReady = performance.now() - started;
+    assert.match(text, /^\$\(sparkle\) tabloop · policy \S+$/);
+    assert.equal(extension.lastStatus?.model?.state, 'ready');
+    assert.ok(mock.state.commands.has('tabloop.accept'), 'the client registers the server command');
+    // The server's work-done progress (model loading) reaches VS Code's progress UI.
+    const titles = mock.state.progress.map((p) => p.title);
+    process.stdout.write(`# progress shown: ${JSON.stringify(titles)}\n`);
+    assert.ok(titles.some((title) => title && /tabloop|model/i.test(title)), `no progress shown: ${JSON.stringify(titles)}`);
+  });
+
+  it('provides inline completions through the client, and the accept command reaches the server', async () => {
+    document = mock.openDocument(path.join(workspace, 'words.py'), 'python', SOURCE);
+    const [entry] = mock.state.inlineProviders;
+    assert.ok(entry, 'the client registered an inline completion provider');
+    const token = new vscode.CancellationTokenSource().token;
+    const started = performance.now();
+    const result = (await entry.provider.provideInlineCompletionItems(
+      document,
+      new vscode.Position(CURSOR.line, CURSOR.character),
+      { triggerKind: vscode.InlineCompletionTriggerKind.Automatic, selectedCompletionInfo: undefined },
+      token,
+    )) as InlineCompletionList;
+    timings.inlineCompletion = performance.now() - started;
+    const [item] = result.items;
+    assert.ok(item && item.insertText.trim().length > 0, 'a suggestion');
+    const command = item.command as { command: string; arguments: unknown[] };
+    assert.equal(command.command, 'tabloop.accept');
+
+    // What VS Code does when the user takes the suggestion.
+    await vscode.commands.executeCommand(command.command, ...command.arguments);
+    const status = await extension.fetchStatus();
+    assert.equal(status?.decisions?.accepted, 1);
+  });
+
+  it('sends a settings change, which the server pulls and applies', async () => {
+    await extension.toggleSuggestions(); // completion.enabled: false, in the user settings
+    const [entry] = mock.state.inlineProviders;
+    const token = new vscode.CancellationTokenSource().token;
+    const result = await waitFor('suggestions to stop', 30_000, async () => {
+      const answer = (await entry!.provider.provideInlineCompletionItems(
+        document,
+        new vscode.Position(CURSOR.line, CURSOR.character),
+        { triggerKind: vscode.InlineCompletionTriggerKind.Automatic, selectedCompletionInfo: undefined },
+        token,
+      )) as InlineCompletionList | undefined;
+      return answer && answer.items.length === 0 ? answer : undefined;
+    });
+    assert.equal(result.items.length, 0);
+    assert.match(extension.statusItem.text, /circle-slash/);
+  });
+});
