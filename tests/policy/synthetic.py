@@ -72,8 +72,10 @@ def true_value(policy: Policy, features: list[dict[str, float | str]]) -> float:
     return float(np.mean(p * r))
 
 
-def optimal_value(features: list[dict[str, float | str]]) -> float:
-    return float(np.mean([max(0.0, expected_show_reward(f)) for f in features]))
+def optimal_value(features: list[dict[str, float | str]], floor: float = 0.0) -> float:
+    """Value of the best policy that still shows every suggestion with probability >= floor."""
+    rewards = np.array([expected_show_reward(f) for f in features])
+    return float(np.mean(np.where(rewards > 0, rewards, floor * rewards)))
 
 
 @dataclass
