@@ -92,7 +92,7 @@ def open_index(
     def factory(root: Path, **overrides: Any) -> WorkspaceIndex:
         index = WorkspaceIndex(root, quiet_settings(**overrides), cache_dir, embedder=embedder)
         index.start()
-        assert index.wait_idle(120), index.status()
+        assert index.wait_idle(600), index.status()
         opened.append(index)
         return index
 

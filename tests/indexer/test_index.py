@@ -104,7 +104,7 @@ def test_real_sentence_transformer_path_and_cache(
     for run in range(2):
         with WorkspaceIndex(workspace, settings, cache_dir) as index:
             index.start()
-            assert index.wait_idle(120), index.status()
+            assert index.wait_idle(600), index.status()
             stats = index.last_stats
             assert stats is not None and stats.chunks_total > 30
             if run == 0:
