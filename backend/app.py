@@ -19,7 +19,7 @@ from sqlalchemy.exc import DBAPIError
 
 from backend.metrics import Metrics
 from backend.ratelimit import RateLimiter
-from backend.routes import events, health, index_sync, policy
+from backend.routes import completions, events, health, index_sync, policy
 from backend.routes.events import IngestLimits
 from backend.storage import Storage, default_db_url
 
@@ -70,4 +70,5 @@ def create_app(
     app.include_router(events.router)
     policy.install(app)
     index_sync.install(app)
+    completions.install(app)
     return app

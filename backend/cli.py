@@ -36,6 +36,14 @@ def _serve_parser() -> argparse.ArgumentParser:
     _db_argument(parser)
     parser.add_argument("--rate", type=float, default=None, help="events/s per tenant")
     parser.add_argument("-v", "--verbose", action="store_true", help="log requests")
+    parser.add_argument(
+        "--completion-model",
+        default=None,
+        help="model served at /v1/completions: `bundled` (default), a hub id or a local path",
+    )
+    parser.add_argument(
+        "--preload-model", action="store_true", help="load the completion model at start"
+    )
     return parser
 
 
@@ -84,6 +92,11 @@ def _serve(argv: list[str]) -> int:
     db_url = args.db or default_db_url()
     app = create_app(db_url, limits=limits)
     schedule_training(app)  # the learning loop: train and promote policies while serving
+    from backend.routes import completions
+    from completion.settings import CompletionSettings
+
+    served = CompletionSettings(model=args.completion_model or "bundled")
+    completions.configure(app, served, preload=args.preload_model)
     print(
         f"tabloop backend on http://{args.host}:{args.port} (database {db_url.split('@')[-1]})",
         file=sys.stderr,

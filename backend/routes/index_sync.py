@@ -126,10 +126,14 @@ async def _parse(request: Request, model: type[T]) -> T:
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        message = f"{where}: {error['msg']}" if where else error["msg"]
-        raise HTTPException(422, detail=message) from exc
+        raise HTTPException(422, detail=validation_detail(exc)) from exc
+
+
+def validation_detail(exc: ValidationError) -> str:
+    """The first validation error as `field.path: message`, for a 4xx answer."""
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
 
 
 def _bound(what: str, count: int, limit: int) -> None:
