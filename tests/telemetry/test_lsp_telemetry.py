@@ -286,3 +286,7 @@ async def test_metrics_level_sends_no_code_paths_or_identifiers(
             assert canary.encode() not in body, f"{canary!r} left the machine"
     for _, event in decisions:
         assert event["prompt"] is None and event["suggestion"] is None
+    status = plain(await client.protocol.send_request_async("tabloop/status", {}))
+    assert status["telemetry"]["level"] == "metrics"
+    assert status["telemetry"]["spool"]["dropped_events"] == 0
+    assert status["telemetry"]["sender"]["sent_events"] >= len(decisions)
