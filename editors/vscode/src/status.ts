@@ -17,7 +17,9 @@ export interface StatusView {
   error: boolean;
 }
 
-const BUSY_INDEX_STATES = new Set(['starting', 'scanning', 'indexing', 'embedding', 'loading', 'syncing']);
+const BUSY_INDEX_STATES = new Set(['new', 'starting', 'loading', 'scanning', 'indexing', 'embedding', 'syncing']);
+/** The index facts worth a tooltip line, in order; the rest (hashes, paths) stay in the details. */
+const INDEX_SUMMARY_KEYS = ['state', 'files', 'chunks', 'done', 'total', 'error'];
 
 function num(value: unknown): number | undefined {
   return typeof value === 'number' && Number.isFinite(value) ? value : undefined;
@@ -34,13 +36,16 @@ export function indexProgress(index: ServerStatus['index']): string | undefined 
   if (!busy) return undefined;
   if (done !== undefined && total !== undefined && total > 0) return `indexing ${Math.floor((100 * done) / total)}%`;
   if (fraction !== undefined) return `indexing ${Math.floor(100 * fraction)}%`;
-  return state === 'indexing' || state === undefined ? 'indexing' : state;
+  return state === 'scanning' ? 'scanning' : 'indexing';
 }
 
 function describeIndex(index: ServerStatus['index']): string {
   if (!index) return 'not reported';
-  const parts = Object.entries(index)
-    .filter(([, value]) => typeof value !== 'object' || value === null)
+  const known = INDEX_SUMMARY_KEYS.filter((key) => key in index);
+  const keys = known.length > 0 ? known : Object.keys(index);
+  const parts = keys
+    .map((key) => [key, index[key]] as const)
+    .filter(([, value]) => value !== '' && value !== null && typeof value !== 'object')
     .map(([key, value]) => `${key} ${String(value)}`);
   return parts.join(', ') || 'not reported';
 }

@@ -5,7 +5,7 @@
 -- A scenario is run as:
 --   TABLOOP_TEST_NVIM_CONFIG=CONFIG.json TABLOOP_TEST_NVIM_REPORT=REPORT.json \
 --     nvim --headless --clean -c 'luafile SCENARIO.lua'
--- CONFIG: { plugin, python, file, line, settings, timeout_ms, started_ns, ... }
+-- CONFIG: { plugin, python, file, line, settings, timeout_ms, started_ns, cmd?, ... }
 local M = {}
 
 M.cfg = vim.json.decode(
@@ -101,7 +101,7 @@ function M.start(opts)
   vim.opt.runtimepath:prepend(M.cfg.plugin)
   vim.cmd.runtime('plugin/tabloop.lua')
   require('tabloop').setup(vim.tbl_extend('force', {
-    cmd = { M.cfg.python, '-m', 'lsp_server', '--stdio' },
+    cmd = M.cfg.cmd or { M.cfg.python, '-m', 'lsp_server', '--stdio' },
     telemetry = false,
     settings = M.cfg.settings,
   }, opts or {}))

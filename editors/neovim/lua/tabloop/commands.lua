@@ -68,14 +68,15 @@ function M.status_lines(status)
     ('telemetry: %s'):format((status.telemetry or {}).level or '?'),
     ('decisions: shown %d, accepted %d'):format(decisions.shown or 0, decisions.accepted or 0),
   }
-  if status.index then
+  local index = status.index
+  if index then
     local parts = {}
-    for key, value in pairs(status.index) do
-      if type(value) ~= 'table' then
+    for _, key in ipairs({ 'state', 'files', 'chunks', 'done', 'total', 'error' }) do
+      local value = index[key]
+      if value ~= nil and value ~= vim.NIL and value ~= '' then
         table.insert(parts, ('%s %s'):format(key, tostring(value)))
       end
     end
-    table.sort(parts)
     table.insert(lines, 'index:     ' .. table.concat(parts, ', '))
   end
   return lines

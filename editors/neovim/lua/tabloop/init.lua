@@ -118,7 +118,9 @@ function M.format_status(status)
   else
     table.insert(parts, 'model ' .. tostring(model.state))
   end
-  if type(index.state) == 'string' and index.state ~= 'ready' then
+  if index.state == 'indexing' and type(index.total) == 'number' and index.total > 0 then
+    table.insert(parts, ('indexing %d%%'):format(math.floor(100 * (index.done or 0) / index.total)))
+  elseif type(index.state) == 'string' and index.state ~= 'ready' then
     table.insert(parts, 'index ' .. index.state)
   end
   return table.concat(parts, ' · ')

@@ -50,11 +50,18 @@ describe('describeStatus', () => {
     assert.match(view.tooltip, /no such model/);
   });
 
+  it('summarises the index as the server reports it', () => {
+    const index = { root: '/ws', state: 'indexing', files: 3, chunks: 40, stage: 'index', done: 3, total: 12, merkleRoot: 'ab12', error: '' };
+    const view = describeStatus({ ...READY, index }, true);
+    assert.equal(view.text, '$(sync~spin) tabloop: indexing 25%');
+    assert.match(view.tooltip, /index: state indexing, files 3, chunks 40, done 3, total 12\n/);
+  });
+
   it('shows indexing progress over readiness', () => {
     const view = describeStatus({ ...READY, index: { state: 'indexing', indexedFiles: 30, totalFiles: 120 } }, true);
     assert.equal(view.text, '$(sync~spin) tabloop: indexing 25%');
     assert.equal(view.busy, true);
-    assert.match(view.tooltip, /index: state indexing, indexedFiles 30, totalFiles 120/);
+    assert.match(view.tooltip, /index: state indexing\n/);
   });
 });
 
@@ -65,6 +72,8 @@ describe('indexProgress', () => {
     [{ state: 'disabled' }, undefined],
     [{ state: 'indexing', progress: 0.5 }, 'indexing 50%'],
     [{ state: 'scanning' }, 'scanning'],
+    [{ state: 'new' }, 'indexing'],
+    [{ state: 'failed', done: 1, total: 9 }, undefined],
     [{ filesIndexed: 1, filesTotal: 4 }, 'indexing 25%'],
     [{ done: 4, total: 4 }, undefined],
   ] as const) {
