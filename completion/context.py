@@ -10,7 +10,9 @@ stays put for many keystrokes, and the runner's KV-prefix cache keeps matching.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -19,6 +21,9 @@ from completion.settings import CompletionSettings
 from completion.types import CompletionRequest, Snippet
 
 ANCHOR_LINES = 16
+# No token is longer than this many characters in practice (long runs of indentation are the
+# longest); text beyond `budget * MAX_TOKEN_CHARS` characters cannot fit, so it is never tokenized.
+MAX_TOKEN_CHARS = 10
 
 TokenCounter = Callable[[str], int]
 
@@ -80,68 +85,96 @@ class PromptParts:
     snippet_tokens: int = 0
 
 
-def fit_suffix(suffix: str, budget: int, count: TokenCounter) -> tuple[str, int]:
+class LineTokenCounter:
+    """Token counts per line, remembered: between keystrokes only the edited line is new.
+
+    A text's count is taken as the sum of its lines' counts. Tokens seldom span a line break,
+    so the sum is within a few tokens of the exact count; the runner tokenizes the final prompt
+    itself, and budgets are not that precise.
+    """
+
+    def __init__(self, count: TokenCounter, max_lines: int = 20_000) -> None:
+        self.count = count
+        self.max_lines = max_lines
+        self._known: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def lines(self, lines: Sequence[str]) -> list[int]:
+        counts = []
+        with self._lock:
+            for line in lines:
+                known = self._known.get(line)
+                if known is None:
+                    known = self._known[line] = self.count(line)
+                    if len(self._known) > self.max_lines:
+                        self._known.popitem(last=False)
+                counts.append(known)
+        return counts
+
+    def __call__(self, text: str) -> int:
+        return sum(self.lines(text.splitlines(keepends=True)))
+
+
+def fit_suffix(suffix: str, budget: int, counter: LineTokenCounter) -> tuple[str, int]:
     """The longest run of whole lines from the start of `suffix` that fits in `budget` tokens.
 
     The cursor's own line is kept even when it alone is over budget (cut by characters then).
+    Only the first `budget * MAX_TOKEN_CHARS` characters are looked at.
     """
     if budget <= 0 or not suffix:
         return "", 0
-    used = count(suffix)
-    if used <= budget:
-        return suffix, used
-    lines = suffix.splitlines(keepends=True)
-    lo, hi = 0, len(lines)  # invariant: lines[:lo] fits
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if count("".join(lines[:mid])) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    if lo == 0:
-        first = lines[0]
-        cut = _fit_chars(first, budget, count, from_end=False)
-        return cut, count(cut)
-    text = "".join(lines[:lo])
-    return text, count(text)
+    window = suffix[: budget * MAX_TOKEN_CHARS]
+    lines = window.splitlines(keepends=True)
+    if len(window) < len(suffix) and len(lines) > 1:
+        lines = lines[:-1]  # the window may end mid-line
+    used = 0
+    kept = 0
+    for tokens in counter.lines(lines):
+        if used + tokens > budget:
+            break
+        used += tokens
+        kept += 1
+    if kept == 0:
+        cut = _fit_chars(lines[0], budget, counter.count, from_end=False)
+        return cut, counter.count(cut)
+    return "".join(lines[:kept]), used
 
 
-def fit_prefix(prefix: str, budget: int, count: TokenCounter) -> tuple[str, int]:
-    """The end of `prefix` that fits in `budget` tokens, starting on an anchor line if it can."""
+def fit_prefix(prefix: str, budget: int, counter: LineTokenCounter) -> tuple[str, int]:
+    """The end of `prefix` that fits in `budget` tokens, starting on an anchor line if it can.
+
+    Only the last `budget * MAX_TOKEN_CHARS` characters are looked at, so the cost does not grow
+    with the size of the file.
+    """
     if budget <= 0 or not prefix:
         return "", 0
-    used = count(prefix)
-    if used <= budget:
-        return prefix, used
-    lines = prefix.splitlines(keepends=True)
-    anchors = list(range(0, len(lines), ANCHOR_LINES))
-    # Smallest anchor whose tail fits (tails shrink as the anchor grows): binary search.
-    lo, hi = 0, len(anchors)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if count("".join(lines[anchors[mid] :])) <= budget:
-            hi = mid
-        else:
-            lo = mid + 1
-    if lo < len(anchors):
-        text = "".join(lines[anchors[lo] :])
+    window_start = max(0, len(prefix) - budget * MAX_TOKEN_CHARS)
+    if window_start > 0:
+        # Start the window on a line boundary: only whole lines are candidates.
+        newline = prefix.find("\n", window_start)
+        window_start = newline + 1 if newline >= 0 else window_start
+    first_line = prefix.count("\n", 0, window_start)  # line number of the window's first line
+    lines = prefix[window_start:].splitlines(keepends=True)
+    counts = counter.lines(lines)
+    # Tokens from each line to the end, then the first anchor line whose tail fits.
+    tails = [0] * (len(lines) + 1)
+    for i in range(len(lines) - 1, -1, -1):
+        tails[i] = tails[i + 1] + counts[i]
+    if window_start == 0 and tails[0] <= budget:
+        return prefix, tails[0]
+    fitting = [i for i in range(len(lines)) if tails[i] <= budget]
+    anchored = [i for i in fitting if (first_line + i) % ANCHOR_LINES == 0]
+    for start in anchored[:1] or fitting[:1]:
+        text = "".join(lines[start:])
         if text.strip():
-            return text, count(text)
-    # Even the last anchor's tail is too long: fall back to whole lines, then characters.
-    start_lo, start_hi = anchors[-1] if anchors else 0, len(lines)
-    while start_lo < start_hi:
-        mid = (start_lo + start_hi) // 2
-        if count("".join(lines[mid:])) <= budget:
-            start_hi = mid
-        else:
-            start_lo = mid + 1
-    text = "".join(lines[start_lo:])
-    if not text or count(text) > budget:
-        text = _fit_chars(lines[-1], budget, count, from_end=True)
-    return text, count(text)
+            return text, tails[start]
+    # The cursor's line alone is over budget: its end, by characters.
+    text = _fit_chars(lines[-1] if lines else prefix, budget, counter.count, from_end=True)
+    return text, counter.count(text)
 
 
 def _fit_chars(text: str, budget: int, count: TokenCounter, *, from_end: bool) -> str:
+    """The longest start (or end) of one line that fits: only for a line over budget alone."""
     lo, hi = 0, len(text)
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -177,7 +210,7 @@ def assemble(
     request: CompletionRequest,
     budget: ContextBudget,
     *,
-    count_tokens: TokenCounter,
+    count_tokens: LineTokenCounter,
     source: ContextSource | None = None,
     deadline_s: float = 0.05,
 ) -> PromptParts:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from completion import fim, gate, postprocess
 from completion.cache import TypingThroughCache
-from completion.context import ContextBudget, ContextSource, assemble
+from completion.context import ContextBudget, ContextSource, LineTokenCounter, assemble
 from completion.runner import ModelRunner
 from completion.settings import CompletionSettings
 from completion.types import (
@@ -52,6 +52,7 @@ class Engine:
         self._builtin_policy = gate.builtin_policy()
         self.policy_source = policy_source or (lambda: self._builtin_policy)
         self.cache = TypingThroughCache(enabled=settings.cache)
+        self.token_counter = LineTokenCounter(runner.count_tokens)
         self._rng = random.Random(seed)
         # One model call at a time: runners keep a KV cache that is not thread-safe.
         self._model_lock = threading.Lock()
@@ -101,7 +102,7 @@ class Engine:
             prompt_parts = assemble(
                 request,
                 budget,
-                count_tokens=self.runner.count_tokens,
+                count_tokens=self.token_counter,
                 source=self.context_source,
                 deadline_s=self.settings.context_timeout_ms / 1000,
             )

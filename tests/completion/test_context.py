@@ -1,0 +1,148 @@
+"""Prompt budgeting: shares, anchored prefix windows, suffix lines, snippets."""
+
+from __future__ import annotations
+
+import pytest
+
+from completion.context import (
+    ANCHOR_LINES,
+    ContextBudget,
+    LineTokenCounter,
+    assemble,
+    fit_prefix,
+    fit_snippets,
+    fit_suffix,
+)
+from completion.types import CompletionRequest, Snippet
+
+
+def words(text: str) -> int:
+    """A stand-in tokenizer: one token per whitespace-separated word."""
+    return len(text.split())
+
+
+def numbered(n: int, start: int = 0) -> str:
+    return "".join(f"line {i} of the file\n" for i in range(start, start + n))  # 5 tokens each
+
+
+@pytest.mark.parametrize(
+    ("total", "shares", "suffix", "snippets", "prefix_if_empty"),
+    [
+        pytest.param(1000, (0.6, 0.2, 0.2), 200, 200, 1000, id="defaults"),
+        pytest.param(1024, (0.6, 0.2, 0.2), 204, 204, 1024, id="default-1024"),
+        pytest.param(1000, (3, 1, 1), 200, 200, 1000, id="shares-scaled"),
+        pytest.param(1000, (1, 0, 0), 0, 0, 1000, id="prefix-only"),
+        pytest.param(100, (0.5, 0.5, 0), 50, 0, 100, id="no-snippets"),
+    ],
+)
+def test_budget_shares(
+    total: int,
+    shares: tuple[float, float, float],
+    suffix: int,
+    snippets: int,
+    prefix_if_empty: int,
+) -> None:
+    budget = ContextBudget(total, *shares)
+    assert budget.suffix_tokens == suffix
+    assert budget.snippet_tokens == snippets
+    # What the suffix and snippets leave unused goes to the prefix.
+    assert budget.prefix_tokens(0, 0) == prefix_if_empty
+    assert budget.prefix_tokens(suffix, snippets) == total - suffix - snippets
+
+
+@pytest.mark.parametrize(
+    ("lines", "budget", "kept_lines"),
+    [
+        pytest.param(10, 100, 10, id="all-fits"),
+        pytest.param(100, 50, 10, id="whole-lines-only"),
+        pytest.param(100, 52, 10, id="no-partial-line"),
+        pytest.param(3, 0, 0, id="zero-budget"),
+    ],
+)
+def test_suffix_keeps_whole_lines_from_the_cursor(lines: int, budget: int, kept_lines: int) -> None:
+    text, used = fit_suffix(numbered(lines), budget, LineTokenCounter(words))
+    assert text == numbered(kept_lines)
+    assert used == 5 * kept_lines <= max(budget, 0)
+
+
+def test_suffix_cuts_an_over_long_cursor_line_by_characters() -> None:
+    line = "a " * 50 + "\nnext\n"
+    text, used = fit_suffix(line, 10, LineTokenCounter(words))
+    assert line.startswith(text) and 0 < used <= 10
+
+
+@pytest.mark.parametrize("budget", [97, 160, 400])
+def test_prefix_is_a_tail_within_budget_that_starts_on_an_anchor(budget: int) -> None:
+    prefix = numbered(200) + "    total = "
+    counter = LineTokenCounter(words)
+    text, used = fit_prefix(prefix, budget, counter)
+    assert prefix.endswith(text)
+    assert used == counter(text) <= budget
+    first_line = prefix[: len(prefix) - len(text)].count("\n")
+    assert first_line % ANCHOR_LINES == 0
+    # The anchor costs at most ANCHOR_LINES lines of context.
+    assert used > budget - 5 * ANCHOR_LINES - 5
+
+
+def test_prefix_shorter_than_an_anchor_span_keeps_whole_lines() -> None:
+    prefix = numbered(200) + "    total = "
+    text, used = fit_prefix(prefix, 25, LineTokenCounter(words))
+    assert text == numbered(4, 196) + "    total = "
+    assert used == 22
+
+
+def test_prefix_window_stays_put_while_typing() -> None:
+    counter = LineTokenCounter(words)
+    base = numbered(300)
+    starts = set()
+    for typed in ("r", "re", "ret", "retu", "retur", "return", "return x"):
+        prefix = base + "    " + typed
+        text, _ = fit_prefix(prefix, 300, counter)
+        starts.add(len(prefix) - len(text))
+    assert len(starts) == 1  # the KV-prefix cache can keep matching
+
+
+def test_line_counter_counts_each_line_once() -> None:
+    calls: list[str] = []
+
+    def counting(text: str) -> int:
+        calls.append(text)
+        return words(text)
+
+    counter = LineTokenCounter(counting)
+    fit_prefix(numbered(50) + "x = ", 100, counter)
+    first = len(calls)
+    fit_prefix(numbered(50) + "x = 1", 100, counter)
+    assert len(calls) == first + 1  # only the edited line is new
+
+
+def test_snippets_in_order_within_budget_without_duplicates() -> None:
+    snippets = [
+        Snippet("a.py", "def a():\n    return 1\n", 0.9),
+        Snippet("b.py", "x " * 100, 0.8),  # too big: skipped, later ones still considered
+        Snippet("c.py", "def a():\n    return 1\n", 0.7),  # same text as the first
+        Snippet("d.py", "def d():\n    pass\n", 0.6),
+        Snippet("e.py", "   \n", 0.5),  # blank
+    ]
+    chosen, used = fit_snippets(snippets, 30, LineTokenCounter(words))
+    assert [s.path for s in chosen] == ["a.py", "d.py"]
+    assert used <= 30
+
+
+class FixedSource:
+    def __init__(self, snippets: list[Snippet]) -> None:
+        self.found = snippets
+
+    def snippets(self, request: CompletionRequest, deadline: float) -> list[Snippet]:
+        return self.found
+
+
+def test_assemble_respects_every_share() -> None:
+    request = CompletionRequest(prefix=numbered(400), suffix=numbered(400, 400), language="python")
+    source = FixedSource([Snippet(f"m{i}.py", numbered(8, i * 10), 1.0) for i in range(20)])
+    counter = LineTokenCounter(words)
+    parts = assemble(request, ContextBudget(1000), count_tokens=counter, source=source)
+    assert parts.suffix_tokens <= 200
+    assert parts.snippet_tokens <= 200 and parts.snippets
+    assert parts.prefix_tokens + parts.suffix_tokens + parts.snippet_tokens <= 1000
+    assert request.prefix.endswith(parts.prefix) and request.suffix.startswith(parts.suffix)
