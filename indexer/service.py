@@ -11,6 +11,7 @@ is indexed so far.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -93,12 +94,13 @@ class WorkspaceIndex:
             self._thread.join(timeout=60)
         if self._watcher is not None:
             self._watcher.close()
-        if self._store is not None:
+        store, self._store = self._store, None  # searches from now on answer empty
+        if store is not None:
             try:
-                self._store.save()
-            except OSError:
+                store.save()
+            except (OSError, sqlite3.Error):
                 log.warning("could not save the index", exc_info=True)
-            self._store.close()
+            store.close()
         if self._embed_cache is not None:
             self._embed_cache.close()
         self._lock.release()
@@ -296,8 +298,8 @@ class WorkspaceIndex:
         """An editor's view of a file: its unsaved `text`, or None to take it from disk (after
         a save or a close)."""
         rel = self._rel(path)
-        if rel is None:
-            return
+        if rel is None or self._state in ("readonly", "failed", "closed"):
+            return  # only the writer applies updates
         with self._cond:
             self._queue[rel] = _REREAD if text is None else text
             self._cond.notify_all()
@@ -305,7 +307,7 @@ class WorkspaceIndex:
     def remove(self, path: Path | str) -> None:
         """Forget a file (deleted or renamed away)."""
         rel = self._rel(path)
-        if rel is None:
+        if rel is None or self._state in ("readonly", "failed", "closed"):
             return
         with self._cond:
             self._queue[rel] = _REMOVE
@@ -323,7 +325,10 @@ class WorkspaceIndex:
         if store is None or embedder is None or not query.strip() or self._cached is None:
             return []
         vector = embedder.embed([query])[0]
-        return store.search(vector, k, path_prefix)
+        try:
+            return store.search(vector, k, path_prefix)
+        except sqlite3.ProgrammingError:  # closed while we embedded the query
+            return []
 
     def symbols(self, query: str, k: int = 50) -> list[SymbolHit]:
         """Symbols by name (exact, prefix, substring), then symbols of chunks close in meaning."""
