@@ -5,6 +5,8 @@ local h = dofile(vim.fs.joinpath(vim.fs.dirname(debug.getinfo(1, 'S').source:sub
 local cfg, report = h.cfg, h.report
 
 local NS = vim.api.nvim_create_namespace('nvim.lsp.inline_completion')
+-- How long one suggestion may take (a large model on a busy CPU needs more than the tiny one).
+local SUGGESTION_TIMEOUT_MS = cfg.suggestion_timeout_ms or 60000
 
 --- The ghost text drawn in `bufnr` (inline text, then virtual lines), or nil.
 local function ghost_text(bufnr)
@@ -39,7 +41,7 @@ h.run(function()
     local typed_at = vim.uv.hrtime()
     h.type_keys('A')
     assert(vim.api.nvim_get_mode().mode == 'i', 'not in insert mode: ' .. vim.api.nvim_get_mode().mode)
-    h.wait(60000, 'ghost text', function()
+    h.wait(SUGGESTION_TIMEOUT_MS, 'ghost text', function()
       return ghost_text(h.bufnr) ~= nil
     end)
     report.timings_ms.first_ghost_text = h.elapsed_ms()
@@ -64,7 +66,7 @@ h.run(function()
   h.step('dismiss', function()
     -- A new line, a new suggestion; then dismiss it.
     h.type_keys('<CR>')
-    h.wait(60000, 'a second ghost text', function()
+    h.wait(SUGGESTION_TIMEOUT_MS, 'a second ghost text', function()
       return ghost_text(h.bufnr) ~= nil
     end)
     report.second_ghost_text = ghost_text(h.bufnr)
