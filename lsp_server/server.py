@@ -40,6 +40,7 @@ FEATURE_MODULES = (
     "lsp_server.features.commands",
     "lsp_server.features.telemetry",
     "lsp_server.features.context",
+    "lsp_server.features.index",
 )
 
 DECISIONS_KEPT = 2048

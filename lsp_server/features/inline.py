@@ -163,6 +163,7 @@ async def decide(
                 generation.prompt_tokens - generation.reused_tokens if generation else 0
             ),
             "cache_hit": float(decision.cache_hit),
+            "retrieval_found": float(decision.features.get("retrieval_found", 0.0)),
         }
     )
     if not decision.shown:
