@@ -49,7 +49,9 @@ class CompletionSettings(BaseModel):
         description="Weights of the local runner on the CPU; `auto` picks the measured best.",
     )
     threads: int = Field(
-        0, ge=0, description="torch threads for the local runner; 0 uses every core."
+        0,
+        ge=0,
+        description="torch threads for the local runner; 0 uses every core but one.",
     )
     max_new_tokens: int = Field(
         64, ge=1, le=1024, description="Most tokens generated for one suggestion."

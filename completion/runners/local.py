@@ -24,6 +24,15 @@ from completion.types import CancelToken, Generation, StopRule
 log = logging.getLogger(__name__)
 
 
+def default_threads() -> int:
+    """torch threads when the user sets none: every core but one, which the editor needs.
+
+    Measured on a busy 2-core machine, one thread decoded 1.5x faster than two: threads that
+    wait on each other at every matmul lose more than they gain when the cores are contended.
+    """
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 def _cache_kwarg(model: Any) -> str:
     """forward()'s KV-cache keyword: `cache` in new transformers, `past_key_values` before."""
     parameters = inspect.signature(model.forward).parameters
@@ -57,7 +66,7 @@ class LocalRunner:
     ) -> None:
         import torch
 
-        torch.set_num_threads(threads or os.cpu_count() or 1)
+        torch.set_num_threads(threads or default_threads())
         started = time.perf_counter()
         self.source = resolve_source(model, cache_dir)
         self.dtype = resolve_dtype(dtype)

@@ -22,6 +22,8 @@ CACHE_DIR = Path(
     or Path(__file__).resolve().parents[2] / ".cache" / "bundled"
 )
 
+PREFIX_CHARS, SUFFIX_CHARS = 1200, 400
+
 
 @pytest.fixture(scope="module")
 def bundled_runner() -> LocalRunner:
@@ -62,9 +64,11 @@ def test_bundled_model_completes_a_real_function(
     prefix, suffix = body_removed(source, function)
     runner = bundled_runner
     request = CompletionRequest(prefix=prefix, suffix=suffix, language="python", path=module)
+    # The prompt holds a window around the cursor, as the engine's token budget would.
+    window_prefix, window_suffix = prefix[-PREFIX_CHARS:], suffix[:SUFFIX_CHARS]
     generation = runner.generate(
-        template_for(runner.family).build(prefix, suffix, path=module),
-        max_new_tokens=96,
+        template_for(runner.family).build(window_prefix, window_suffix, path=module),
+        max_new_tokens=64,
         stop=stop_rule(request),
         cancel=CancelToken(),
     )
