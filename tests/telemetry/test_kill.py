@@ -31,8 +31,12 @@ print("drained" if sender.drain(time.monotonic() + 120) else "pending", flush=Tr
 """
 
 
-def run_sender(spool_path: Path, backend: BackendServer, kill_after: float | None) -> bool:
-    """Run a sender process; kill it `kill_after` seconds after it is ready. True if killed."""
+def run_sender(
+    spool_path: Path, backend: BackendServer, kill_at_request: int | None, rng: random.Random
+) -> bool:
+    """Run a sender process; kill it as its `kill_at_request`-th request of this round reaches
+    the backend (plus a random few milliseconds), or let it drain. True if it was killed alive."""
+    seen = len(backend.bodies)
     process = subprocess.Popen(
         [sys.executable, "-c", SENDER, str(spool_path), backend.url, backend.token],
         cwd=ROOT,
@@ -42,11 +46,15 @@ def run_sender(spool_path: Path, backend: BackendServer, kill_after: float | Non
     )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
-    if kill_after is None:
+    if kill_at_request is None:
         assert process.stdout.readline().strip() == "drained"
         assert process.wait(60) == 0
         return False
-    time.sleep(kill_after)
+    deadline = time.monotonic() + 60
+    while len(backend.bodies) < seen + kill_at_request and process.poll() is None:
+        assert time.monotonic() < deadline, "the sender made no progress"
+        time.sleep(0.001)
+    time.sleep(rng.uniform(0.0, 0.02))  # before, during or after the backend's commit
     killed = process.poll() is None
     process.send_signal(signal.SIGKILL)
     process.wait(30)
@@ -69,9 +77,10 @@ def test_sigkill_during_sends_loses_and_duplicates_nothing(
         spool.append([(str(e.event_id), e.model_dump_json().encode()) for e in events])
         spool.close()
         expected |= {str(e.event_id) for e in events}
-        if run_sender(spool_path, sqlite_backend, kill_after=rng.uniform(0.0, 0.4)):
+        # A round sends about 10 batches of 20 (more when earlier rounds left events behind).
+        if run_sender(spool_path, sqlite_backend, rng.randint(1, 9), rng):
             killed_mid_stream += 1
-    run_sender(spool_path, sqlite_backend, kill_after=None)
+    run_sender(spool_path, sqlite_backend, None, rng)
 
     stored = sqlite_backend.stored_ids()
     assert len(stored) == len(set(stored))  # none twice
