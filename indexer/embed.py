@@ -28,23 +28,16 @@ BUNDLED = "bundled"
 
 
 class Embedder(Protocol):
-    """Turns texts into L2-normalised float32 vectors."""
+    """Turns texts into L2-normalised float32 vectors.
 
-    @property
-    def model_id(self) -> str:
-        """Names the model and its weights; vectors are cached under it."""
-        ...
+    `model_id` names the model and its weights (vectors are cached under it); `max_tokens` is the
+    longest input, in tokens without special tokens, that the model sees whole.
+    """
 
-    @property
-    def dimension(self) -> int: ...
-
-    @property
-    def max_tokens(self) -> int:
-        """Longest input, in tokens, that the model sees whole (without special tokens)."""
-        ...
-
-    @property
-    def counter(self) -> TokenCounter: ...
+    model_id: str
+    dimension: int
+    max_tokens: int
+    counter: TokenCounter
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """An (n, dimension) float32 array with unit rows."""
@@ -117,19 +110,19 @@ class SentenceTransformerEmbedder:
         if path is not None and shape is not None:
             prefix = "bundled" if model == BUNDLED else "path"
             name = f"{prefix}:{path.name if model == BUNDLED else path}:{_fingerprint(path)}"
-            self._dimension, max_seq_length = shape
-            self._counter: TokenCounter = WordPieceCounter(path / "tokenizer.json")
+            self.dimension, max_seq_length = shape
+            self.counter: TokenCounter = WordPieceCounter(path / "tokenizer.json")
         else:
             loaded = self._load()
             name = f"path:{path}:{_fingerprint(path)}" if path is not None else f"hub:{model}"
-            self._dimension = int(loaded.get_embedding_dimension() or 0)
+            self.dimension = int(loaded.get_embedding_dimension() or 0)
             max_seq_length = int(loaded.max_seq_length or 256)
             tokenizer = getattr(getattr(loaded, "tokenizer", None), "backend_tokenizer", None)
-            self._counter = (
+            self.counter = (
                 WordPieceCounter(tokenizer) if tokenizer is not None else EstimatedCounter()
             )
-        self._model_id = f"{name}:{self._dimension}"
-        self._max_tokens = max(8, max_seq_length - 2)
+        self.model_id = f"{name}:{self.dimension}"
+        self.max_tokens = max(8, max_seq_length - 2)
 
     def _load(self) -> Any:
         if self._model is None:
@@ -142,25 +135,9 @@ class SentenceTransformerEmbedder:
     def loaded(self) -> bool:
         return self._model is not None
 
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dimension(self) -> int:
-        return self._dimension
-
-    @property
-    def max_tokens(self) -> int:
-        return self._max_tokens
-
-    @property
-    def counter(self) -> TokenCounter:
-        return self._counter
-
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
-            return np.zeros((0, self._dimension), dtype=np.float32)
+            return np.zeros((0, self.dimension), dtype=np.float32)
         with self._lock:  # one model, many threads (indexer and search)
             vectors = self._load().encode(
                 list(texts),

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from indexer.pipeline import IndexStats
 from indexer.service import WorkspaceIndex
 from indexer.settings import IndexSettings
 from tests.support.embedders import HashingEmbedder, build_tiny_sentence_transformer
@@ -80,6 +81,17 @@ def quiet_settings(**overrides: Any) -> IndexSettings:
     """Settings for tests: no watcher, no periodic rescans, unless asked for."""
     values: dict[str, Any] = {"watch": False, "rescan_interval_s": 0.0, **overrides}
     return IndexSettings(**values)
+
+
+def index_once(
+    root: Path, cache_dir: Path, embedder: HashingEmbedder, **overrides: Any
+) -> tuple[dict[str, Any], IndexStats | None]:
+    """Index `root` to completion and close it: (final status, stats of the pass)."""
+    settings = quiet_settings(**overrides)
+    with WorkspaceIndex(root, settings, cache_dir, embedder=embedder) as index:
+        index.start()
+        assert index.wait_idle(600), index.status()
+        return index.status(), index.last_stats
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from indexer.scan import read_file
 from indexer.service import WorkspaceIndex
 from indexer.storage import atomic_write
 from indexer.store import FileUpdate, IndexStore, index_dir
-from tests.indexer.conftest import quiet_settings
+from tests.indexer.conftest import index_once, quiet_settings
 from tests.support.embedders import HashingEmbedder
 
 KILLS = 12
@@ -61,9 +61,7 @@ def assert_consistent(store: IndexStore) -> None:
 def test_kill_during_save_leaves_old_or_new_state(
     workspace: Path, cache_dir: Path, embedder: HashingEmbedder
 ) -> None:
-    with WorkspaceIndex(workspace, quiet_settings(), cache_dir, embedder=embedder) as index:
-        index.start()
-        assert index.wait_idle(60)
+    index_once(workspace, cache_dir, embedder)
     directory = index_dir(cache_dir, workspace.resolve())
     names = ["bisect.py", "colorsys.py", "fnmatch.py"]
     old_texts = {n: (workspace / n).read_text() for n in names}
@@ -120,10 +118,7 @@ def test_kill_during_save_leaves_old_or_new_state(
 def test_corrupt_vector_snapshot_is_moved_aside_and_rebuilt(
     workspace: Path, cache_dir: Path, embedder: HashingEmbedder
 ) -> None:
-    with WorkspaceIndex(workspace, quiet_settings(), cache_dir, embedder=embedder) as index:
-        index.start()
-        assert index.wait_idle(60)
-        chunks = index.status()["chunks"]
+    chunks = index_once(workspace, cache_dir, embedder)[0]["chunks"]
     directory = index_dir(cache_dir, workspace.resolve())
     (snapshot,) = directory.glob("vectors-*.faiss")
     data = bytearray(snapshot.read_bytes())
@@ -150,10 +145,7 @@ def test_corrupt_vector_snapshot_is_moved_aside_and_rebuilt(
 def test_corrupt_database_is_moved_aside_and_rebuilt(
     workspace: Path, cache_dir: Path, embedder: HashingEmbedder, damage: object
 ) -> None:
-    with WorkspaceIndex(workspace, quiet_settings(), cache_dir, embedder=embedder) as index:
-        index.start()
-        assert index.wait_idle(60)
-        chunks = index.status()["chunks"]
+    chunks = index_once(workspace, cache_dir, embedder)[0]["chunks"]
     directory = index_dir(cache_dir, workspace.resolve())
     database = directory / "meta.sqlite3"
     database.write_bytes(damage(database.read_bytes()))  # type: ignore[operator]
@@ -188,9 +180,7 @@ def test_stale_temporaries_are_removed(
     directory = index_dir(cache_dir, workspace.resolve())
     directory.mkdir(parents=True)
     (directory / "vectors-9.faiss.1234.tmp").write_bytes(b"half a file")
-    with WorkspaceIndex(workspace, quiet_settings(), cache_dir, embedder=embedder) as index:
-        index.start()
-        assert index.wait_idle(60)
+    index_once(workspace, cache_dir, embedder)
     assert not list(directory.glob("*.tmp"))
 
 

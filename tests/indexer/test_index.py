@@ -13,7 +13,7 @@ from indexer.embed import SentenceTransformerEmbedder
 from indexer.merkle import MerkleTree
 from indexer.scan import leaf_hash
 from indexer.service import WorkspaceIndex
-from tests.indexer.conftest import quiet_settings
+from tests.indexer.conftest import index_once, quiet_settings
 from tests.support.embedders import HashingEmbedder
 
 OpenIndex = Callable[..., WorkspaceIndex]
@@ -47,11 +47,8 @@ def test_search_finds_the_defining_file(workspace: Path, open_index: OpenIndex) 
 def test_restart_embeds_nothing(
     workspace: Path, cache_dir: Path, embedder: HashingEmbedder
 ) -> None:
-    with WorkspaceIndex(workspace, quiet_settings(), cache_dir, embedder=embedder) as index:
-        index.start()
-        assert index.wait_idle(60)
-        first = index.last_stats
-        assert first is not None and first.chunks_embedded > 0
+    _, first = index_once(workspace, cache_dir, embedder)
+    assert first is not None and first.chunks_embedded > 0
     embedded = embedder.texts_embedded
     with WorkspaceIndex(workspace, quiet_settings(), cache_dir, embedder=embedder) as index:
         index.start()
@@ -80,12 +77,9 @@ def test_cache_is_shared_across_workspaces(
 ) -> None:
     clone = tmp_path / "clone"
     shutil.copytree(workspace, clone)
-    for root in (workspace, clone):
-        with WorkspaceIndex(root, quiet_settings(), cache_dir, embedder=embedder) as index:
-            index.start()
-            assert index.wait_idle(60)
-            stats = index.last_stats
-            assert stats is not None
+    index_once(workspace, cache_dir, embedder)
+    _, stats = index_once(clone, cache_dir, embedder)
+    assert stats is not None
     assert stats.chunks_embedded == 0 and stats.chunks_reused == stats.chunks_total
 
 

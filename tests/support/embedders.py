@@ -34,41 +34,26 @@ class HashingEmbedder:
     """Hashed bag of (sub)words, L2-normalised; counts the texts it embeds."""
 
     def __init__(self, dimension: int = 64, model_id: str = "test:hashing") -> None:
-        self._dimension = dimension
-        self._model_id = f"{model_id}:{dimension}"
-        self._counter = EstimatedCounter()
+        self.dimension = dimension
+        self.model_id = f"{model_id}:{dimension}"
+        self.max_tokens = 254
+        self.counter: TokenCounter = EstimatedCounter()
         self._lock = threading.Lock()
         self.calls = 0
         self.texts_embedded = 0
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def dimension(self) -> int:
-        return self._dimension
-
-    @property
-    def max_tokens(self) -> int:
-        return 254
-
-    @property
-    def counter(self) -> TokenCounter:
-        return self._counter
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         with self._lock:
             self.calls += 1
             self.texts_embedded += len(texts)
-        out = np.zeros((len(texts), self._dimension), dtype=np.float32)
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for row, text in enumerate(texts):
             for word in WORD.findall(text):
                 for part in _split_identifier(word):
                     digest = hashlib.blake2b(part.encode(), digest_size=8).digest()
-                    out[row, int.from_bytes(digest[:4], "little") % self._dimension] += 1.0
+                    out[row, int.from_bytes(digest[:4], "little") % self.dimension] += 1.0
             norm = float(np.linalg.norm(out[row]))
-            out[row] = out[row] / norm if norm else 1.0 / np.sqrt(self._dimension)
+            out[row] = out[row] / norm if norm else 1.0 / np.sqrt(self.dimension)
         return out
 
 
