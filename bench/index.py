@@ -6,7 +6,8 @@
   the best of `--repeats` runs, alternated, so a busy machine hurts both alike.
 - `restart_ms`: reopening the up-to-date index until it is ready (nothing embedded).
 - `edit_to_searchable_ms_p50/_p95`: a new function appended to one file (on disk, then
-  `update_document`) until a search returns it, excluding the watcher's debounce.
+  `update_document`) until its chunk and vector are in the index, excluding the watcher's
+  debounce.
 - `search_ms_p50/_p95`: one query, embedding included.
 - `bytes_per_chunk`: resident memory of an open store per chunk, from a synthetic store of
   `--memory-chunks` chunks (RSS delta); `vector_bytes_per_chunk` is FAISS's share.
@@ -109,21 +110,27 @@ def pipeline(
 
 
 def measure_edits(index: WorkspaceIndex, root: Path, edits: int, seed: int) -> list[float]:
+    """Append a function to a random file; time until its chunk is in the index (committed to
+    SQLite and FAISS together, so the next search can return it)."""
     rng = random.Random(seed)
     files = sorted(root.rglob("*.py"))
     times = []
     for i in range(edits):
         path = rng.choice(files)
-        word = f"zebra{i}quokka"
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(f"\n\ndef {word}_handler(value):\n    return value * {i}\n")
+        name = f"zebra{i}quokka_handler"
+        text = path.read_text(encoding="utf-8")
+        line = len(text.splitlines()) + 2
+        path.write_text(f"{text}\n\ndef {name}(value):\n    return value * {i}\n", "utf-8")
         started = time.perf_counter()
         index.update_document(path, None)
-        while True:
-            index.wait_idle(30)
-            hits = index.search(f"{word}_handler", 3)
-            if any(f"{word}_handler" in h.symbols for h in hits):
+        deadline = started + 60
+        while time.perf_counter() < deadline:
+            chunk = index.chunk_at(path, line)
+            if chunk is not None and name in chunk.text:
                 break
+            time.sleep(0.002)
+        else:
+            raise RuntimeError(f"edit {i} not indexed within 60 s: {index.status()}")
         times.append((time.perf_counter() - started) * 1000)
     return times
 
