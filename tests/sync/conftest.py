@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -98,3 +100,24 @@ def client_for(server: BackendServer, token: str | None = None) -> SyncClient:
 
 def unit(vector: np.ndarray) -> np.ndarray:
     return vector / np.linalg.norm(vector)
+
+
+FIELDS = {"workspace", "model", "dirs", "keys", "upserts", "removes", "vectors", "root", "path"}
+FIELDS |= {"leaf", "chunks", "dtype", "dimension", "items"}
+
+
+def assert_opaque(value: Any) -> None:
+    """Every string a sync body holds is a hex id or hash, a dtype, or a base64 vector."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            assert key in FIELDS or re.fullmatch(r"[0-9a-f]{32}", key), key
+            assert_opaque(item)
+    elif isinstance(value, list):
+        for item in value:
+            assert_opaque(item)
+    elif isinstance(value, str):
+        assert (
+            re.fullmatch(r"[0-9a-f/]*", value)
+            or value in ("float16", "float32")
+            or re.fullmatch(r"[A-Za-z0-9+/]{40,}={0,2}", value)
+        ), value

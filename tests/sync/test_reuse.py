@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from indexer.sync_keys import SyncKeys
 from tests.indexer.conftest import PLUMBING_MODULES, copy_stdlib, quiet_settings
 from tests.support.backend_server import BackendServer
 from tests.support.embedders import HashingEmbedder
-from tests.sync.conftest import SECRET, client_for
+from tests.sync.conftest import SECRET, assert_opaque, client_for
 
 FAST_TMP = Path("/dev/shm") if os.path.isdir("/dev/shm") else None
 
@@ -133,6 +134,19 @@ def test_a_fresh_clone_reuses_the_teams_vectors(
     finally:
         cache.close()
         client.close()
+    # Neither teammate's requests carried a name or a line of the workspace.
+    names = {p.stem for p in first.rglob("*") if len(p.stem) >= 5}
+    lines = {
+        line.strip()
+        for p in first.rglob("*.py")
+        for line in p.read_text().splitlines()
+        if len(line.strip()) >= 20
+    }
+    for body in sqlite_backend.bodies:
+        text = body.decode()
+        assert_opaque(json.loads(text))
+        assert not any(name in text for name in names)
+        assert not any(line in text for line in lines)
     assert found.chunks == embedded_by_alice
     assert found.fetched == (found.chunks if reused else 0)
     assert embedder.texts_embedded == 0  # prefetching never needs the model

@@ -18,7 +18,7 @@ from indexer.sync import sync_index
 from indexer.sync_client import SyncClient, SyncRejected
 from indexer.sync_keys import SyncKeys
 from tests.support.backend_server import BackendServer
-from tests.sync.conftest import FileIndex, client_for
+from tests.sync.conftest import FileIndex, assert_opaque, client_for
 
 CANARY_PATH = "zebracanary_pkg/platypus_module.py"
 CANARY_LINE = "CANARY_SECRET_TOKEN = 'wombat-on-a-unicycle'"
@@ -62,28 +62,7 @@ def test_no_body_carries_a_path_segment_or_a_line_of_source(
         for line in lines:
             if len(line) >= 8:
                 assert line not in text, line
-        _assert_opaque(json.loads(text))
-
-
-FIELDS = {"workspace", "model", "dirs", "keys", "upserts", "removes", "vectors", "root", "path"}
-FIELDS |= {"leaf", "chunks", "dtype", "dimension", "items"}
-
-
-def _assert_opaque(value: Any) -> None:
-    """Every string a sync body holds is a hex id or hash, a dtype, or a base64 vector."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            assert key in FIELDS or re.fullmatch(r"[0-9a-f]{32}", key), key
-            _assert_opaque(item)
-    elif isinstance(value, list):
-        for item in value:
-            _assert_opaque(item)
-    elif isinstance(value, str):
-        assert (
-            re.fullmatch(r"[0-9a-f/]*", value)
-            or value in ("float16", "float32")
-            or re.fullmatch(r"[A-Za-z0-9+/]{40,}={0,2}", value)
-        ), value
+        assert_opaque(json.loads(text))
 
 
 def test_another_tenant_gets_nothing(
