@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from indexer.chunking import Chunker
-from indexer.embed import CachedEmbedder
+from indexer.embed import CachedEmbedder, Embedder
 from indexer.ignore import is_excluded
 from indexer.merkle import MerkleTree
 from indexer.scan import FileContent, FileStat, Scanner, ScanResult, is_binary, leaf_hash, read_file
@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
 """`progress(stage, done, total)`: stage is `scan` or `index`; `index` counts files."""
+
+
+def chunker_for(embedder: Embedder, settings: IndexSettings) -> Chunker:
+    """The chunker the index uses with `embedder` (equal settings give equal chunk ids)."""
+    max_tokens = settings.chunk_max_tokens or embedder.max_tokens
+    return Chunker(
+        embedder.counter,
+        max_tokens=min(max_tokens, embedder.max_tokens),
+        min_tokens=settings.chunk_min_tokens,
+        overlap_lines=settings.window_overlap_lines,
+    )
 
 
 @dataclass

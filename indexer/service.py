@@ -18,9 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from indexer.chunking import Chunker
 from indexer.embed import CachedEmbedder, Embedder, EmbeddingCache, SentenceTransformerEmbedder
-from indexer.pipeline import Indexer, IndexStats, Progress
+from indexer.pipeline import Indexer, IndexStats, Progress, chunker_for
 from indexer.settings import IndexSettings
 from indexer.storage import WriterLock
 from indexer.store import CorruptIndex, IndexStore, index_dir
@@ -166,13 +165,7 @@ class WorkspaceIndex:
             return
         self._store = store
         if writer:
-            max_tokens = self.settings.chunk_max_tokens or embedder.max_tokens
-            chunker = Chunker(
-                embedder.counter,
-                max_tokens=min(max_tokens, embedder.max_tokens),
-                min_tokens=self.settings.chunk_min_tokens,
-                overlap_lines=self.settings.window_overlap_lines,
-            )
+            chunker = chunker_for(embedder, self.settings)
             self._indexer = Indexer(self.root, self.settings, store, self._cached, chunker)
 
     def _run(self) -> None:
