@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from indexer.chunking import Chunker
 from indexer.embed import Embedder, EmbeddingCache
 from indexer.merkle import MerkleNode, MerkleTree
+from indexer.pipeline import chunker_for
 from indexer.scan import Scanner, StatCache, read_file
 from indexer.settings import IndexSettings
 from indexer.store import IndexStore
@@ -252,17 +252,6 @@ class ReuseReport:
     bytes_received: int = 0
 
 
-def make_chunker(embedder: Embedder, settings: IndexSettings) -> Chunker:
-    """The chunker `WorkspaceIndex` uses for `embedder` (equal chunks, equal chunk ids)."""
-    max_tokens = settings.chunk_max_tokens or embedder.max_tokens
-    return Chunker(
-        embedder.counter,
-        max_tokens=min(max_tokens, embedder.max_tokens),
-        min_tokens=settings.chunk_min_tokens,
-        overlap_lines=settings.window_overlap_lines,
-    )
-
-
 def prefetch_vectors(
     root: Path,
     settings: IndexSettings,
@@ -281,7 +270,7 @@ def prefetch_vectors(
     received = client.stats.bytes_received
     report = ReuseReport()
     scanner = Scanner(root, exclude=settings.exclude, follow_symlinks=settings.follow_symlinks)
-    chunker = make_chunker(embedder, settings)
+    chunker = chunker_for(embedder, settings)
     chunk_ids: set[str] = set()
     for rel in scanner.scan(StatCache()).changed:
         content = read_file(root, rel, settings.max_file_bytes)
