@@ -37,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from backend.auth import CurrentPrincipal
 from backend.routes.events import read_body
 from backend.routes.index_sync import validation_detail
+from completion.fim import UnknownFamily, template_for
 from completion.runner import ModelRunner
 from completion.settings import CompletionSettings
 from completion.types import CancelToken, Generation
@@ -224,7 +225,8 @@ def _generate(
     emit: Callable[[str], None] | None,
 ) -> Generation:
     """Run the model; `emit` receives each piece of text that can no longer be retracted."""
-    stops = ask.stops
+    # The model's own end markers are cut by the runner too; held back here, they never stream.
+    stops = ask.stops + [s for s in _template_stops(runner) if s not in ask.stops]
     sent = 0
 
     def stop_rule(text: str) -> int | None:
@@ -249,6 +251,13 @@ def _generate(
     if emit is not None and len(generation.text) > sent:
         emit(generation.text[sent:])  # what was held back and turned out not to be a stop
     return generation
+
+
+def _template_stops(runner: ModelRunner) -> list[str]:
+    try:
+        return list(template_for(runner.family).stop_tokens)
+    except UnknownFamily:
+        return []
 
 
 def _event(payload: dict[str, Any]) -> str:
