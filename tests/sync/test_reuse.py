@@ -113,11 +113,15 @@ def _sync_workspace(backend: BackendServer, root: Path, cache: Path, secret: str
 
 
 @pytest.mark.parametrize(
-    ("secret", "reused"),
-    [pytest.param(SECRET, True, id="same-secret"), pytest.param("another", False, id="other")],
+    ("secret", "model", "reused"),
+    [
+        pytest.param(SECRET, "test:hashing", True, id="same-secret-and-model"),
+        pytest.param("another", "test:hashing", False, id="other-secret"),
+        pytest.param(SECRET, "test:other-model", False, id="other-model"),
+    ],
 )
 def test_a_fresh_clone_reuses_the_teams_vectors(
-    sqlite_backend: BackendServer, fast_dir: Path, secret: str, reused: bool
+    sqlite_backend: BackendServer, fast_dir: Path, secret: str, model: str, reused: bool
 ) -> None:
     first = copy_stdlib(fast_dir / "alice", PLUMBING_MODULES)
     embedded_by_alice = _sync_workspace(sqlite_backend, first, fast_dir / "alice-cache", SECRET)
@@ -125,7 +129,7 @@ def test_a_fresh_clone_reuses_the_teams_vectors(
 
     clone = fast_dir / "bob"
     shutil.copytree(first, clone)
-    embedder = HashingEmbedder()  # Bob's: counts what reaches the model
+    embedder = HashingEmbedder(model_id=model)  # Bob's: counts what reaches the model
     cache_dir = fast_dir / "bob-cache"
     cache = EmbeddingCache(cache_dir / "embeddings.sqlite3")
     client = client_for(sqlite_backend)
