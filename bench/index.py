@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from indexer.chunking import Chunker
 from indexer.embed import SentenceTransformerEmbedder
+from indexer.pipeline import chunker_for
 from indexer.scan import FileStat, Scanner, StatCache, read_file
 from indexer.service import WorkspaceIndex
 from indexer.settings import IndexSettings
@@ -79,7 +79,8 @@ def settings_for_bench() -> IndexSettings:
 
 
 def corpus_chunks(root: Path, embedder: SentenceTransformerEmbedder) -> list[Chunk]:
-    chunker = Chunker(embedder.counter, max_tokens=embedder.max_tokens)
+    """The distinct chunks the index makes of the corpus (same chunker, same settings)."""
+    chunker = chunker_for(embedder, settings_for_bench())
     chunks: dict[str, Chunk] = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
