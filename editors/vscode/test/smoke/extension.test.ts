@@ -17,7 +17,7 @@ import * as vscode from 'vscode';
 import { activate, deactivate, type TabloopExtension } from '../../src/extension';
 import { mock, type InlineCompletionList, type TextDocument } from '../mock/vscode';
 import { EXTENSION_DIR, venvPython } from '../paths';
-import { CURSOR, READY_TIMEOUT_MS, SOURCE, sleep, tinyModel } from './fixtures';
+import { CURSOR, READY_TIMEOUT_MS, SEARCH_QUERY, SETTINGS_LOADER, SOURCE, sleep, tinyModel } from './fixtures';
 
 const python = venvPython();
 const skipReason = python ? undefined : 'no Python environment at .venv (run `make venv`); skipping the extension smoke test';
@@ -34,6 +34,7 @@ async function waitFor<T>(what: string, timeoutMs: number, probe: () => T | unde
 }
 
 describe('the extension in a VS Code host, against the real server', { skip: skipReason, timeout: 600_000 }, () => {
+  let home: string;
   let workspace: string;
   let extension: TabloopExtension;
   let document: TextDocument;
@@ -41,9 +42,12 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
 
   before(async () => {
     const model = await tinyModel(python!);
-    workspace = await fs.mkdtemp(path.join(os.tmpdir(), 'tabloop-ext-'));
+    home = await fs.mkdtemp(path.join(os.tmpdir(), 'tabloop-ext-'));
+    workspace = path.join(home, 'ws');
+    await fs.mkdir(workspace);
     await fs.writeFile(path.join(workspace, 'words.py'), SOURCE);
-    process.env.XDG_CONFIG_HOME = path.join(workspace, '.config');
+    await fs.writeFile(path.join(workspace, 'settings_loader.py'), SETTINGS_LOADER);
+    process.env.XDG_CONFIG_HOME = path.join(home, 'config');
     mock.reset();
     mock.setWorkspaceFolders([workspace]);
     // What a user would put in settings.json.
@@ -51,8 +55,8 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
       'tabloop.server.path': python,
       'tabloop.completion.model': model,
       'tabloop.completion.maxNewTokens': 24,
-      'tabloop.cacheDir': path.join(workspace, '.cache'),
-      'tabloop.index.enabled': false,
+      'tabloop.cacheDir': path.join(home, 'cache'),
+      'tabloop.index.enabled': true,
       'tabloop.policy.showFloor': 1.0,
       'tabloop.telemetry.level': 'off',
     };
@@ -62,7 +66,7 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
   after(async () => {
     await deactivate();
     if (Object.keys(timings).length) process.stdout.write(`# extension timings (ms): ${JSON.stringify(timings)}\n`);
-    if (workspace) await fs.rm(workspace, { recursive: true, force: true });
+    if (home) await fs.rm(home, { recursive: true, force: true });
   });
 
   it('activates, starts the server and shows it ready in the status bar', async () => {
@@ -108,6 +112,24 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
     await vscode.commands.executeCommand(command.command, ...command.arguments);
     const status = await extension.fetchStatus();
     assert.equal(status?.decisions?.accepted, 1);
+  });
+
+  it('searches the codebase and opens the hit picked', async () => {
+    // The index builds in the background: search again until it answers.
+    const picked = await waitFor('search results', READY_TIMEOUT_MS, async () => {
+      mock.state.inputAnswers.push(SEARCH_QUERY);
+      mock.state.pickAnswers.push((items) => items[0]);
+      const hit = await extension.search();
+      if (!hit) await sleep(500);
+      return hit;
+    });
+    assert.ok(picked.hit.uri.endsWith('/settings_loader.py'), picked.hit.uri);
+    assert.match(picked.label, /settings_loader\.py:\d+$/);
+    assert.deepEqual(mock.state.openedDocuments.at(-1), picked.hit.uri);
+    assert.equal(mock.state.revealed.at(-1)!.range.start.line, picked.hit.range.start.line);
+    await extension.fetchStatus();
+    assert.equal(extension.renderStatus().busy, false);
+    assert.match(String(extension.statusItem.tooltip), /index: state ready, files 2, /);
   });
 
   it('sends a settings change, which the server pulls and applies', async () => {

@@ -16,6 +16,20 @@ export const SOURCE = [
 ].join('\n');
 export const CURSOR = { line: 3, character: 13 };
 
+/** A second file, for the codebase search to find. */
+export const SETTINGS_LOADER = [
+  'import tomllib',
+  'from pathlib import Path',
+  '',
+  '',
+  'def load_settings(path: Path) -> dict:',
+  '    """Read the user\'s TOML settings file and return its tables as a dictionary."""',
+  '    with path.open("rb") as handle:',
+  '        return tomllib.load(handle)',
+  '',
+].join('\n');
+export const SEARCH_QUERY = 'read the TOML settings file';
+
 function run(command: string, args: string[], options: { cwd: string; timeout: number }): Promise<string> {
   return new Promise((resolve, reject) => {
     execFile(command, args, options, (error, stdout, stderr) => (error ? reject(new Error(`${error.message}\n${stderr}`)) : resolve(stdout)));
