@@ -247,6 +247,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-interval", type=float, default=10.0, help="trainer period, s")
     parser.add_argument("--refresh", type=float, default=2.0, help="policy client period, s")
     parser.add_argument("--eval-draws", type=int, default=5, help="plays of the held-out set")
+    parser.add_argument(
+        "--min-ess", type=float, default=None, help="promotion's effective sample size floor"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
@@ -291,14 +294,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         # so a decision never depends on which positions happened to come before it.
         cache=False,
     )
-    trainer_settings = TrainerSettings.model_validate(
-        {
-            "interval_s": args.train_interval,
-            "min_events": min(200, len(train_positions)),
-            "seed": args.seed,
-            "rewards": {"distraction_cost": args.distraction_cost},
-        }
-    )
+    overrides: dict[str, Any] = {
+        "interval_s": args.train_interval,
+        "min_events": min(200, len(train_positions)),
+        "seed": args.seed,
+        "rewards": {"distraction_cost": args.distraction_cost},
+    }
+    if args.min_ess is not None:
+        overrides["min_ess"] = args.min_ess
+    trainer_settings = TrainerSettings.model_validate(overrides)
     with tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp:
         work = Path(tmp)
         runner = _load_runner(args, settings.model_copy(update={"cache": True}))
@@ -361,6 +365,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             "context_tokens": args.context_tokens,
             "lambda": args.distraction_cost,
             "show_floor": trainer_settings.show_floor,
+            "min_ess": trainer_settings.min_ess,
             "train_interval_s": args.train_interval,
             "policy_refresh_s": args.refresh,
             "eval_draws": args.eval_draws,
