@@ -74,3 +74,9 @@ def main(argv: list[str]) -> int:
     }
     print(json.dumps(report, indent=2))
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
