@@ -134,6 +134,8 @@ def main(argv: list[str]) -> int:
     if args.child:
         print(json.dumps(child(args)))
         return 0
+    from completion.runners.local import default_threads
+
     dtypes = [BASELINE] + [d for d in args.dtypes.split(",") if d and d != BASELINE]
     first_load = _run_child(args, "first-load")
     results = {dtype: _run_child(args, dtype) for dtype in dtypes}
@@ -155,7 +157,7 @@ def main(argv: list[str]) -> int:
     report = {
         "benchmark": "dtype",
         "model": args.model,
-        "threads": args.threads or os.cpu_count(),
+        "threads": args.threads or default_threads(),
         "baseline": BASELINE,
         "first_load": first_load,
         "results": results,
