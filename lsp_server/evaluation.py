@@ -28,8 +28,8 @@ from typing import Any
 
 from completion.context import ContextSource
 from completion.types import CompletionRequest
+from indexer.languages import EXTENSIONS, language_of
 from lsp_server import config
-from lsp_server.features.inline import LANGUAGE_BY_SUFFIX
 
 BLOCK_SHARE = 0.25
 MAX_FILE_BYTES = 300_000
@@ -49,7 +49,7 @@ class Hole:
         return CompletionRequest(
             prefix=self.prefix,
             suffix=self.suffix,
-            language=LANGUAGE_BY_SUFFIX.get(self.path.suffix, "plaintext"),
+            language=language_of(str(self.path)),
             path=str(self.path),
             uri=self.path.as_uri(),
             trigger="invoked",
@@ -182,7 +182,7 @@ def corpus_files(root: Path) -> list[Path]:
     return sorted(
         p
         for p in root.rglob("*")
-        if p.suffix in LANGUAGE_BY_SUFFIX and p.is_file() and p.stat().st_size <= MAX_FILE_BYTES
+        if p.suffix in EXTENSIONS and p.is_file() and p.stat().st_size <= MAX_FILE_BYTES
     )
 
 

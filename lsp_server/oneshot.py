@@ -9,8 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from completion.types import CompletionRequest
+from indexer.languages import language_of
 from lsp_server import config
-from lsp_server.features.inline import LANGUAGE_BY_SUFFIX
 
 
 def parse_location(location: str) -> tuple[Path, int, int]:
@@ -36,7 +36,7 @@ def request_at(path: Path, line: int, col: int) -> CompletionRequest:
     return CompletionRequest(
         prefix=text[:offset],
         suffix=text[offset:],
-        language=LANGUAGE_BY_SUFFIX.get(path.suffix, "plaintext"),
+        language=language_of(str(path)),
         path=str(path.resolve()),
         uri=path.resolve().as_uri(),
         trigger="invoked",

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import time
 from collections import deque
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lsprotocol import types
@@ -14,6 +13,7 @@ from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument
 
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
+from indexer.languages import language_of as language_of_path
 from lsp_server.server import TabloopServer
 
 if TYPE_CHECKING:
@@ -23,26 +23,6 @@ log = logging.getLogger(__name__)
 
 ACCEPT_COMMAND = "tabloop.accept"
 TYPING_WINDOW_S = 5.0
-
-LANGUAGE_BY_SUFFIX = {
-    ".py": "python",
-    ".pyi": "python",
-    ".js": "javascript",
-    ".jsx": "javascriptreact",
-    ".ts": "typescript",
-    ".tsx": "typescriptreact",
-    ".go": "go",
-    ".rs": "rust",
-    ".java": "java",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".hpp": "cpp",
-    ".lua": "lua",
-    ".rb": "ruby",
-    ".sh": "shellscript",
-}
 
 
 class TypingTracker:
@@ -75,9 +55,8 @@ class TypingTracker:
 
 
 def language_of(document: TextDocument) -> str:
-    if document.language_id:
-        return document.language_id
-    return LANGUAGE_BY_SUFFIX.get(Path(document.path).suffix, "plaintext")
+    """The client's language id, else the language the index gives the file's extension."""
+    return document.language_id or language_of_path(document.path)
 
 
 def build_request(
