@@ -11,29 +11,31 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from sqlalchemy import Engine, Executable
+from sqlalchemy import Connection, Engine
 
 log = logging.getLogger(__name__)
 
-Pending = tuple[Sequence[dict[str, Any]], Future[set[str]]]
+Rows = Sequence[Any]
+Pending = tuple[Rows, Future[set[str]]]
+Write = Callable[[Connection, Rows], set[str]]
 
 
 class GroupCommitter:
-    """Runs `statement` (an insert returning the new keys) for many callers per transaction."""
+    """Runs `write` (inserts rows, returns the new keys) for many callers per transaction."""
 
-    def __init__(self, engine: Engine, statement: Executable) -> None:
+    def __init__(self, engine: Engine, write: Write) -> None:
         self.engine = engine
-        self.statement = statement
+        self.write = write
         self.commits = 0
         self._lock = threading.Lock()
         self._pending: list[Pending] = []
         self._leading = False
 
-    def insert(self, rows: Sequence[dict[str, Any]], timeout: float = 60.0) -> set[str]:
+    def insert(self, rows: Rows, timeout: float = 60.0) -> set[str]:
         """Insert `rows` durably; returns the keys that were new. Raises what the database did."""
         done: Future[set[str]] = Future()
         with self._lock:
@@ -58,7 +60,7 @@ class GroupCommitter:
             results = []
             with self.engine.begin() as connection:
                 for rows, _ in group:
-                    results.append(set(connection.execute(self.statement, rows).scalars()))
+                    results.append(self.write(connection, rows))
             self.commits += 1
         except Exception as exc:  # every caller of this transaction learns it failed
             log.warning("group commit of %d batches failed: %s", len(group), exc)
