@@ -1,6 +1,6 @@
 """`tabloop backend`: run the training backend, and manage tenant tokens.
 
-tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL]
+tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N]
 tabloop backend token create --tenant NAME [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
 """
@@ -8,12 +8,23 @@ tabloop backend token revoke TOKEN [--db URL]
 from __future__ import annotations
 
 import argparse
+import fcntl
+import json
 import logging
+import os
 import sys
+import tempfile
+from typing import IO, TYPE_CHECKING
 
 from backend.storage import Storage, default_db_url
 
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
 DEFAULT_PORT = 8765
+# How `_serve` hands its options to worker processes, which uvicorn starts by import string.
+WORKER_ENV = "TABLOOP_BACKEND_WORKER_ARGS"
+TRAINING_LOCK_ENV = "TABLOOP_BACKEND_TRAINING_LOCK"
 
 
 def _db_argument(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +46,12 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
     _db_argument(parser)
     parser.add_argument("--rate", type=float, default=None, help="events/s per tenant")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes sharing the port (rate limits, metrics and caches are per worker)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log requests")
     parser.add_argument(
         "--completion-model",
@@ -79,36 +96,91 @@ def _tokens(argv: list[str]) -> int:
         storage.close()
 
 
+def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> FastAPI:
+    from backend.app import create_app
+    from backend.policy.registry import PolicyRegistry
+    from backend.policy.settings import TrainerSettings
+    from backend.routes import completions
+    from backend.routes.events import IngestLimits
+    from backend.routes.policy import schedule_training
+    from completion.settings import CompletionSettings
+
+    limits = IngestLimits() if args.rate is None else IngestLimits(rate_events_per_s=args.rate)
+    db_url = args.db or default_db_url()
+    if migrate:
+        app = create_app(db_url, limits=limits)
+    else:
+        app = create_app(storage=Storage(db_url, migrate=False), limits=limits)
+    if train:
+        schedule_training(app)  # the learning loop: train and promote policies while serving
+    else:  # serve the policies another process trains, with the same built-in floor
+        floor = TrainerSettings.model_validate({}).show_floor
+        app.state.policy_registry = PolicyRegistry(app.state.storage, builtin_floor=floor)
+    served = CompletionSettings(model=args.completion_model or "bundled")
+    completions.configure(app, served, preload=args.preload_model)
+    return app
+
+
+def _claim_training(path: str) -> IO[bytes] | None:
+    """The open lock file when this worker is the one that trains (first to lock it), else None.
+
+    The lock lasts as long as the process: if the training worker dies, the one uvicorn starts
+    in its place takes over.
+    """
+    handle = open(path, "ab")  # noqa: SIM115 - kept open for the life of the process
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process under `--workers N` (uvicorn's factory)."""
+    args = _serve_parser().parse_args(json.loads(os.environ[WORKER_ENV]))
+    lock = _claim_training(os.environ[TRAINING_LOCK_ENV])
+    # The parent migrated the database before starting the workers.
+    app = _build_app(args, migrate=False, train=lock is not None)
+    app.state.training_lock = lock
+    return app
+
+
 def _serve(argv: list[str]) -> int:
     import uvicorn
 
-    from backend.app import create_app
-    from backend.routes.events import IngestLimits
-    from backend.routes.policy import schedule_training
-
     args = _serve_parser().parse_args(argv)
+    if args.workers < 1:
+        print("tabloop backend: --workers must be at least 1", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    limits = IngestLimits() if args.rate is None else IngestLimits(rate_events_per_s=args.rate)
     db_url = args.db or default_db_url()
-    app = create_app(db_url, limits=limits)
-    schedule_training(app)  # the learning loop: train and promote policies while serving
-    from backend.routes import completions
-    from completion.settings import CompletionSettings
-
-    served = CompletionSettings(model=args.completion_model or "bundled")
-    completions.configure(app, served, preload=args.preload_model)
     print(
-        f"tabloop backend on http://{args.host}:{args.port} (database {db_url.split('@')[-1]})",
+        f"tabloop backend on http://{args.host}:{args.port} (database {db_url.split('@')[-1]}, "
+        f"{args.workers} worker{'s' if args.workers > 1 else ''})",
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="info" if args.verbose else "warning",
-        access_log=args.verbose,
-    )
+    log_level = "info" if args.verbose else "warning"
+    if args.workers == 1:
+        app = _build_app(args, migrate=True, train=True)
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level=log_level, access_log=args.verbose
+        )
+        return 0
+    Storage(db_url).close()  # migrate once, here, before any worker opens the database
+    with tempfile.TemporaryDirectory(prefix="tabloop-backend-") as tmp:
+        os.environ[WORKER_ENV] = json.dumps(argv)
+        os.environ[TRAINING_LOCK_ENV] = os.path.join(tmp, "training.lock")
+        uvicorn.run(
+            "backend.cli:worker_app",
+            factory=True,
+            workers=args.workers,
+            host=args.host,
+            port=args.port,
+            log_level=log_level,
+            access_log=args.verbose,
+        )
     return 0
 
 
