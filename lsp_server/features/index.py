@@ -21,6 +21,8 @@ from lsprotocol import types
 from pygls.uris import from_fs_path, to_fs_path
 
 from indexer.service import WorkspaceIndex
+from indexer.sync import IndexSyncer
+from indexer.sync_setup import syncer_for_index
 from indexer.types import SearchHit, SymbolHit
 from lsp_server.server import TabloopServer
 
@@ -53,6 +55,7 @@ class IndexFeature:
     def __init__(self, server: TabloopServer) -> None:
         self.server = server
         self.index: WorkspaceIndex | None = None
+        self.syncer: IndexSyncer | None = None
         self._key: tuple[Any, ...] | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._token: str | None = None
@@ -81,16 +84,34 @@ class IndexFeature:
 
         index.start(progress)
         log.info("indexing %s", root)
+        telemetry = settings.telemetry
+        if settings.index.sync and telemetry.backend_url:
+            # Keyed Merkle sync with the backend: ids, ranges and vectors only, never code.
+            syncer = syncer_for_index(
+                index, telemetry.backend_url, telemetry.token, secret=settings.index.sync_secret
+            )
+            syncer.start()
+            self.syncer = syncer
+            self.server.extensions["sync"] = syncer
 
     def _close_index(self) -> None:
         index, self.index, self._key = self.index, None, None
         self.server.extensions.pop("index", None)
+        syncer, self.syncer = self.syncer, None
+        self.server.extensions.pop("sync", None)
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        if index is not None:
+
+        def close() -> None:
+            if syncer is not None:
+                syncer.close()  # before the index it reads from
+            if index is not None:
+                index.close()
+
+        if index is not None or syncer is not None:
             # Closing waits for the batch being embedded; do not hold the event loop for it.
-            closer = threading.Thread(target=index.close, name="tabloop-index-close", daemon=True)
+            closer = threading.Thread(target=close, name="tabloop-index-close", daemon=True)
             closer.start()
             closer.join(CLOSE_WAIT_S)
 
