@@ -183,10 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=evaluate)
 
-    for name, (target, help_text) in DELEGATED.items():
-        p = sub.add_parser(name, help=help_text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=lambda a, t=target: _load(t)(list(a.rest)))
+    for name, (_target, help_text) in DELEGATED.items():
+        # Listed for `--help`; `main` hands their arguments over before argparse sees them.
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
