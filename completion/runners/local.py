@@ -23,6 +23,9 @@ from completion.types import CancelToken, Generation, StopRule
 
 log = logging.getLogger(__name__)
 
+# Prompt tokens per forward pass of the prefill; cancellation is checked between passes.
+PREFILL_CHUNK_TOKENS = 64
+
 
 def default_threads() -> int:
     """torch threads when the user sets none: every core but one, which the editor needs.
@@ -166,8 +169,22 @@ class LocalRunner:
         if entry is None:
             entry = CacheEntry([], _new_cache(self.model.config))
         result.reused_tokens = reused
-        logits = self._forward(prompt_ids[reused:], entry.cache)
-        entry.tokens.extend(prompt_ids[reused:])
+        # Prefill in chunks, checking for cancellation between them: a long cold prompt takes
+        # seconds on a CPU, and a newer keystroke should not wait for it. What was computed
+        # stays in the prefix cache, so the next prompt (usually the same text plus a little)
+        # starts from there.
+        pending = prompt_ids[reused:]
+        while True:
+            chunk, pending = pending[:PREFILL_CHUNK_TOKENS], pending[PREFILL_CHUNK_TOKENS:]
+            logits = self._forward(chunk, entry.cache)
+            entry.tokens.extend(chunk)
+            if not pending:
+                break
+            if cancel.cancelled:
+                result.prefill_ms = (time.perf_counter() - started) * 1000
+                result.stop_reason = "cancelled"
+                self._prefix_cache.put(entry)
+                return result
         result.prefill_ms = (time.perf_counter() - started) * 1000
 
         decode_started = time.perf_counter()

@@ -1,0 +1,65 @@
+"""A long prefill stops at the next chunk when cancelled, and keeps what it computed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from completion.runners.local import PREFILL_CHUNK_TOKENS, LocalRunner
+from completion.types import CancelToken
+
+PROMPT = "".join(f"def function_{i}(value):\n    return value + {i}\n\n" for i in range(40))
+
+
+class CancelAfterChecks(CancelToken):
+    """Reads as cancelled from the n-th check on, as if a keystroke came mid-prefill."""
+
+    def __init__(self, checks: int) -> None:
+        super().__init__()
+        self.checks = checks
+
+    @property
+    def cancelled(self) -> bool:
+        self.checks -= 1
+        return self.checks < 0
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
+    return LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"))
+
+
+def test_cancelled_prefill_stops_after_one_chunk_and_is_reused(runner: LocalRunner) -> None:
+    total = runner.count_tokens(PROMPT)
+    assert total > 3 * PREFILL_CHUNK_TOKENS
+    # Check 1 (before any work) passes; check 2 (after the first chunk) cancels.
+    first = runner.generate(
+        PROMPT, max_new_tokens=8, stop=lambda text: None, cancel=CancelAfterChecks(1)
+    )
+    assert first.stop_reason == "cancelled"
+    assert first.text == "" and first.new_tokens == 0
+    # The next request for the same prompt starts from the chunk already computed.
+    second = runner.generate(PROMPT, max_new_tokens=8, stop=lambda text: None, cancel=CancelToken())
+    assert second.reused_tokens == PREFILL_CHUNK_TOKENS
+    assert second.stop_reason != "cancelled"
+
+
+def test_chunked_prefill_gives_the_same_text_as_one_pass(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    chunked = LocalRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
+    text = chunked.generate(
+        PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
+    ).text
+    import completion.runners.local as local
+
+    one_pass = LocalRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
+    saved, local.PREFILL_CHUNK_TOKENS = local.PREFILL_CHUNK_TOKENS, 100_000
+    try:
+        reference = one_pass.generate(
+            PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
+        ).text
+    finally:
+        local.PREFILL_CHUNK_TOKENS = saved
+    assert text == reference
