@@ -203,8 +203,7 @@ def test_status_command(session: dict[str, Any]) -> None:
 
 
 def test_search_jumps_to_the_hit(session: dict[str, Any]) -> None:
-    if not session["searched"]:
-        pytest.skip("the server does not answer tabloop/search yet (workspace index feature)")
+    assert session["searched"], "the server did not answer tabloop/search"
     hit = session["search_hit"]
     assert hit["uri"].endswith("settings_loader.py")
     jump = session["search_jump"]
