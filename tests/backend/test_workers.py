@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backend.cli import _claim_training, backend_main
 from backend.db.migrate import current_revision, head_revision
 from backend.local import bind_loopback
 from backend.storage import Storage
@@ -114,3 +115,21 @@ def test_workers_store_a_batch_sent_to_all_of_them_once(served: tuple[str, str])
         assert sorted(stored) == sorted(ids)
     finally:
         storage.close()
+
+
+def test_exactly_one_worker_claims_training(tmp_path: Path) -> None:
+    lock = str(tmp_path / "training.lock")
+    first = _claim_training(lock)
+    try:
+        assert first is not None
+        assert _claim_training(lock) is None  # another worker serves without training
+    finally:
+        assert first is not None
+        first.close()
+    second = _claim_training(lock)  # the trainer died: its replacement takes over
+    assert second is not None
+    second.close()
+
+
+def test_workers_must_be_positive() -> None:
+    assert backend_main(["--workers", "0"]) == 2
