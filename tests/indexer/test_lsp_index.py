@@ -20,17 +20,7 @@ from tests.lsp.conftest import load_profile
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-# Registers the feature module when server.py does not list it yet, then serves over stdio.
-BOOTSTRAP = """
-import sys
-from lsp_server import server
-import lsp_server.features.index as index_feature
-if "lsp_server.features.index" not in server.FEATURE_MODULES:
-    server.FEATURE_MODULES = (*server.FEATURE_MODULES, "lsp_server.features.index")
-from lsp_server.cli import main
-sys.exit(main(["serve", "--stdio"]))
-"""
-SERVER = ClientServerConfig(server_command=[sys.executable, "-c", BOOTSTRAP])
+SERVER = ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", "--stdio"])
 ADDED = '''
 
 def frobnicate_widgets(widgets, factor):
