@@ -106,6 +106,7 @@ class TabloopServer(LanguageServer):
         self.policy_client: PolicyClient | None = None
         self.policy_client_key: tuple[Any, ...] = ()
         self.policy_client_lock = threading.Lock()
+        self._import_lock = threading.Lock()
         self.model_state: ModelState = "loading"
         self.model_error = ""
         # Model work runs here, one call at a time, never on the event loop.
@@ -138,6 +139,23 @@ class TabloopServer(LanguageServer):
 
         task.add_done_callback(done)
         return task
+
+    def import_libraries(self) -> None:
+        """Import transformers and sentence-transformers, once, one thread at a time.
+
+        The model and the index load on two threads at once, and transformers' lazily loaded
+        modules are not safe to import from two threads concurrently ("cannot import name
+        AutoModelForCausalLM"). Each loader calls this first; the second one waits.
+        """
+        with self._import_lock:
+            try:
+                import sentence_transformers  # noqa: F401
+                import transformers
+
+                transformers.AutoModelForCausalLM  # noqa: B018 - resolve the lazy attribute
+                transformers.AutoTokenizer  # noqa: B018
+            except Exception:
+                log.debug("could not import the model libraries", exc_info=True)
 
     def resolve_settings(self) -> config.Resolved:
         """Re-resolve every configuration layer and tell the features what changed."""

@@ -82,7 +82,12 @@ class IndexFeature:
             # Called on the index's worker thread: hand over to the event loop.
             loop.call_soon_threadsafe(self._on_progress, index, stage, done, total)
 
-        index.start(progress)
+        def start() -> None:
+            self.server.import_libraries()  # not alongside the model's imports
+            if self.index is index:  # not closed (a settings change) in the meantime
+                index.start(progress)
+
+        threading.Thread(target=start, name="tabloop-index-start", daemon=True).start()
         log.info("indexing %s", root)
         telemetry = settings.telemetry
         if settings.index.sync and telemetry.backend_url:

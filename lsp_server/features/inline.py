@@ -237,6 +237,7 @@ def register(server: TabloopServer) -> None:
                         new_text=decision.text,
                     ),
                     insert_text_format=types.InsertTextFormat.PlainText,
+                    insert_text_mode=types.InsertTextMode.AsIs,
                     sort_text="0",
                     command=accept_command(decision),
                 )

@@ -83,15 +83,17 @@ async def load_engine(server: TabloopServer) -> None:
     loop = asyncio.get_running_loop()
     try:
         context_source = server.extensions.get("context")
-        engine = await loop.run_in_executor(
-            server.model_executor,
-            lambda: Engine.load(
+
+        def build() -> Engine:
+            server.import_libraries()
+            return Engine.load(
                 settings.completion,
                 settings.cache_path(),
                 context_source=context_source,
                 policy_source=current_policy(server),
-            ),
-        )
+            )
+
+        engine = await loop.run_in_executor(server.model_executor, build)
     except Exception as exc:
         server.model_state = "error"
         server.model_error = str(exc)
