@@ -100,23 +100,14 @@ def document_with_hole(path: Path, hole: Hole) -> str:
     return "".join(lines)
 
 
-def common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 async def complete_holes(
     client: TabloopClient, holes: list[Hole]
 ) -> list[tuple[Hole, str, float, str]]:
     """Open each file mid-typing, ask for a suggestion, and act as its author would.
 
-    The author takes a suggestion that says what they were about to type (accepting it, as an
-    editor does: the text is inserted and the accept command runs) and otherwise types on,
-    which the server infers as an ignored suggestion.
+    The author takes a suggestion whose first line is exactly the rest of the line they were
+    about to type (accepting it, as an editor does: the text is inserted and the accept command
+    runs) and otherwise types on, which the server infers as an ignored suggestion.
     """
     results = []
     for hole in holes:
@@ -127,7 +118,7 @@ async def complete_holes(
         suggestion = item_text(items[0]) if items else ""
         if not items:
             action = "silence"
-        elif common_prefix(suggestion, hole.truth) >= min(len(suggestion), 4):
+        elif suggestion.split("\n", 1)[0].rstrip() == hole.truth.rstrip():
             client.insert(uri, hole.line, hole.column, suggestion)
             await client.accept(items[0])
             action = "accepted"
