@@ -228,6 +228,19 @@ def _change_pct(new: float, old: float) -> float | None:
     return round(100.0 * (new - old) / old, 2) if old else None
 
 
+def _changes(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """A policy's figures against the always-show baseline's, on the same positions."""
+    return {
+        "baseline": base,
+        "learned": new,
+        "shown_change_pct": _change_pct(new["shown"], base["shown"]),
+        "accept_rate_change_pct": _change_pct(new["accept_rate"], base["accept_rate"]),
+        "accepted_chars_change_pct": _change_pct(new["accepted_chars"], base["accepted_chars"]),
+        "retained_chars_change_pct": _change_pct(new["retained_chars"], base["retained_chars"]),
+        "reward_change": round(new["reward"] - base["reward"], 3),
+    }
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tabloop eval replay",
@@ -241,6 +254,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="bundled", help="completion model (see settings)")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--context-tokens", type=int, default=512)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: every core but one)"
+    )
     parser.add_argument("--cache", type=Path, default=None, help="model output cache file")
     parser.add_argument("--lambda", dest="distraction_cost", type=float, default=0.25)
     parser.add_argument("--min-partial-chars", type=int, default=4)
@@ -249,6 +265,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-draws", type=int, default=5, help="plays of the held-out set")
     parser.add_argument(
         "--min-ess", type=float, default=None, help="promotion's effective sample size floor"
+    )
+    parser.add_argument(
+        "--hidden", type=int, default=None, help="hidden units of the policy (0: logistic)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -290,6 +309,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         model=args.model,
         max_new_tokens=args.max_new_tokens,
         context_tokens=args.context_tokens,
+        threads=args.threads,
         # No typing-through cache: every position asks the model (through the output cache),
         # so a decision never depends on which positions happened to come before it.
         cache=False,
@@ -302,6 +322,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     }
     if args.min_ess is not None:
         overrides["min_ess"] = args.min_ess
+    if args.hidden is not None:
+        overrides["hidden"] = args.hidden
     trainer_settings = TrainerSettings.model_validate(overrides)
     with tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp:
         work = Path(tmp)
@@ -331,22 +353,21 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                     ("learned", learned),
                 )
             }
+            # The same comparison on the positions it learned from, to show how well it carries
+            # over (and to choose settings such as λ without looking at the held-out corpus).
+            seen = {
+                name: _evaluate(args, train_positions, runner, settings, policy)
+                for name, policy in (("always_show", always_show()), ("learned", learned))
+            }
         finally:
             policies.close()
             telemetry.shutdown(5.0)
             backend.stop()
             runner.close()
-    base, new = evaluation["always_show"], evaluation["learned"]
     delays = [r["event_to_serving_s"] for r in rounds if r["event_to_serving_s"] is not None]
     summary = {
-        "baseline": base,
-        "learned": new,
+        **_changes(evaluation["always_show"], evaluation["learned"]),
         "learned_version": learned.version,
-        "shown_change_pct": _change_pct(new["shown"], base["shown"]),
-        "accept_rate_change_pct": _change_pct(new["accept_rate"], base["accept_rate"]),
-        "accepted_chars_change_pct": _change_pct(new["accepted_chars"], base["accepted_chars"]),
-        "retained_chars_change_pct": _change_pct(new["retained_chars"], base["retained_chars"]),
-        "reward_change": round(new["reward"] - base["reward"], 3),
         "event_to_serving_s": max(delays) if delays else None,
     }
     return {
@@ -363,9 +384,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "settings": {
             "max_new_tokens": args.max_new_tokens,
             "context_tokens": args.context_tokens,
+            "threads": args.threads,
             "lambda": args.distraction_cost,
             "show_floor": trainer_settings.show_floor,
             "min_ess": trainer_settings.min_ess,
+            "hidden": trainer_settings.hidden,
             "train_interval_s": args.train_interval,
             "policy_refresh_s": args.refresh,
             "eval_draws": args.eval_draws,
@@ -374,6 +397,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "model_cache": {"hits": runner.hits, "misses": runner.misses},
         "summary": summary,
         "held_out": evaluation,
+        "training_corpus": _changes(seen["always_show"], seen["learned"]),
         "rounds": rounds,
         "wall_s": round(time.time() - started, 1),
     }

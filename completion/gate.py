@@ -55,6 +55,8 @@ LANGUAGES = (
 )
 OTHER = "other"
 CLOSERS = frozenset(")]}>\"'`;,")
+# The first tokens decide whether a suggestion starts right, which is what a user judges first.
+HEAD_TOKENS = 3
 BLOCK_OPENERS = (":", "{", "(", "[", "=>", "->")
 FeatureValue = float | str
 Features = Mapping[str, FeatureValue]
@@ -121,16 +123,21 @@ def extract_features(
     prefix_lines = request.prefix.count("\n")
     total_lines = prefix_lines + request.suffix.count("\n") + 1
     language = request.language.lower() if request.language.lower() in LANGUAGES else OTHER
+    head = logprobs[:HEAD_TOKENS]
     return {
         "language": language,
         "logprob_mean": sum(logprobs) / len(logprobs) if logprobs else 0.0,
         "logprob_min": min(logprobs) if logprobs else 0.0,
+        "logprob_first": logprobs[0] if logprobs else 0.0,
+        "logprob_head_min": min(head) if head else 0.0,
         "has_logprobs": 1.0 if logprobs else 0.0,
         "generated_tokens": float(len(logprobs)),
         "truncated": 1.0 if generation is not None and generation.stop_reason == "length" else 0.0,
         "suggestion_chars": float(len(text)),
         "suggestion_lines": float(text.count("\n") + 1) if text else 0.0,
         "repeats_suffix": 1.0 if text and _repeats_suffix(text, request.suffix) else 0.0,
+        "leading_whitespace": 1.0 if text[:1] in (" ", "\t") else 0.0,
+        "extra_indent": 1.0 if text[:1] in (" ", "\t") and not line_prefix.strip() else 0.0,
         "code_after_cursor": 1.0 if after and not set(after) <= CLOSERS else 0.0,
         "closers_after_cursor": 1.0 if after and set(after) <= CLOSERS else 0.0,
         "cursor_column": float(len(line_prefix)),
@@ -181,12 +188,16 @@ class NumericFeature:
 DEFAULT_NUMERIC = (
     NumericFeature("logprob_mean", -20.0, 0.0),
     NumericFeature("logprob_min", -30.0, 0.0),
+    NumericFeature("logprob_first", -30.0, 0.0),
+    NumericFeature("logprob_head_min", -30.0, 0.0),
     NumericFeature("has_logprobs", 0.0, 1.0),
     NumericFeature("generated_tokens", 0.0, 1024.0, "log1p"),
     NumericFeature("truncated", 0.0, 1.0),
     NumericFeature("suggestion_chars", 0.0, 4096.0, "log1p"),
     NumericFeature("suggestion_lines", 0.0, 64.0, "log1p"),
     NumericFeature("repeats_suffix", 0.0, 1.0),
+    NumericFeature("leading_whitespace", 0.0, 1.0),
+    NumericFeature("extra_indent", 0.0, 1.0),
     NumericFeature("code_after_cursor", 0.0, 1.0),
     NumericFeature("closers_after_cursor", 0.0, 1.0),
     NumericFeature("cursor_column", 0.0, 400.0, "log1p"),

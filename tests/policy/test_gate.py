@@ -119,6 +119,9 @@ def test_features_describe_the_cursor_and_suggestion() -> None:
     features = extract_features(REQUEST, "readline()\nx", Generation("", [-1.0, -3.0]), Signals())
     assert features["logprob_mean"] == pytest.approx(-2.0)
     assert features["logprob_min"] == -3.0
+    assert features["logprob_first"] == -1.0
+    assert features["logprob_head_min"] == -3.0
+    assert features["leading_whitespace"] == 0.0
     assert features["suggestion_lines"] == 2.0
     assert features["after_dot"] == 1.0
     assert features["closers_after_cursor"] == 1.0
@@ -128,6 +131,19 @@ def test_features_describe_the_cursor_and_suggestion() -> None:
         CompletionRequest(prefix="", suffix="", language="COBOL"), "x", None, Signals()
     )
     assert other["language"] == "other"
+
+
+def test_features_tell_an_indent_the_line_already_has() -> None:
+    """A suggestion that starts with whitespace where the cursor sits after the indent."""
+    indented = CompletionRequest(prefix="def f():\n    ", suffix="", language="python")
+    head = Generation("", [-0.5, -2.0, -0.1, -4.0])
+    features = extract_features(indented, "    return 1", head, Signals())
+    assert features["leading_whitespace"] == 1.0
+    assert features["extra_indent"] == 1.0
+    assert features["logprob_head_min"] == -2.0
+    assert features["logprob_min"] == -4.0
+    mid_line = CompletionRequest(prefix="x =", suffix="", language="python")
+    assert extract_features(mid_line, " 1", head, Signals())["extra_indent"] == 0.0
 
 
 @pytest.mark.parametrize("hidden", [0, 8])

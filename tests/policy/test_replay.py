@@ -84,7 +84,8 @@ def test_replay_runs_the_whole_loop(tmp_path: Path, tiny_model_path: Path) -> No
 
     # Every model call of a later round or of the evaluation came from the output cache.
     assert report["model_cache"]["misses"] == 42
-    assert report["model_cache"]["hits"] == 30 + 12 * 2 * 3 - 12
+    # Round 2 (30), three policies on the held-out set twice, two on the training set twice.
+    assert report["model_cache"]["hits"] == 30 + 12 * 2 * 3 - 12 + 30 * 2 * 2
     rounds = report["rounds"]
     assert [r["round"] for r in rounds] == [1, 2]
     # The trainer read each round's events from the backend (they went through telemetry).
@@ -104,4 +105,8 @@ def test_replay_runs_the_whole_loop(tmp_path: Path, tiny_model_path: Path) -> No
         "accepted_chars_change_pct",
         "event_to_serving_s",
     }
+    seen = report["training_corpus"]
+    assert seen["baseline"]["requests"] == 30
+    assert seen["baseline"]["shown"] == seen["baseline"]["suggestions"]
+    assert seen["learned"]["shown"] <= seen["baseline"]["shown"]
     assert report["corpus"]["train_files"] == 2 and report["corpus"]["test_files"] == 1
