@@ -1,6 +1,7 @@
 """`tabloop backend`: run the training backend, and manage tenant tokens.
 
-tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N]
+tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 0.25]
+                [--train-interval 60]
 tabloop backend token create --tenant NAME [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
 """
@@ -14,12 +15,14 @@ import logging
 import os
 import sys
 import tempfile
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from backend.storage import Storage, default_db_url
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+
+    from backend.policy.settings import TrainerSettings
 
 DEFAULT_PORT = 8765
 # How `_serve` hands its options to worker processes, which uvicorn starts by import string.
@@ -34,6 +37,20 @@ def _db_argument(parser: argparse.ArgumentParser) -> None:
         help=f"SQLAlchemy database URL (default: {default_db_url()}); "
         "postgresql+psycopg://user:pass@host/db for PostgreSQL",
     )
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number >= 0")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number > 0")
+    return value
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -53,6 +70,19 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="worker processes sharing the port (rate limits, metrics and caches are per worker)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log requests")
+    parser.add_argument(
+        "--lambda",
+        dest="distraction_cost",
+        type=_non_negative,
+        default=None,
+        help="trainer: reward of a shown suggestion that was ignored is -lambda (default 0.25)",
+    )
+    parser.add_argument(
+        "--train-interval",
+        type=_positive,
+        default=None,
+        help="trainer: seconds between training runs (default 60)",
+    )
     parser.add_argument(
         "--completion-model",
         default=None,
@@ -96,6 +126,18 @@ def _tokens(argv: list[str]) -> int:
         storage.close()
 
 
+def trainer_settings(args: argparse.Namespace) -> TrainerSettings:
+    """The scheduled trainer's settings: the defaults, with what the command line sets."""
+    from backend.policy.settings import TrainerSettings
+
+    overrides: dict[str, Any] = {}
+    if args.distraction_cost is not None:
+        overrides["rewards"] = {"distraction_cost": args.distraction_cost}
+    if args.train_interval is not None:
+        overrides["interval_s"] = args.train_interval
+    return TrainerSettings.model_validate(overrides)
+
+
 def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> FastAPI:
     from backend.app import create_app
     from backend.policy.registry import PolicyRegistry
@@ -111,8 +153,8 @@ def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> FastA
         app = create_app(db_url, limits=limits)
     else:
         app = create_app(storage=Storage(db_url, migrate=False), limits=limits)
-    if train:
-        schedule_training(app)  # the learning loop: train and promote policies while serving
+    if train:  # the learning loop: train and promote policies while serving
+        schedule_training(app, trainer_settings(args))
     else:  # serve the policies another process trains, with the same built-in floor
         floor = TrainerSettings.model_validate({}).show_floor
         app.state.policy_registry = PolicyRegistry(app.state.storage, builtin_floor=floor)

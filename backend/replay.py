@@ -138,6 +138,8 @@ class Player:
         self.distraction_cost = distraction_cost
         self.min_partial_chars = min_partial_chars
         self.last_event_at = 0.0
+        # When a list, every decision is kept here with the user's response (None: not shown).
+        self.log: list[tuple[Decision, UserResponse | None]] | None = None
 
     def play(self, positions: list[Position]) -> Tally:
         tally = Tally()
@@ -158,6 +160,8 @@ class Player:
                 reward = reward_of(response, len(decision.text), self.distraction_cost)
                 session.observe(response.kind != "ignored")
             tally.add(response, decision.shown, bool(decision.text), reward)
+            if self.log is not None:
+                self.log.append((decision, response))
             if self.telemetry is not None:
                 self._report(decision, position, response)
         return tally
@@ -292,7 +296,21 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _load_runner(args: argparse.Namespace, settings: CompletionSettings) -> CachedRunner:
+def engine_settings(args: argparse.Namespace) -> CompletionSettings:
+    """The engine's settings for replayed positions, from the command line."""
+    return CompletionSettings(
+        model=args.model,
+        max_new_tokens=args.max_new_tokens,
+        context_tokens=args.context_tokens,
+        threads=args.threads,
+        # No typing-through cache: every position asks the model (through the output cache),
+        # so a decision never depends on which positions happened to come before it.
+        cache=False,
+    )
+
+
+def load_cached_runner(args: argparse.Namespace, settings: CompletionSettings) -> CachedRunner:
+    """The configured model behind the output cache (`--cache`, else one in the cache dir)."""
     from completion.runners import load_runner
 
     cache_dir = platformdirs.user_cache_path("tabloop")
@@ -305,15 +323,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     started = time.time()
     train_positions = sample_positions(args.train, args.train_positions, args.seed)
     test_positions = sample_positions(args.test, args.test_positions, args.seed + 1)
-    settings = CompletionSettings(
-        model=args.model,
-        max_new_tokens=args.max_new_tokens,
-        context_tokens=args.context_tokens,
-        threads=args.threads,
-        # No typing-through cache: every position asks the model (through the output cache),
-        # so a decision never depends on which positions happened to come before it.
-        cache=False,
-    )
+    settings = engine_settings(args)
     overrides: dict[str, Any] = {
         "interval_s": args.train_interval,
         "min_events": min(200, len(train_positions)),
@@ -327,7 +337,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     trainer_settings = TrainerSettings.model_validate(overrides)
     with tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp:
         work = Path(tmp)
-        runner = _load_runner(args, settings.model_copy(update={"cache": True}))
+        runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
         backend = LocalBackend(tenant="replay")
         scheduler = schedule_training(backend.app, trainer_settings)
         backend.start()

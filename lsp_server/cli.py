@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=show_config)
 
     p = sub.add_parser("bench", help="benchmarks; each prints JSON", add_help=False)
-    p.add_argument("name", help="lsp, index, complete, telemetry, sync")
+    p.add_argument("name", help="lsp, complete, index, telemetry, sync, dtype, threads, gate")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=bench)
 

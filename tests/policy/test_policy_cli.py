@@ -48,3 +48,17 @@ def test_train_then_list_promote_and_rollback(db: str, capsys: pytest.CaptureFix
     assert policy_main(["list", "--db", db]) == 0
     assert "* v1" in capsys.readouterr().out
     assert policy_main(["promote", "v7", "--db", db]) == 1
+
+
+def test_backend_command_line_sets_the_scheduled_trainer() -> None:
+    from backend.cli import _serve_parser, trainer_settings
+
+    default = trainer_settings(_serve_parser().parse_args([]))
+    assert default.rewards.distraction_cost == 0.25 and default.interval_s == 60.0
+    chosen = trainer_settings(
+        _serve_parser().parse_args(["--lambda", "0.03", "--train-interval", "5"])
+    )
+    assert chosen.rewards.distraction_cost == 0.03 and chosen.interval_s == 5.0
+    for bad in (["--lambda", "-1"], ["--lambda", "nan"], ["--train-interval", "0"]):
+        with pytest.raises(SystemExit):
+            _serve_parser().parse_args(bad)
