@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -22,6 +23,34 @@ from fastapi import FastAPI
 from backend.app import create_app
 from backend.routes.events import IngestLimits
 from backend.storage import Principal, Storage
+
+
+def answers_health(url: str, timeout: float = 2.0) -> bool:
+    """Whether the backend at `url` answers `/healthz` with 200."""
+    try:
+        return httpx.get(f"{url}/healthz", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until_healthy(
+    url: str,
+    process: subprocess.Popen[bytes],
+    timeout: float = 60.0,
+    interval: float = 0.1,
+) -> None:
+    """Wait for a backend started as `process` to answer `/healthz`.
+
+    Raises `RuntimeError` when it exits first (with its stderr, if piped) or `timeout` passes.
+    """
+    deadline = time.monotonic() + timeout
+    while not answers_health(url, timeout=1.0):
+        if process.poll() is not None:
+            stderr = process.stderr.read().decode(errors="replace") if process.stderr else ""
+            raise RuntimeError(f"the backend exited with {process.returncode}: {stderr[-2000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the backend did not answer /healthz within {timeout:.0f} s")
+        time.sleep(interval)
 
 
 def bind_loopback(port: int = 0) -> socket.socket:
@@ -134,10 +163,7 @@ class LocalBackend:
 
     def healthy(self) -> bool:
         """`/healthz` answers 200."""
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return answers_health(self.url)
 
     def __enter__(self) -> LocalBackend:
         return self.start()

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from backend.local import LocalBackend, bind_loopback
+from backend.local import LocalBackend, bind_loopback, wait_until_healthy
 from backend.routes.events import IngestLimits
 from backend.storage import Storage
 from completion.types import CompletionRequest, Decision, Timings
@@ -171,16 +171,8 @@ def measure_ingest(db_url: str, batches: int, concurrency: int, workers: int) ->
                     failures.append(f"{answer.status_code}: {answer.text[:200]}")
 
     try:
-        deadline = time.monotonic() + 180  # workers start one by one on a loaded machine
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the backend did not start")
-            time.sleep(0.05)
+        # Workers start one by one on a loaded machine.
+        wait_until_healthy(url, server, timeout=180, interval=0.05)
         shares = [bodies[i::concurrency] for i in range(concurrency)]
         threads = [threading.Thread(target=post_share, args=(share,)) for share in shares]
         cpu_before = _cpu_seconds(server.pid)

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from backend.cli import backend_main
 from backend.db.migrate import current_revision, head_revision, upgrade
 from backend.db.models import Base
-from backend.local import bind_loopback
+from backend.local import bind_loopback, wait_until_healthy
 from backend.storage import Storage
 from lsp_server.cli import main as tabloop_main
 
@@ -74,16 +73,7 @@ def test_serve_runs_migrates_and_stops_on_sigterm(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "backend did not come up"
-            time.sleep(0.1)
+        wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout=60)
         assert httpx.post(f"http://127.0.0.1:{port}/v1/events", content=b"{}").status_code == 401
     finally:
         process.send_signal(signal.SIGTERM)

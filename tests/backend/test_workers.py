@@ -18,7 +18,7 @@ import pytest
 
 from backend.cli import _claim_training, backend_main
 from backend.db.migrate import current_revision, head_revision
-from backend.local import bind_loopback
+from backend.local import bind_loopback, wait_until_healthy
 from backend.storage import Storage
 from telemetry.events import OutcomeEvent
 
@@ -50,15 +50,7 @@ def served(db_url: str) -> Iterator[tuple[str, str]]:
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180  # each worker imports the whole backend
-        while True:
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "backend did not come up"
-            time.sleep(0.2)
+        wait_until_healthy(url, process, timeout=180, interval=0.2)
         while len(_worker_pids(process.pid)) < WORKERS:  # every worker, not just the first
             assert time.monotonic() < deadline, "workers did not start"
             time.sleep(0.2)
