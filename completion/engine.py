@@ -93,6 +93,7 @@ class Engine:
 
         cached = self.cache.lookup(request)
         generation: Generation | None = None
+        empty_reason = ""
         if cached is not None:
             text = cached
             signals = gate.Signals(**{**signals.__dict__, "cache_hit": True})
@@ -134,7 +135,9 @@ class Engine:
                 self.prefill_tokens += generation.prompt_tokens - generation.reused_tokens
             timings.model_ms = (time.perf_counter() - model_started) * 1000
             cancel.raise_if_cancelled()
-            text = postprocess.clean(generation.text, request, self.settings.min_chars)
+            text, empty_reason = postprocess.clean_with_reason(
+                generation.text, request, self.settings.min_chars
+            )
             if text:
                 self.cache.store(request, text)
 
@@ -155,7 +158,7 @@ class Engine:
             features=features,
             timings=timings,
             cache_hit=cached is not None,
-            reason="empty" if not text else action,
+            reason=empty_reason if not text else action,
             generation=generation,
         )
 

@@ -295,18 +295,30 @@ def clean(text: str, request: CompletionRequest, min_chars: int) -> str:
     loops, text that only repeats what follows the cursor, trailing whitespace and blank lines,
     and anything with fewer than `min_chars` non-blank characters.
     """
+    return clean_with_reason(text, request, min_chars)[0]
+
+
+EMPTY_FROM_MODEL = "the model wrote nothing before a stop"
+REPEATS_SUFFIX = "it only repeats the code after the cursor"
+TOO_SHORT = "fewer non-blank characters than completion.minChars"
+
+
+def clean_with_reason(text: str, request: CompletionRequest, min_chars: int) -> tuple[str, str]:
+    """`clean`'s suggestion, and why it is empty when it is (one of the constants above)."""
     cut = stop_rule(request)(text)
     if cut is not None:
         text = text[:cut]
     text = _cut_token_loop(text)
     lines = _cut_line_loops([line.rstrip() for line in text.split("\n")])
     text = "\n".join(lines).rstrip()
+    if not text:
+        return "", EMPTY_FROM_MODEL
     if _repeats_suffix(text, request):
-        return ""
+        return "", REPEATS_SUFFIX
     text = _strip_repeated_suffix_lines(text, request.suffix).rstrip()
     text = _strip_suffix_overlap(text, request.suffix).rstrip()
     if _repeats_suffix(text, request):
-        return ""
+        return "", REPEATS_SUFFIX
     if sum(not ch.isspace() for ch in text) < min_chars:
-        return ""
-    return text
+        return "", TOO_SHORT
+    return text, ""

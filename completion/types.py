@@ -129,6 +129,7 @@ class Decision:
     features: dict[str, float | str] = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
     cache_hit: bool = False
+    # The action taken, or why the suggestion is empty (`postprocess.clean_with_reason`).
     reason: str = ""
     generation: Generation | None = None
 

@@ -74,6 +74,7 @@ def complete_at(location: str, *, as_json: bool = False, workspace: str | None =
                     "decision_id": decision.decision_id,
                     "action": decision.action,
                     "suggestion": decision.text,
+                    "reason": decision.reason,
                     "propensity": decision.propensity,
                     "policy_version": decision.policy_version,
                     "model_id": decision.model_id,

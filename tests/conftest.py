@@ -6,10 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tiny_model import build_tiny_model
+from tests.support import fixtures
 
 
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
-    """Directory of the tiny Qwen2-architecture test model (built once, then cached)."""
-    return build_tiny_model()
+    """Directory of the tiny Qwen2-architecture test model, committed under tests/fixtures/."""
+    return fixtures.tiny_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_embedder_path() -> Path:
+    """Directory of the tiny sentence-transformers embedder, committed under tests/fixtures/."""
+    return fixtures.tiny_embedder_path()

@@ -13,7 +13,8 @@ import pytest
 from indexer.pipeline import IndexStats
 from indexer.service import WorkspaceIndex
 from indexer.settings import IndexSettings
-from tests.support.embedders import HashingEmbedder, build_tiny_sentence_transformer
+from tests.support.embedders import HashingEmbedder
+from tests.support.fixtures import tiny_embedder_path
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -73,8 +74,8 @@ def embedder() -> HashingEmbedder:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """A one-layer random BERT in sentence-transformers format (built once, then cached)."""
-    return build_tiny_sentence_transformer(REPO_ROOT / ".cache" / "tiny-embedder-v1")
+    """A one-layer random BERT in sentence-transformers format (committed test data)."""
+    return tiny_embedder_path()
 
 
 def quiet_settings(**overrides: Any) -> IndexSettings:

@@ -16,7 +16,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient
 
 from lsp_server.client import plain
 from tests.lsp.conftest import load_profile
-from tests.support.embedders import build_tiny_sentence_transformer
+from tests.support.fixtures import tiny_embedder_path
 
 GEOMETRY = '''\
 """Shapes."""
@@ -50,7 +50,7 @@ def workspace(tmp_path: Path) -> Path:
 async def client(
     lsp_client: LanguageClient, tiny_model_path: Path, workspace: Path, tmp_path: Path
 ) -> AsyncIterator[None]:
-    embedder = build_tiny_sentence_transformer(tmp_path / "embedder")
+    embedder = tiny_embedder_path()
     await lsp_client.initialize_session(
         types.InitializeParams(
             capabilities=load_profile("vscode").capabilities,

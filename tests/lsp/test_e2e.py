@@ -1,21 +1,30 @@
-"""The real server over stdio, driven by pytest-lsp with recorded client capability profiles."""
+"""The real server over stdio, driven by pytest-lsp with recorded client capability profiles.
+
+These tests are about the protocol (items, ranges, commands, cancellation, settings, the
+completion fallback), so the model is scripted: the server calls a loopback OpenAI-compatible
+server (`completion.runner = "http"`) whose answers the tests choose. What the real tiny model
+does end to end is tested in `test_tiny_model_e2e.py`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_lsp
 from lsprotocol import types
+from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import ClientServerConfig, LanguageClient
 
 from lsp_server.client import plain
 from tests.lsp.conftest import PROFILES, load_profile
+from tests.support.completion_server import serve_completions
+from tests.support.scripted_model import ScriptedModel
 
 # A real function, mid-typing: the cursor is after "    result = " on its line.
 SOURCE = '''\
@@ -36,12 +45,39 @@ def count_lines(path):
 SOURCE = SOURCE.replace("{CURSOR_MARK}", "")
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 CURSOR = types.Position(line=6, character=13)
+# What the scripted model says after "    result = " (and, for any other prompt, nothing).
+SUGGESTION = "separator.join(kept)"
 
 
-def init_options(model: Path, cache_dir: Path, **completion: Any) -> dict[str, Any]:
+# A second file, for the cancellation test: the model is slow there.
+SLOW_SOURCE = "def total(values):\n    result = 0\n    total = \n    return total\n"
+SLOW_CURSOR = types.Position(line=2, character=12)
+SLOW_SUGGESTION = "sum(value for value in values if value is not None)"
+
+
+@pytest.fixture(scope="module")
+def scripted_model() -> ScriptedModel:
+    return ScriptedModel(rules={"    result = ": SUGGESTION, "    total = ": SLOW_SUGGESTION})
+
+
+@pytest.fixture(scope="module")
+def model_url(scripted_model: ScriptedModel) -> Iterator[str]:
+    """Base URL of a loopback completion server serving `scripted_model`."""
+    with serve_completions(scripted_model) as (url, _):
+        yield url
+
+
+def init_options(model_url: str, cache_dir: Path, **completion: Any) -> dict[str, Any]:
     return {
         "cacheDir": str(cache_dir),
-        "completion": {"model": str(model), "maxNewTokens": 24, **completion},
+        "completion": {
+            "runner": "http",
+            "httpUrl": model_url,
+            "httpModel": "scripted",
+            "fimTemplate": "qwen",
+            "maxNewTokens": 24,
+            **completion,
+        },
         # Always show a non-empty suggestion: these tests are about the protocol, not the policy.
         "policy": {"showFloor": 1.0},
         "index": {"enabled": False},
@@ -97,7 +133,7 @@ SERVER = ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", 
 async def client(
     lsp_client: LanguageClient,
     request: pytest.FixtureRequest,
-    tiny_model_path: Path,
+    model_url: str,
     server_workspace: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[None]:
@@ -107,7 +143,7 @@ async def client(
         client_info=profile.client_info,
         root_uri=server_workspace.as_uri(),
         workspace_folders=[types.WorkspaceFolder(uri=server_workspace.as_uri(), name="ws")],
-        initialization_options=init_options(tiny_model_path, tmp_path_factory.mktemp("cache")),
+        initialization_options=init_options(model_url, tmp_path_factory.mktemp("cache")),
     )
     result = await lsp_client.initialize_session(params)
     lsp_client.initialize_result = result  # type: ignore[attr-defined]
@@ -145,12 +181,10 @@ async def test_inline_completion_suggests_with_an_accept_command(
     assert isinstance(answer, types.InlineCompletionList)
     assert len(answer.items) == 1
     item = answer.items[0]
-    assert isinstance(item.insert_text, str) and item.insert_text.strip()
+    assert item.insert_text == SUGGESTION
     assert item.range == types.Range(start=CURSOR, end=CURSOR)
     assert item.command is not None and item.command.command == "tabloop.accept"
     assert item.command.arguments and isinstance(item.command.arguments[0], str)
-    # Code follows the cursor on the next lines, not on its own: no text after it is repeated.
-    assert not item.insert_text.startswith("\n    return result")
 
 
 async def test_accept_command_is_recorded(client: LanguageClient, server_workspace: Path) -> None:
@@ -170,29 +204,38 @@ async def test_accept_command_is_recorded(client: LanguageClient, server_workspa
 
 
 async def test_cancelled_request_then_the_next_one_works(
-    client: LanguageClient, server_workspace: Path
+    client: LanguageClient, server_workspace: Path, scripted_model: ScriptedModel
 ) -> None:
     await wait_until_ready(client)
-    uri = open_document(client, server_workspace / "words.py")
-    msg_id = "cancel-me"
-    pending = client.protocol.send_request_async(
-        types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri), msg_id=msg_id
-    )
-    client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
+    # A file of its own, so that no earlier answer is in the typing cache, and a slow model, so
+    # that the cancellation arrives while the model is generating.
+    uri = open_document(client, server_workspace / "totals.py", SLOW_SOURCE)
+    scripted_model.token_delay_s = 0.2
     try:
-        answer = await pending
-    except Exception as exc:  # the server answers RequestCancelled
-        assert "cancel" in str(exc).lower()
-    else:
-        assert answer is None or len(answer.items) <= 1
-    answer = await client.text_document_inline_completion_async(inline_params(uri))
+        msg_id = f"cancel-me-{uri}"
+        # A task, so that the request is sent now rather than when it is awaited.
+        pending = asyncio.ensure_future(
+            client.protocol.send_request_async(
+                types.TEXT_DOCUMENT_INLINE_COMPLETION,
+                inline_params(uri, SLOW_CURSOR),
+                msg_id=msg_id,
+            )
+        )
+        await asyncio.sleep(0.3)  # the request has reached the model, which needs seconds
+        client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
+        with pytest.raises(JsonRpcRequestCancelled):
+            await pending
+    finally:
+        scripted_model.token_delay_s = 0.0
+    answer = await client.text_document_inline_completion_async(inline_params(uri, SLOW_CURSOR))
     assert isinstance(answer, types.InlineCompletionList) and len(answer.items) == 1
+    assert answer.items[0].insert_text == SLOW_SUGGESTION
 
 
 @pytest_lsp.fixture(config=SERVER, scope="module")
 async def legacy_client(
     lsp_client: LanguageClient,
-    tiny_model_path: Path,
+    model_url: str,
     server_workspace: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[None]:
@@ -204,7 +247,7 @@ async def legacy_client(
         types.InitializeParams(
             capabilities=profile.capabilities,
             root_uri=server_workspace.as_uri(),
-            initialization_options=init_options(tiny_model_path, tmp_path_factory.mktemp("cache")),
+            initialization_options=init_options(model_url, tmp_path_factory.mktemp("cache")),
         )
     )
     yield
@@ -228,6 +271,7 @@ async def test_completion_fallback_offers_the_same_suggestion(
     assert len(result.items) == 1
     item = result.items[0]
     assert isinstance(item.text_edit, types.TextEdit)
+    assert item.text_edit.new_text == SUGGESTION
     assert item.text_edit.range == types.Range(start=CURSOR, end=CURSOR)
     assert item.command is not None and item.command.command == "tabloop.accept"
     # The inline answer at the same place is the same text (served from the typing cache).
@@ -239,11 +283,11 @@ async def test_completion_fallback_offers_the_same_suggestion(
 @pytest_lsp.fixture(config=SERVER, scope="module")
 async def misconfigured_client(
     lsp_client: LanguageClient,
-    tiny_model_path: Path,
+    model_url: str,
     server_workspace: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[None]:
-    options = init_options(tiny_model_path, tmp_path_factory.mktemp("cache"))
+    options = init_options(model_url, tmp_path_factory.mktemp("cache"))
     options["completion"]["maxNewTokens"] = -5
     options["completion"]["temprature"] = 0.2
     await lsp_client.initialize_session(
@@ -269,3 +313,4 @@ async def test_invalid_settings_are_shown_once_and_the_server_keeps_running(
     uri = open_document(client, server_workspace / "words.py")
     answer = await client.text_document_inline_completion_async(inline_params(uri))
     assert isinstance(answer, types.InlineCompletionList) and len(answer.items) == 1
+    assert answer.items[0].insert_text == SUGGESTION

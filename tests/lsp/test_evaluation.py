@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lsp_server.evaluation import edit_similarity, levenshtein, run_holes, sample_holes
-from tests.support.embedders import build_tiny_sentence_transformer
+from tests.support.fixtures import tiny_embedder_path
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 CORPUS_FILES = ("colorsys.py", "bisect.py", "fnmatch.py")
@@ -60,7 +60,7 @@ def test_holes_put_back_give_the_file(corpus: Path) -> None:
 def test_a_run_with_and_without_retrieval(
     corpus: Path, tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    embedder = build_tiny_sentence_transformer(tmp_path / "embedder")
+    embedder = tiny_embedder_path()
     # The workspace file is one of tabloop's configuration layers; the run reads it.
     (corpus / "tabloop.toml").write_text(
         f'cache_dir = "{tmp_path / "cache"}"\n'

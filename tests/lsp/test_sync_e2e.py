@@ -17,7 +17,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient
 from backend.local import LocalBackend
 from lsp_server.client import plain
 from tests.lsp.conftest import load_profile
-from tests.support.embedders import build_tiny_sentence_transformer
+from tests.support.fixtures import tiny_embedder_path
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ async def client(
     tiny_model_path: Path,
     tmp_path: Path,
 ) -> AsyncIterator[None]:
-    embedder = build_tiny_sentence_transformer(tmp_path / "embedder")
+    embedder = tiny_embedder_path()
     await lsp_client.initialize_session(
         types.InitializeParams(
             capabilities=load_profile("neovim-0.12").capabilities,

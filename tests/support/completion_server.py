@@ -1,7 +1,13 @@
-"""A real OpenAI-compatible `/v1/completions` server on loopback, for HttpRunner tests.
+"""A real OpenAI-compatible `/v1/completions` server on loopback, for tests.
 
-It serves a `LocalRunner` (the tiny model) with SSE streaming, and can misbehave on request the
-ways real servers do: answer late, stall between chunks, or die in the middle of a stream.
+It serves any runner (the tiny model's `LocalRunner`, or a `ScriptedModel` whose answers the test
+chooses) with SSE streaming, and can misbehave on request the ways real servers do: answer late,
+stall between chunks, or die in the middle of a stream.
+
+Run as a program (`python -m tests.support.completion_server --script FILE`) it serves a
+`ScriptedModel` read from a JSON file (`{"rules": {...}, "default": "...", "token_delay_s": 0}`),
+prints its base URL on the first line of stdout, and stops when stdin closes: this is how
+tests outside Python (the VS Code smoke test) get a model whose answers they know.
 """
 
 from __future__ import annotations
@@ -21,8 +27,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from completion.runners.local import LocalRunner
+from completion.runner import ModelRunner
 from completion.types import CancelToken
+from tests.support.scripted_model import ScriptedModel
 
 
 @dataclass
@@ -37,7 +44,7 @@ class Faults:
 
 @dataclass
 class ServerState:
-    runner: LocalRunner
+    runner: ModelRunner
     faults: Faults = field(default_factory=Faults)
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -150,7 +157,7 @@ def _free_socket() -> socket.socket:
 
 
 @contextmanager
-def serve_completions(runner: LocalRunner) -> Iterator[tuple[str, ServerState]]:
+def serve_completions(runner: ModelRunner) -> Iterator[tuple[str, ServerState]]:
     """Run the server on a free loopback port; yields (base URL ending in /v1, state)."""
     state = ServerState(runner)
     sock = _free_socket()
@@ -170,3 +177,28 @@ def serve_completions(runner: LocalRunner) -> Iterator[tuple[str, ServerState]]:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve a scripted model until stdin closes; the first stdout line is the base URL."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--script", type=Path, required=True, help="JSON: rules, default, …")
+    args = parser.parse_args(argv)
+    script = json.loads(args.script.read_text(encoding="utf-8"))
+    model = ScriptedModel(
+        rules=dict(script.get("rules", {})),
+        default=str(script.get("default", "")),
+        token_delay_s=float(script.get("token_delay_s", 0.0)),
+    )
+    with serve_completions(model) as (url, _):
+        print(url, flush=True)
+        sys.stdin.read()  # until the parent closes our stdin (or dies)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

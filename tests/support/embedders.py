@@ -6,7 +6,8 @@ service and crash tests need. It is for tests only; search quality is tested wit
 
 `build_tiny_sentence_transformer` writes a randomly initialised one-layer BERT in
 sentence-transformers format (with all-MiniLM-L6-v2's tokenizer), so the real loading and
-encoding code runs in a fraction of a second.
+encoding code runs in a fraction of a second. Random initialisation is not the same on every CPU,
+so tests use the copy built once and committed (`tests.support.fixtures.tiny_embedder_path`).
 """
 
 from __future__ import annotations

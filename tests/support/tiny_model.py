@@ -1,14 +1,15 @@
-"""A tiny Qwen2-architecture code model, built and trained in seconds, for tests.
+"""The builder of the tiny Qwen2-architecture code model the tests run on.
 
-Real weights cannot be downloaded here and the bundled 0.5B model takes too long to load for a
-fast suite, so tests use this: a byte-level BPE tokenizer with Qwen's FIM special tokens, and a
-two-layer Qwen2 causal LM trained for a few hundred steps (fixed seed) on fill-in-the-middle
-examples cut from real standard-library code. It is not a good model, but greedy decoding gives
-deterministic, non-empty, code-like text for Python function bodies, which is what the runner,
-server and editor tests need.
+The bundled 0.5B model takes too long to load for a fast suite, so tests use this: a byte-level
+BPE tokenizer with Qwen's FIM special tokens, and a two-layer Qwen2 causal LM trained for a few
+hundred steps (fixed seed) on fill-in-the-middle examples cut from real standard-library code.
+It is not a good model, but it is a real one: the runner's loading, tokenising, prefill, decode,
+cancellation and KV reuse all run on it.
 
-The build is cached under `.cache/tiny-model-v<BUILDER_VERSION>/` at the repository root; two
-test processes that race both build in private temporary directories and the first rename wins.
+Training gives different weights on different CPUs, so the model is built once and committed
+(`tests/fixtures/tiny-model-v<BUILDER_VERSION>/`, see `tests.support.fixtures`); no test trains
+it. Bump `BUILDER_VERSION` when the recipe changes. Two processes that build into the same target
+both build in private temporary directories and the first rename wins.
 """
 
 from __future__ import annotations
@@ -21,8 +22,6 @@ import tempfile
 from pathlib import Path
 
 BUILDER_VERSION = 1
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CACHE = REPO_ROOT / ".cache" / f"tiny-model-v{BUILDER_VERSION}"
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -157,7 +156,7 @@ def _train_model(tokenizer: object, examples: list[str], target: Path) -> None:
     model.save_pretrained(target)
 
 
-def build_tiny_model(target: Path = DEFAULT_CACHE) -> Path:
+def build_tiny_model(target: Path) -> Path:
     """The tiny model's directory, built (once) at `target`."""
     if (target / "config.json").is_file():
         return target

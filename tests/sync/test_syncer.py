@@ -15,9 +15,10 @@ from indexer.cli import index_main
 from indexer.service import WorkspaceIndex
 from indexer.sync_keys import load_or_create_secret
 from indexer.sync_setup import syncer_for_index
-from tests.indexer.conftest import REPO_ROOT, copy_stdlib, quiet_settings
+from tests.indexer.conftest import copy_stdlib, quiet_settings
 from tests.support.backend_server import BackendServer
-from tests.support.embedders import HashingEmbedder, build_tiny_sentence_transformer
+from tests.support.embedders import HashingEmbedder
+from tests.support.fixtures import tiny_embedder_path
 
 
 def test_the_secret_is_created_once_and_private(tmp_path: Path) -> None:
@@ -92,7 +93,7 @@ def test_the_syncer_follows_the_index_and_outlives_an_outage(
 
 @pytest.fixture(scope="module")
 def tiny_embedder_dir() -> Path:
-    return build_tiny_sentence_transformer(REPO_ROOT / ".cache" / "tiny-embedder-v1")
+    return tiny_embedder_path()
 
 
 def test_index_sync_command_lets_a_fresh_clone_embed_nothing(
