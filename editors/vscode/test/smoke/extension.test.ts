@@ -3,7 +3,10 @@
  * and the real server: server discovery from `tabloop.server.path`, settings through
  * initializationOptions and the `workspace/configuration` middleware, the status bar reaching
  * ready, the inline completion provider the client registers, the accept command it forwards,
- * and a settings change reaching the server. Needs the project's .venv; prints why when it skips.
+ * and a settings change reaching the server. The completion model is scripted (a loopback
+ * OpenAI-compatible server whose answers the test chooses), so the suggestion is known exactly;
+ * the index uses the embedding model the server bundles. Needs the project's .venv; prints why
+ * when it skips.
  */
 import * as assert from 'node:assert/strict';
 import { promises as fs } from 'node:fs';
@@ -17,7 +20,20 @@ import * as vscode from 'vscode';
 import { activate, deactivate, type TabloopExtension } from '../../src/extension';
 import { mock, type InlineCompletionList, type TextDocument } from '../mock/vscode';
 import { EXTENSION_DIR, venvPython } from '../paths';
-import { CURSOR, READY_TIMEOUT_MS, SEARCH_QUERY, SETTINGS_LOADER, SOURCE, sleep, tinyModel } from './fixtures';
+import {
+  CURSOR,
+  READY_TIMEOUT_MS,
+  SCRIPT,
+  scriptedCompletionSettings,
+  scriptedModelId,
+  SEARCH_QUERY,
+  SETTINGS_LOADER,
+  SOURCE,
+  sleep,
+  startScriptedModel,
+  SUGGESTION,
+  type ScriptedModelServer,
+} from './fixtures';
 
 const python = venvPython();
 const skipReason = python ? undefined : 'no Python environment at .venv (run `make venv`); skipping the extension smoke test';
@@ -38,10 +54,11 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
   let workspace: string;
   let extension: TabloopExtension;
   let document: TextDocument;
+  let model: ScriptedModelServer;
   const timings: Record<string, number> = {};
 
   before(async () => {
-    const model = await tinyModel(python!);
+    model = await startScriptedModel(python!, SCRIPT);
     home = await fs.mkdtemp(path.join(os.tmpdir(), 'tabloop-ext-'));
     workspace = path.join(home, 'ws');
     await fs.mkdir(workspace);
@@ -53,8 +70,7 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
     // What a user would put in settings.json.
     const settings: Record<string, unknown> = {
       'tabloop.server.path': python,
-      'tabloop.completion.model': model,
-      'tabloop.completion.maxNewTokens': 24,
+      ...Object.fromEntries(Object.entries(scriptedCompletionSettings(model.url)).map(([key, value]) => [`tabloop.${key}`, value])),
       'tabloop.cacheDir': path.join(home, 'cache'),
       'tabloop.index.enabled': true,
       'tabloop.policy.showFloor': 1.0,
@@ -65,6 +81,7 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
 
   after(async () => {
     await deactivate();
+    if (model) await model.close();
     if (Object.keys(timings).length) process.stdout.write(`# extension timings (ms): ${JSON.stringify(timings)}\n`);
     if (home) await fs.rm(home, { recursive: true, force: true });
   });
@@ -83,6 +100,7 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
     timings.activationToReady = performance.now() - started;
     assert.match(text, /^\$\(sparkle\) tabloop · policy \S+$/);
     assert.equal(extension.lastStatus?.model?.state, 'ready');
+    assert.equal(extension.lastStatus?.model?.modelId, scriptedModelId(model.url));
     assert.ok(mock.state.commands.has('tabloop.accept'), 'the client registers the server command');
     // The server's work-done progress (model loading) reaches VS Code's progress UI.
     const titles = mock.state.progress.map((p) => p.title);
@@ -103,14 +121,20 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
       token,
     )) as InlineCompletionList;
     timings.inlineCompletion = performance.now() - started;
+    assert.equal(result.items.length, 1, `expected one suggestion\n${model.stderr().slice(-2000)}`);
     const [item] = result.items;
-    assert.ok(item && item.insertText.trim().length > 0, 'a suggestion');
-    const command = item.command as { command: string; arguments: unknown[] };
+    assert.equal(item!.insertText, SUGGESTION);
+    assert.deepEqual(
+      [item!.range?.start.line, item!.range?.start.character, item!.range?.end.line, item!.range?.end.character],
+      [CURSOR.line, CURSOR.character, CURSOR.line, CURSOR.character],
+    );
+    const command = item!.command as { command: string; arguments: unknown[] };
     assert.equal(command.command, 'tabloop.accept');
 
     // What VS Code does when the user takes the suggestion.
     await vscode.commands.executeCommand(command.command, ...command.arguments);
     const status = await extension.fetchStatus();
+    assert.equal(status?.decisions?.shown, 1);
     assert.equal(status?.decisions?.accepted, 1);
   });
 

@@ -2,7 +2,9 @@
  * Starts the real tabloop server exactly as the extension does (its server resolution, command
  * line, environment and settings) and talks LSP to it with vscode-languageserver-protocol: the
  * initialize handshake with vscode-languageclient's capabilities, model readiness, an inline
- * completion and its acceptance. Needs the project's .venv; prints why when it skips.
+ * completion and its acceptance. The model is scripted (a loopback OpenAI-compatible server whose
+ * answers the test chooses, reached through the HTTP runner), so every suggestion is known exactly.
+ * Needs the project's .venv; prints why when it skips.
  */
 import * as assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -32,7 +34,18 @@ import { isFound, resolveServer, which, canImportServer, type ServerLaunch } fro
 import { serverKeys, serverSettings, type ConfigurationReader } from '../../src/settings';
 import type { ServerStatus } from '../../src/status';
 import { EXTENSION_DIR, PROFILES_DIR, REPO_ROOT, venvPython } from '../paths';
-import { CURSOR, READY_TIMEOUT_MS, SOURCE, sleep, tinyModel } from './fixtures';
+import {
+  CURSOR,
+  READY_TIMEOUT_MS,
+  SCRIPT,
+  scriptedCompletionSettings,
+  scriptedModelId,
+  SOURCE,
+  sleep,
+  startScriptedModel,
+  SUGGESTION,
+  type ScriptedModelServer,
+} from './fixtures';
 
 /** A `tabloop.*` configuration as VS Code would hold it, explicit values only. */
 function userConfiguration(values: Record<string, unknown>): ConfigurationReader {
@@ -49,12 +62,13 @@ describe('the extension starts the real server', { skip: skipReason, timeout: 60
   let connection: ProtocolConnection;
   let launch: ServerLaunch;
   let settings: Record<string, unknown>;
+  let model: ScriptedModelServer;
   let stderr = '';
   let activatedAt = 0;
   const timings: Record<string, number> = {};
 
   before(async () => {
-    const model = await tinyModel(python!);
+    model = await startScriptedModel(python!, SCRIPT);
     workspace = await fs.mkdtemp(path.join(os.tmpdir(), 'tabloop-smoke-'));
     await fs.writeFile(path.join(workspace, 'words.py'), SOURCE);
     // No developer config or cache leaks in; this is what a fresh user would have.
@@ -76,8 +90,7 @@ describe('the extension starts the real server', { skip: skipReason, timeout: 60
     const keys = serverKeys(packageJson.contributes.configuration.properties);
     settings = serverSettings(
       userConfiguration({
-        'completion.model': model,
-        'completion.maxNewTokens': 24,
+        ...scriptedCompletionSettings(model.url),
         cacheDir: path.join(workspace, '.cache'),
         'index.enabled': false,
         // Always show: this test is about the protocol, not the policy.
@@ -108,6 +121,7 @@ describe('the extension starts the real server', { skip: skipReason, timeout: 60
       await Promise.race([exited, new Promise((r) => setTimeout(r, 5000))]);
       if (server.exitCode === null) server.kill();
     }
+    if (model) await model.close();
     if (workspace) await fs.rm(workspace, { recursive: true, force: true });
     if (Object.keys(timings).length) process.stdout.write(`# smoke timings (ms): ${JSON.stringify(timings)}\n`);
   });
@@ -143,6 +157,7 @@ describe('the extension starts the real server', { skip: skipReason, timeout: 60
     }
     timings.ready = performance.now() - activatedAt;
     assert.equal(status.model?.state, 'ready', `model not ready: ${JSON.stringify(status.model)}\n${stderr.slice(-2000)}`);
+    assert.equal(status.model?.modelId, scriptedModelId(model.url));
   });
 
   it('suggests inline, with the accept command, and records the acceptance', async () => {
@@ -156,16 +171,19 @@ describe('the extension starts the real server', { skip: skipReason, timeout: 60
     })) as InlineCompletionList;
     timings.firstInlineCompletion = performance.now() - started;
     timings.firstSuggestion = performance.now() - activatedAt;
-    assert.ok(answer.items.length > 0, `no suggestion\n${stderr.slice(-2000)}`);
+    assert.equal(answer.items.length, 1, `expected one suggestion\n${stderr.slice(-2000)}\n${model.stderr().slice(-2000)}`);
     const [item] = answer.items;
-    assert.ok(typeof item!.insertText === 'string' && item!.insertText.trim().length > 0);
+    assert.equal(item!.insertText, SUGGESTION);
     assert.deepEqual(item!.range, { start: CURSOR, end: CURSOR });
     assert.equal(item!.command?.command, 'tabloop.accept');
     const decisionId = item!.command!.arguments![0];
 
     await connection.sendRequest(ExecuteCommandRequest.type, { command: 'tabloop.accept', arguments: [decisionId] });
     const status = await connection.sendRequest<ServerStatus>('tabloop/status', {});
+    assert.equal(status.decisions?.requests, 1);
+    assert.equal(status.decisions?.shown, 1);
+    assert.equal(status.decisions?.silenced, 0);
     assert.equal(status.decisions?.accepted, 1);
-    assert.ok((status.decisions?.shown ?? 0) >= 1);
+    assert.equal((status.model as { calls?: number } | undefined)?.calls, 1, 'one call to the model');
   });
 });
