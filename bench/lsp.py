@@ -38,11 +38,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def tiny_model() -> Path:
-    """The test suite's tiny model (built once, cached in the checkout)."""
+    """The test suite's tiny model (committed under tests/fixtures/)."""
     sys.path.insert(0, str(REPO_ROOT))
-    from tests.support.tiny_model import build_tiny_model
+    from tests.support.fixtures import tiny_model_path
 
-    return build_tiny_model()
+    return tiny_model_path()
 
 
 async def measure_initialize(

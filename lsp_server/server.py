@@ -115,8 +115,8 @@ class TabloopServer(LanguageServer):
         self.decisions: OrderedDict[str, DecisionRecord] = OrderedDict()
         self.hooks = Hooks()
         self.counters = Counters()
-        # Per answered request: wall time in the handler and time in the model runner.
-        self.request_timings: deque[dict[str, float]] = deque(maxlen=TIMINGS_KEPT)
+        # Per answered request: wall time in the handler and in the model, the action and why.
+        self.request_timings: deque[dict[str, float | str]] = deque(maxlen=TIMINGS_KEPT)
         self.last_accept_at = 0.0
         self.engine_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()

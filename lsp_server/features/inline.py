@@ -143,6 +143,8 @@ async def decide(
             ),
             "cache_hit": float(decision.cache_hit),
             "retrieval_found": float(decision.features.get("retrieval_found", 0.0)),
+            "action": decision.action,
+            "reason": decision.reason,
         }
     )
     if not decision.shown:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from completion.fim import template_for
-from completion.postprocess import clean, stop_rule
+from completion.postprocess import stop_rule
 from completion.runners.local import LocalRunner, resolve_source
 from completion.types import CancelToken, CompletionRequest
+from tests.support.tiny_model import NEAR_TIE, greedy_margin
 
 BODY_PREFIX = "import os\n\n\ndef join_all(parts):\n    "
 BODY_SUFFIX = "\n\n\ndef main():\n    pass\n"
@@ -25,6 +27,15 @@ def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> L
     return LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), dtype="float32")
 
 
+@pytest.fixture
+def endless(runner: LocalRunner) -> Iterator[LocalRunner]:
+    """The runner with no end-of-text token: only the test's stop rule, the token limit or
+    cancellation end a generation, whatever the model would say."""
+    saved, runner._stop_ids = runner._stop_ids, set()
+    yield runner
+    runner._stop_ids = saved
+
+
 def fim_prompt(prefix: str = BODY_PREFIX, suffix: str = BODY_SUFFIX) -> str:
     return template_for("qwen").build(prefix, suffix)
 
@@ -35,7 +46,10 @@ def test_identity(runner: LocalRunner, tiny_model_path: Path) -> None:
     assert len(runner.model_id.split("@")[1]) == 12
 
 
-def test_greedy_body_is_code_that_survives_cleaning(runner: LocalRunner) -> None:
+def test_greedy_decoding_is_deterministic(runner: LocalRunner, tiny_model_path: Path) -> None:
+    # The second run reuses the first one's KV cache, which rounds differently: the texts agree
+    # on every CPU because no step of the greedy path is a near-tie.
+    assert greedy_margin(tiny_model_path, fim_prompt(), 24) > NEAR_TIE
     request = CompletionRequest(prefix=BODY_PREFIX, suffix=BODY_SUFFIX, language="python")
     first = runner.generate(
         fim_prompt(), max_new_tokens=24, stop=stop_rule(request), cancel=CancelToken()
@@ -44,24 +58,25 @@ def test_greedy_body_is_code_that_survives_cleaning(runner: LocalRunner) -> None
         fim_prompt(), max_new_tokens=24, stop=stop_rule(request), cancel=CancelToken()
     )
     assert first.text == second.text, "greedy decoding is deterministic"
-    assert clean(first.text, request, min_chars=2)
-    assert first.new_tokens >= 1
+    assert second.token_logprobs == pytest.approx(first.token_logprobs, abs=1e-4)
+    assert first.new_tokens <= 24
     assert first.stop_reason in {"stop", "eos", "length"}
     assert first.prompt_tokens == runner.count_tokens(fim_prompt())
 
 
-def test_logprobs_one_per_kept_token(runner: LocalRunner) -> None:
-    generation = runner.generate(fim_prompt(), max_new_tokens=12, stop=never, cancel=CancelToken())
-    assert generation.stop_reason in {"length", "eos"}
+def test_logprobs_one_per_kept_token(endless: LocalRunner) -> None:
+    generation = endless.generate(fim_prompt(), max_new_tokens=12, stop=never, cancel=CancelToken())
+    assert generation.stop_reason == "length"
+    assert generation.new_tokens == 12
     assert len(generation.token_logprobs) == generation.new_tokens
     assert all(lp <= 0 and math.isfinite(lp) for lp in generation.token_logprobs)
 
 
-def test_stop_rule_cuts_text_and_logprobs(runner: LocalRunner) -> None:
+def test_stop_rule_cuts_text_and_logprobs(endless: LocalRunner) -> None:
     def after_three_chars(text: str) -> int | None:
         return 3 if len(text) >= 3 else None
 
-    generation = runner.generate(
+    generation = endless.generate(
         fim_prompt(), max_new_tokens=30, stop=after_three_chars, cancel=CancelToken()
     )
     assert generation.stop_reason == "stop"
@@ -69,12 +84,12 @@ def test_stop_rule_cuts_text_and_logprobs(runner: LocalRunner) -> None:
     assert 1 <= len(generation.token_logprobs) <= 3
 
 
-def test_max_new_tokens(runner: LocalRunner) -> None:
-    generation = runner.generate(fim_prompt(), max_new_tokens=1, stop=never, cancel=CancelToken())
-    assert generation.new_tokens <= 1
+def test_max_new_tokens(endless: LocalRunner) -> None:
+    generation = endless.generate(fim_prompt(), max_new_tokens=1, stop=never, cancel=CancelToken())
+    assert generation.new_tokens == 1 and generation.stop_reason == "length"
 
 
-def test_cancel_between_steps(runner: LocalRunner) -> None:
+def test_cancel_between_steps(endless: LocalRunner) -> None:
     token = CancelToken()
     steps: list[str] = []
 
@@ -84,10 +99,9 @@ def test_cancel_between_steps(runner: LocalRunner) -> None:
             token.cancel("superseded")
         return None
 
-    generation = runner.generate(
+    generation = endless.generate(
         fim_prompt(), max_new_tokens=40, stop=cancel_after_two, cancel=token
     )
-    assert generation.stop_reason != "eos", "the prompt must keep the model going two steps"
     assert generation.stop_reason == "cancelled"
     assert generation.new_tokens == 2
 
@@ -108,6 +122,8 @@ def test_prefix_reuse_matches_a_cold_run(tiny_model_path: Path, tmp_path: Path) 
     reused = []
     for prefix in typed:
         prompt = fim_prompt(prefix)
+        # Greedy texts computed two ways are equal on every CPU only away from near-ties.
+        assert greedy_margin(tiny_model_path, prompt, 16) > NEAR_TIE
         hot = warm.generate(prompt, max_new_tokens=16, stop=never, cancel=CancelToken())
         ref = cold.generate(prompt, max_new_tokens=16, stop=never, cancel=CancelToken())
         assert hot.text == ref.text
@@ -119,8 +135,11 @@ def test_prefix_reuse_matches_a_cold_run(tiny_model_path: Path, tmp_path: Path) 
     assert all(count >= len(warm.tokenizer(BODY_PREFIX)["input_ids"]) - 2 for count in reused[1:])
 
 
-def test_same_prompt_twice_reuses_all_but_one_token(runner: LocalRunner) -> None:
+def test_same_prompt_twice_reuses_all_but_one_token(
+    runner: LocalRunner, tiny_model_path: Path
+) -> None:
     prompt = fim_prompt(BODY_PREFIX + "x = ")
+    assert greedy_margin(tiny_model_path, prompt, 4) > NEAR_TIE
     first = runner.generate(prompt, max_new_tokens=4, stop=never, cancel=CancelToken())
     second = runner.generate(prompt, max_new_tokens=4, stop=never, cancel=CancelToken())
     assert second.reused_tokens == second.prompt_tokens - 1

@@ -8,6 +8,7 @@ import pytest
 
 from completion.runners.local import PREFILL_CHUNK_TOKENS, LocalRunner
 from completion.types import CancelToken
+from tests.support.tiny_model import NEAR_TIE, greedy_margin
 
 PROMPT = "".join(f"def function_{i}(value):\n    return value + {i}\n\n" for i in range(40))
 
@@ -48,6 +49,8 @@ def test_cancelled_prefill_stops_after_one_chunk_and_is_reused(runner: LocalRunn
 def test_chunked_prefill_gives_the_same_text_as_one_pass(
     tiny_model_path: Path, tmp_path: Path
 ) -> None:
+    # Chunked and whole prefills round differently; the texts agree on every CPU away from ties.
+    assert greedy_margin(tiny_model_path, PROMPT, 12) > NEAR_TIE
     chunked = LocalRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
     text = chunked.generate(
         PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()

@@ -63,18 +63,6 @@ def test_parse_location_rejects(location: str) -> None:
         parse_location(location)
 
 
-def test_complete_prints_a_decision(tmp_path: Path, isolated_env: dict[str, str]) -> None:
-    source = tmp_path / "double.py"
-    source.write_text(SOURCE, encoding="utf-8")
-    result = tabloop("complete", f"{source}:2:12", "--json", env=isolated_env)
-    assert result.returncode == 0, result.stderr
-    decision = json.loads(result.stdout)
-    assert decision["action"] in ("show", "silence")
-    assert decision["model_id"].startswith("tiny-model")
-    assert decision["prompt_tokens"] > 0
-    assert isinstance(decision["suggestion"], str)
-
-
 def test_complete_explains_a_bad_location(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     result = tabloop("complete", f"{tmp_path / 'missing.py'}:1:1", env=isolated_env)
     assert result.returncode == 2

@@ -181,3 +181,30 @@ def build_tiny_model(target: Path) -> Path:
         torch.set_num_threads(threads)
         shutil.rmtree(work, ignore_errors=True)
     return target
+
+
+NEAR_TIE = 1e-3
+"""Top-2 logit gaps above this cannot be flipped by another CPU's rounding (see greedy_margin)."""
+
+
+def greedy_margin(model_dir: Path, prompt: str, new_tokens: int) -> float:
+    """The smallest gap between the two highest logits along the greedy path from `prompt`.
+
+    Tests that compare two ways of computing the same greedy text (with and without the KV
+    cache, chunked or whole prefill) hold on every CPU only if no step is a near-tie: CPUs differ
+    in the last bits of each logit (about 1e-5 here), so a gap far above that cannot flip.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    margin = float("inf")
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            logits = model(input_ids=ids).logits[0, -1]
+            top = torch.topk(logits, 2).values
+            margin = min(margin, float(top[0] - top[1]))
+            ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+    return margin
