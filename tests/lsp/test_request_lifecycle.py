@@ -1,14 +1,15 @@
-"""Stale, superseded and cancelled requests, with the real engine and tiny model in process.
+"""Stale, superseded and cancelled requests, with the real engine in process.
 
 Over stdio these races depend on timing; here the runner holds its first decode step until the
-test has moved the document on, so each case is exact.
+test has moved the document on, so each case is exact. The model is scripted (it emits a known
+suggestion token by token, checking for cancellation between tokens like a real runner), so the
+outcome does not depend on what a model would write on this CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,12 +17,11 @@ from lsprotocol import types
 
 from completion import gate
 from completion.engine import Engine
-from completion.runner import ModelRunner
-from completion.runners import load_runner
 from completion.settings import CompletionSettings
 from completion.types import CancelToken, Generation, StopRule
 from lsp_server.features.inline import TypingTracker, decide
 from lsp_server.server import TabloopServer
+from tests.support.scripted_model import ScriptedModel
 
 URI = "file:///work/example.py"
 TEXT = "def area(width, height):\n    return \n\n\nprint(area(2, 3))\n"
@@ -29,9 +29,9 @@ CURSOR = types.Position(line=1, character=11)
 
 
 class HeldRunner:
-    """A real runner whose first decode step waits until the test releases it."""
+    """A runner whose first decode step waits until the test releases it."""
 
-    def __init__(self, inner: ModelRunner) -> None:
+    def __init__(self, inner: ScriptedModel) -> None:
         self.inner = inner
         self.model_id = inner.model_id
         self.family = inner.family
@@ -73,15 +73,12 @@ class HeldRunner:
         self.inner.close()
 
 
-@pytest.fixture(scope="module")
-def real_runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
-    settings = CompletionSettings(model=str(tiny_model_path), max_new_tokens=32)
-    return load_runner(settings, tmp_path_factory.mktemp("cache"))
+SUGGESTION = "width * height"
 
 
 @pytest.fixture
-def server(real_runner: ModelRunner) -> tuple[TabloopServer, HeldRunner]:
-    runner = HeldRunner(real_runner)
+def server() -> tuple[TabloopServer, HeldRunner]:
+    runner = HeldRunner(ScriptedModel(rules={"    return ": SUGGESTION}))
     ls = TabloopServer()
     # pygls's own initialize step, which sets up the workspace (no user handlers registered).
     next(
@@ -165,5 +162,5 @@ async def test_current_request_is_answered(server: tuple[TabloopServer, HeldRunn
     answer = await task
     assert answer is not None
     decision, request = answer
-    assert decision.shown and decision.text
+    assert decision.shown and decision.text == SUGGESTION
     assert request.version == 1 and ls.counters.shown == 1
