@@ -1,8 +1,13 @@
-"""`tabloop eval holes`: scoring, hole sampling, and a whole run with the tiny model."""
+"""`tabloop eval holes`: scoring, hole sampling, and a whole run on a scripted model.
+
+The run's model answers what each test chooses (a scripted model behind a loopback
+OpenAI-compatible server), so the scores it reports are known exactly beforehand.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import random
 import shutil
 import sysconfig
@@ -10,8 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from lsp_server.evaluation import edit_similarity, levenshtein, run_holes, sample_holes
+from completion.types import CancelToken, Generation, StopRule
+from lsp_server.evaluation import (
+    Hole,
+    corpus_files,
+    edit_similarity,
+    levenshtein,
+    run_holes,
+    sample_holes,
+)
+from tests.support.completion_server import serve_completions
 from tests.support.fixtures import tiny_embedder_path
+from tests.support.scripted_model import ScriptedModel
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 CORPUS_FILES = ("colorsys.py", "bisect.py", "fnmatch.py")
@@ -57,31 +72,214 @@ def test_holes_put_back_give_the_file(corpus: Path) -> None:
     assert sample_holes(files, 60, random.Random(3)) == holes  # reproducible
 
 
-def test_a_run_with_and_without_retrieval(
-    corpus: Path, tiny_model_path: Path, tmp_path: Path
-) -> None:
-    embedder = tiny_embedder_path()
-    # The workspace file is one of tabloop's configuration layers; the run reads it.
-    (corpus / "tabloop.toml").write_text(
-        f'cache_dir = "{tmp_path / "cache"}"\n'
-        f'[completion]\nmodel = "{tiny_model_path}"\n'
-        f'[index]\nembedding_model = "{embedder}"\n',
-        encoding="utf-8",
+# The run's corpus: small files, so that every prompt holds the whole code before the cursor,
+# with no strings or comments, and no `@` or `$` anywhere.
+RUN_CORPUS = {
+    "shapes.py": """\
+import math
+
+
+def circle_area(radius):
+    squared = radius * radius
+    return math.pi * squared
+
+
+def ring_area(outer, inner):
+    big = circle_area(outer)
+    small = circle_area(inner)
+    return big - small
+
+
+class Rectangle:
+    def __init__(self, width, height):
+        self.width = width
+        self.height = height
+
+    def area(self):
+        return self.width * self.height
+""",
+    "words.py": """\
+def count_words(text):
+    pieces = text.split()
+    return len(pieces)
+
+
+def longest_word(text):
+    best = None
+    for word in text.split():
+        if best is None or len(word) > len(best):
+            best = word
+    return best
+
+
+def shout(text):
+    louder = text.upper()
+    return louder + chr(33)
+""",
+    "numbers.py": """\
+def clamp(value, low, high):
+    if value < low:
+        return low
+    if value > high:
+        return high
+    return value
+
+
+def mean(values):
+    total = sum(values)
+    count = len(values)
+    return total / count if count else 0.0
+
+
+def running_totals(values):
+    totals = []
+    current = 0
+    for value in values:
+        current += value
+        totals.append(current)
+    return totals
+""",
+}
+# This seed's holes lie in all three files; hole 1 is the block hole at `for word in ...:`.
+HOLES, SEED = 8, 1
+# What the scripted model answers at a hole.
+TRUTH = "truth"  # the hidden text itself
+FIRST_LINE = "first line"  # only the first line of a block hole's hidden text
+WRONG = "@$@"  # shares no character with any truth and never parses
+SNIPPET_MARK = "<|file_sep|>"  # snippets from other files in a Qwen prompt
+
+
+def answer(hole: Hole, kind: str) -> str:
+    return {TRUTH: hole.truth, FIRST_LINE: hole.truth.split("\n", 1)[0]}.get(kind, WRONG)
+
+
+def scripted_answers(holes: list[Hole], kinds: dict[int, str]) -> ScriptedModel:
+    """`answer(hole, kinds[i])` at hole number i, `WRONG` at holes not in `kinds`.
+
+    Each rule's key is the hole's whole prefix (the prompt holds all of it). A longer prefix may
+    end with a shorter one, so the longest keys come first: each hole gets its own answer.
+    """
+    order = sorted(range(len(holes)), key=lambda i: -len(holes[i].prefix))
+    return ScriptedModel(
+        rules={holes[i].prefix: answer(holes[i], kinds.get(i, WRONG)) for i in order}
     )
-    args = argparse.Namespace(
-        corpus=str(corpus), n=6, seed=1, model=None, max_new_tokens=12, no_retrieval=False
-    )
-    first = run_holes(args)
-    for run in ("without_retrieval", "with_retrieval"):
-        result = first[run]
-        assert result["n"] == 6
-        assert 0.0 <= result["exact_line_match"] <= 1.0
-        assert 0.0 <= result["edit_similarity"] <= 1.0
-        assert result["parses"] is not None and result["latency_ms_p50"] is not None
-    assert first["model_runs"] > 0
+
+
+class ByRetrieval:
+    """One model answering prompts without snippets from `plain`, those with from `retrieved`."""
+
+    model_id = "scripted"
+    family = "qwen"
+
+    def __init__(self, plain: ScriptedModel, retrieved: ScriptedModel) -> None:
+        self.plain = plain
+        self.retrieved = retrieved
+
+    def count_tokens(self, text: str) -> int:
+        return self.plain.count_tokens(text)
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        stop: StopRule,
+        cancel: CancelToken,
+        temperature: float = 0.0,
+    ) -> Generation:
+        model = self.retrieved if SNIPPET_MARK in prompt else self.plain
+        return model.generate(
+            prompt, max_new_tokens=max_new_tokens, stop=stop, cancel=cancel, temperature=temperature
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return False
+    return True
+
+
+def expected_scores(holes: list[Hole], kinds: dict[int, str]) -> dict[str, object]:
+    """A run's scores when the model answers as `scripted_answers(holes, kinds)` does."""
+    exact, similarity, parsed = [], [], []
+    for number, hole in enumerate(holes):
+        kind = kinds.get(number, WRONG)
+        if kind == TRUTH:  # the file as it is: right, and it parses
+            exact.append(True)
+            similarity.append(1.0)
+            parsed.append(True)
+        elif kind == FIRST_LINE:
+            # The truth minus its other lines; the first line opens a block, which alone has no
+            # body and does not parse.
+            exact.append(True)
+            similarity.append(len(answer(hole, kind)) / len(hole.truth))
+            parsed.append(False)
+        else:  # `WRONG`: every character of the longer text must be edited; `$` never parses
+            exact.append(False)
+            similarity.append(0.0)
+            parsed.append(False)
+    left_empty = [_parses(h.prefix + h.suffix) for h in holes]
+    return {
+        "n": len(holes),
+        "exact_line_match": round(sum(exact) / len(holes), 4),
+        "edit_similarity": round(sum(similarity) / len(holes), 4),
+        "parses": round(sum(parsed) / len(holes), 4),
+        "parses_if_left_empty": round(sum(left_empty) / len(holes), 4),
+        "empty_suggestions": 0,
+    }
+
+
+def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, text in RUN_CORPUS.items():
+        (corpus / name).write_text(text, encoding="utf-8")
+    # The run samples the same holes: sampling depends only on the files and the seed.
+    holes = sample_holes(corpus_files(corpus), HOLES, random.Random(SEED))
+    # Without retrieval the first three holes are right; with it, five others, and only the first
+    # line of hole 1's block: each metric then differs between the runs and from the others.
+    without = {0: TRUTH, 1: TRUTH, 2: TRUTH}
+    with_snippets = {1: FIRST_LINE, 2: TRUTH, 3: TRUTH, 4: TRUTH, 5: TRUTH, 6: TRUTH}
+    model = ByRetrieval(scripted_answers(holes, without), scripted_answers(holes, with_snippets))
+    with serve_completions(model) as (url, server):
+        # The workspace file is one of tabloop's configuration layers; the run reads it.
+        (corpus / "tabloop.toml").write_text(
+            f'cache_dir = "{tmp_path / "cache"}"\n'
+            "[completion]\n"
+            f'runner = "http"\nhttp_url = "{url}"\nhttp_model = "scripted"\n'
+            'fim_template = "qwen"\n'
+            f'[index]\nembedding_model = "{tiny_embedder_path()}"\n',
+            encoding="utf-8",
+        )
+        args = argparse.Namespace(
+            corpus=str(corpus),
+            n=HOLES,
+            seed=SEED,
+            model=None,
+            max_new_tokens=200,
+            no_retrieval=False,
+        )
+        first = run_holes(args)
+        prompts = [request["prompt"] for request in server.requests]
+        second = run_holes(args)
+        requests_after_rerun = len(server.requests)
+
+    # One model call per hole and run. Every prompt with retrieval held snippets from other
+    # files (the corpus has fewer chunks than one search returns), and none without.
+    assert (first["model_runs"], first["cached_outputs_used"]) == (2 * HOLES, 0)
+    assert [SNIPPET_MARK in prompt for prompt in prompts] == [False] * HOLES + [True] * HOLES
+    for run, kinds in (("without_retrieval", without), ("with_retrieval", with_snippets)):
+        scores = dict(first[run])
+        assert scores.pop("latency_ms_p50") is not None
+        assert scores == expected_scores(holes, kinds), run
     # A rerun answers every prompt from the output cache and scores the same.
-    second = run_holes(args)
-    assert second["model_runs"] == 0
+    assert (second["model_runs"], second["cached_outputs_used"]) == (0, 2 * HOLES)
+    assert requests_after_rerun == 2 * HOLES
     for run in ("without_retrieval", "with_retrieval"):
         # Latency keeps the model's time from the first run, plus this run's context time.
         first[run].pop("latency_ms_p50")

@@ -1,7 +1,8 @@
 """Outcome inference and privacy through the real server over stdio, reporting to a real backend.
 
-The server runs with the tiny test model, always shows its suggestion (`showFloor` 1.0) and
-sends to a backend on loopback. Each case drives an editor's edits over LSP and then reads what
+The server's model is scripted (served over a loopback OpenAI-compatible server), so every
+suggestion is known beforehand; the server always shows it (`showFloor` 1.0) and sends to a
+backend on loopback. Each case drives an editor's edits over LSP and then reads what
 the backend stored. The workspace is full of canary strings (in identifiers, text and paths);
 at the default `metrics` level none of them may appear in any request body.
 """
@@ -22,6 +23,8 @@ from pytest_lsp import ClientServerConfig, LanguageClient
 
 from lsp_server.client import plain
 from tests.support.backend_server import BackendServer
+from tests.support.completion_server import serve_completions
+from tests.support.scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -39,6 +42,9 @@ def {CANARY_IDENT}(words, separator=" "):
     return result
 '''.replace("<CURSOR>", "")
 CURSOR = types.Position(line=6, character=13)
+# What the scripted model says after "    result = ": the canaries "separator" and "kept" again.
+SUGGESTION = "separator.join(kept)"
+ACCEPTED_WORD = SUGGESTION[:2]  # what an accept-word takes of it
 IGNORE_AFTER_S = 2.0
 RETENTION_SCALE = 20.0  # the 30 s checkpoint comes after 1.5 s
 
@@ -48,6 +54,19 @@ def telemetry_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Back
     db = tmp_path_factory.mktemp("backend") / "backend.sqlite3"
     with BackendServer(f"sqlite:///{db}") as backend:
         yield backend
+
+
+@pytest.fixture(scope="module")
+def model_url() -> Iterator[str]:
+    """A loopback completion server whose model answers `SUGGESTION` at `CURSOR`."""
+    model = ScriptedModel(
+        rules={
+            "    result = " + ACCEPTED_WORD: SUGGESTION[len(ACCEPTED_WORD) :],
+            "    result = ": SUGGESTION,
+        }
+    )
+    with serve_completions(model) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +82,20 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 )
 async def client(
     lsp_client: LanguageClient,
-    tiny_model_path: Path,
+    model_url: str,
     workspace: Path,
     telemetry_backend: BackendServer,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[None]:
     options = {
         "cacheDir": str(tmp_path_factory.mktemp("cache")),
-        "completion": {"model": str(tiny_model_path), "maxNewTokens": 16},
+        "completion": {
+            "runner": "http",
+            "httpUrl": model_url,
+            "httpModel": "scripted",
+            "fimTemplate": "qwen",
+            "maxNewTokens": 16,
+        },
         "policy": {"showFloor": 1.0},
         "index": {"enabled": False},
         "telemetry": {
@@ -189,7 +214,7 @@ async def test_full_accept_and_retention_after_later_edits(
 ) -> None:
     doc = Document(client, workspace, "accept")
     decision_id, text = await doc.suggest()
-    assert len(text) >= 2
+    assert text == SUGGESTION
     doc.insert(CURSOR, text)  # the editor applies the item, then runs its command
     await accept(client, decision_id)
     doc.insert(types.Position(line=0, character=0), "import sys\n")  # above: shifts the range
@@ -197,13 +222,13 @@ async def test_full_accept_and_retention_after_later_edits(
     doc.edit(shifted, after(shifted, text[:1]), "")  # deletes one accepted character
 
     (outcome,) = await stored(telemetry_backend, "outcome", decision_id)
-    assert (outcome["kind"], outcome["accepted_chars"]) == ("accepted", len(text))
+    assert (outcome["kind"], outcome["accepted_chars"]) == ("accepted", len(SUGGESTION))
     (decision,) = await stored(telemetry_backend, "decision", decision_id)
-    assert decision["action"] == "show" and decision["suggestion_chars"] == len(text)
+    assert decision["action"] == "show" and decision["suggestion_chars"] == len(SUGGESTION)
     (retention,) = await stored(telemetry_backend, "retention", decision_id)
     assert retention["after_s"] == 30
-    assert retention["accepted_chars"] == len(text)
-    assert retention["retained_chars"] == len(text) - 1
+    assert retention["accepted_chars"] == len(SUGGESTION)
+    assert retention["retained_chars"] == len(SUGGESTION) - 1
 
 
 async def test_partial_accept_then_a_new_request(
@@ -211,11 +236,12 @@ async def test_partial_accept_then_a_new_request(
 ) -> None:
     doc = Document(client, workspace, "partial")
     decision_id, text = await doc.suggest()
-    assert len(text) >= 3
-    end = doc.insert(CURSOR, text[:2])  # accept-word: two characters at once
-    await doc.suggest(end)
+    assert text == SUGGESTION
+    end = doc.insert(CURSOR, ACCEPTED_WORD)  # accept-word: two characters at once
+    _, rest = await doc.suggest(end)
+    assert rest == SUGGESTION[len(ACCEPTED_WORD) :]
     (outcome,) = await stored(telemetry_backend, "outcome", decision_id)
-    assert (outcome["kind"], outcome["accepted_chars"]) == ("partial", 2)
+    assert (outcome["kind"], outcome["accepted_chars"]) == ("partial", len(ACCEPTED_WORD))
 
 
 async def test_divergent_typing_is_ignored(
@@ -223,7 +249,8 @@ async def test_divergent_typing_is_ignored(
 ) -> None:
     doc = Document(client, workspace, "diverge")
     decision_id, text = await doc.suggest()
-    doc.insert(CURSOR, "@" if text[0] != "@" else "#")
+    assert text == SUGGESTION
+    doc.insert(CURSOR, "@")  # not how the suggestion starts
     (outcome,) = await stored(telemetry_backend, "outcome", decision_id)
     assert (outcome["kind"], outcome["reason"]) == ("ignored", "diverged")
 
