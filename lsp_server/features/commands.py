@@ -44,6 +44,6 @@ def register(server: TabloopServer) -> None:
         return ls.status()
 
     @server.feature(TIMINGS_REQUEST)
-    def timings(ls: TabloopServer, params: Any) -> list[dict[str, float]]:
+    def timings(ls: TabloopServer, params: Any) -> list[dict[str, float | str]]:
         """Recent per-request timings, oldest first (for benchmarks)."""
         return list(ls.request_timings)
