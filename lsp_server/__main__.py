@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lsp_server.cli import add_serve_arguments, serve
+from lsp_server.main import add_serve_arguments, serve
 
 
 def main() -> int:

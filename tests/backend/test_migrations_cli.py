@@ -18,7 +18,7 @@ from backend.db.migrate import current_revision, head_revision, upgrade
 from backend.db.models import Base
 from backend.local import bind_loopback, wait_until_healthy
 from backend.storage import Storage
-from lsp_server.cli import main as tabloop_main
+from tabloop.cli import main as tabloop_main
 
 ROOT = Path(__file__).resolve().parents[2]
 

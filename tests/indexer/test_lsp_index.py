@@ -14,9 +14,9 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
 
-from lsp_server.client import plain
+from evaluation.lsp_client import plain
 from tests.indexer.conftest import PLUMBING_MODULES, copy_stdlib
-from tests.lsp.conftest import load_profile
+from tests.lsp_server.conftest import load_profile
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -1,0 +1,172 @@
+"""What the gate's features say about acceptance, and whether a pre-model gate could pay.
+
+At sampled positions in a corpus (as `tabloop eval replay` samples them), every suggestion is
+shown to the replay's simulated user. For each numeric feature the report gives its AUC for
+"accepted whole or in part" (0.5: no signal; below 0.5: the signal is inverted). Then two
+logistic models are cross-validated (5 folds): one on every feature, as the gate sees them
+after the model ran, and one on the features known before the model runs (cursor, block,
+user), which is all a pre-model gate could use. For the pre-model one the report lists, per share
+of model calls it would skip, the share of accepted characters that would be lost with them.
+The baseline is showing everything (AUC 0.5, nothing skipped).
+
+    tabloop bench gate --corpus DIR [--positions 400] [--cache FILE] [--json]
+
+Model outputs come from (and go to) the replay's output cache, so a corpus the replay already
+played costs no model time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Known before the model runs: where the cursor is, and what the server knows about the user.
+PRE_MODEL_FEATURES = (
+    "code_after_cursor",
+    "closers_after_cursor",
+    "cursor_column",
+    "indent_depth",
+    "at_line_start",
+    "mid_word",
+    "after_dot",
+    "after_block_opener",
+    "file_position",
+    "invoked",
+    "seconds_since_last_accept",
+    "recent_accept_rate",
+)
+FOLDS = 5
+SKIP_SHARES = (0.1, 0.2, 0.3)
+
+
+def auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """Area under the ROC curve (ties count half), by the rank-sum formula."""
+    order = np.argsort(score, kind="mergesort")
+    ranks = np.empty(len(score))
+    ranks[order] = np.arange(1, len(score) + 1)
+    for value in np.unique(score):  # average ranks over ties
+        tied = score == value
+        ranks[tied] = ranks[tied].mean()
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if not n_pos or not n_neg:
+        return float("nan")  # one class only: undefined
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-2) -> np.ndarray:
+    """Weights (bias last) of an L2-regularised logistic regression on standardised `x`."""
+    import torch
+
+    xt = torch.as_tensor(np.hstack([x, np.ones((len(x), 1))]), dtype=torch.float64)
+    yt = torch.as_tensor(y, dtype=torch.float64)
+    w = torch.zeros(xt.shape[1], dtype=torch.float64, requires_grad=True)
+    optimiser = torch.optim.LBFGS([w], max_iter=200)
+
+    def closure() -> torch.Tensor:
+        optimiser.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(xt @ w, yt)
+        loss = loss + l2 * torch.sum(w[:-1] ** 2)
+        loss.backward()
+        return loss
+
+    optimiser.step(closure)
+    return w.detach().numpy()
+
+
+def cross_validated_scores(x: np.ndarray, y: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Out-of-fold logits of a logistic model, standardised on each training fold."""
+    order = np.random.default_rng(seed).permutation(len(y))
+    scores = np.zeros(len(y))
+    for fold in range(FOLDS):
+        test = order[fold::FOLDS]
+        train = np.setdiff1d(order, test)
+        mean, std = x[train].mean(axis=0), x[train].std(axis=0) + 1e-9
+        w = fit_logistic((x[train] - mean) / std, y[train])
+        scores[test] = np.hstack([(x[test] - mean) / std, np.ones((len(test), 1))]) @ w
+    return scores
+
+
+def lost_chars_when_skipping(score: np.ndarray, chars: np.ndarray) -> dict[str, float | None]:
+    """Share of accepted characters lost when the lowest-scored share of calls is skipped."""
+    order = np.argsort(score, kind="mergesort")
+    total = chars.sum()
+    lost: dict[str, float | None] = {}
+    for share in SKIP_SHARES:
+        skipped = order[: round(share * len(order))]
+        lost[f"skip_{share:.0%}"] = round(float(chars[skipped].sum() / total), 4) if total else None
+    return lost
+
+
+def _rounded(value: float) -> float | None:
+    """JSON has no NaN: an undefined AUC (every suggestion accepted, or none) is null."""
+    return None if np.isnan(value) else round(value, 3)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tabloop bench gate", description=__doc__)
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--positions", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--max-new-tokens", type=int, default=10)
+    parser.add_argument("--context-tokens", type=int, default=160)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--cache", type=Path, default=None, help="model output cache file")
+    parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args), indent=2, allow_nan=False))
+    return 0
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from completion.engine import Engine
+    from completion.gate import FeatureSpace
+    from evaluation.replay import Player, always_show, engine_settings, load_cached_runner
+    from evaluation.simulation import sample_positions
+
+    settings = engine_settings(args)
+    runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
+    policy = always_show()
+    engine = Engine(settings, runner, policy_source=lambda: policy, seed=args.seed)
+    positions = sample_positions(args.corpus, args.positions, args.seed)
+    player = Player(engine, None, distraction_cost=0.0, min_partial_chars=4)
+    player.log = []
+    try:
+        player.play(positions)
+    finally:
+        runner.close()
+    played = [(d, r) for d, r in player.log if d.text and r is not None]
+    features = [d.features for d, _ in played]
+    accepted = [r.kind != "ignored" for _, r in played]
+    chars = [r.accepted_chars for _, r in played]
+
+    space = FeatureSpace()
+    x = np.nan_to_num(space.matrix(features))
+    y = np.array(accepted, dtype=bool)
+    accepted_chars = np.array(chars, dtype=np.float64)
+    names = [spec.name for spec in space.numeric]
+    per_feature = {
+        name: _rounded(auc(x[:, j], y))
+        for j, name in enumerate(names)
+        if np.ptp(x[:, j]) > 0  # constant here: says nothing
+    }
+    columns = [j for j, name in enumerate(names) if name in PRE_MODEL_FEATURES]
+    after_model = cross_validated_scores(x, y.astype(np.float64), args.seed)
+    pre_model = cross_validated_scores(x[:, columns], y.astype(np.float64), args.seed)
+    return {
+        "corpus": str(args.corpus),
+        "positions": len(positions),
+        "suggestions": len(y),
+        "accept_rate": round(float(y.mean()), 4) if len(y) else None,
+        "model": runner.model_id,
+        "feature_auc": dict(sorted(per_feature.items(), key=lambda kv: -abs((kv[1] or 0.5) - 0.5))),
+        "gate_cv_auc": _rounded(auc(after_model, y)),
+        "pre_model_cv_auc": _rounded(auc(pre_model, y)),
+        "pre_model_accepted_chars_lost": lost_chars_when_skipping(pre_model, accepted_chars),
+        "baseline": {"auc": 0.5, "skipped_calls": 0.0},
+    }

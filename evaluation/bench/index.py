@@ -1,0 +1,315 @@
+"""`tabloop bench index`: what the semantic index costs, each figure beside its baseline.
+
+- `embed_only_chunks_per_s` (baseline) and `index_chunks_per_s`: the bundled model embedding the
+  corpus's chunks alone, and the whole pipeline (scan, hash, chunk, embed, SQLite, FAISS, save)
+  on the same corpus from an empty cache; `pipeline_overhead` is their ratio minus one. Each is
+  the best of `--repeats` runs, alternated, so a busy machine hurts both alike.
+- `restart_ms`: reopening the up-to-date index until it is ready (nothing embedded).
+- `edit_to_searchable_ms_p50/_p95`: a new function appended to one file (on disk, then
+  `update_document`) until its chunk and vector are in the index, excluding the watcher's
+  debounce.
+- `search_ms_p50/_p95`: one query, embedding included.
+- `bytes_per_chunk`: resident memory of an open store per chunk, from a synthetic store of
+  `--memory-chunks` chunks (RSS delta); `vector_bytes_per_chunk` is FAISS's share.
+- `scan_files`, `scan_cold_ms`, `rescan_nochange_ms` (median) on `--scan-path` (default: the
+  virtual environment's site-packages), with `stat_only_ms` (baseline: one `os.stat` per file
+  in a plain loop) and `rescan_ms_per_50k_files`.
+
+The corpus (`--path`) defaults to a copy of a few standard-library modules, named in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexer.embed import SentenceTransformerEmbedder
+from indexer.pipeline import chunker_for
+from indexer.scan import FileStat, Scanner, StatCache, read_file
+from indexer.service import WorkspaceIndex
+from indexer.settings import IndexSettings
+from indexer.store import FileUpdate, IndexStore
+from indexer.types import Chunk
+
+CORPUS = ("textwrap.py", "heapq.py", "bisect.py", "fnmatch.py", "shlex.py", "colorsys.py")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+QUERIES = (
+    "wrap text to a width",
+    "priority queue push",
+    "split a shell command line",
+    "match file names against a wildcard",
+    "convert colours between RGB and HSV",
+    "binary search in a sorted list",
+    "quote a string for the shell",
+    "merge sorted streams",
+)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize()
+
+
+def settings_for_bench() -> IndexSettings:
+    return IndexSettings(watch=False, rescan_interval_s=0.0)
+
+
+def corpus_chunks(root: Path, embedder: SentenceTransformerEmbedder) -> list[Chunk]:
+    """The distinct chunks the index makes of the corpus (same chunker, same settings)."""
+    chunker = chunker_for(embedder, settings_for_bench())
+    chunks: dict[str, Chunk] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        for chunk in chunker.chunk(rel, path.read_text(encoding="utf-8", errors="replace")):
+            chunks.setdefault(chunk.id, chunk)
+    return list(chunks.values())
+
+
+def embed_only(embedder: SentenceTransformerEmbedder, chunks: list[Chunk]) -> float:
+    """All texts in one call: sentence-transformers sorts them by length and pads least, the
+    most favourable baseline for the pipeline to be compared with."""
+    started = time.perf_counter()
+    embedder.embed([c.text for c in chunks])
+    return time.perf_counter() - started
+
+
+def pipeline(
+    root: Path, cache: Path, embedder: SentenceTransformerEmbedder
+) -> tuple[float, int, WorkspaceIndex]:
+    shutil.rmtree(cache, ignore_errors=True)
+    started = time.perf_counter()
+    index = WorkspaceIndex(root, settings_for_bench(), cache, embedder=embedder)
+    index.start()
+    index.wait_idle()
+    elapsed = time.perf_counter() - started
+    stats = index.last_stats
+    return elapsed, stats.chunks_embedded if stats else 0, index
+
+
+def measure_edits(index: WorkspaceIndex, root: Path, edits: int, seed: int) -> list[float]:
+    """Append a function to a random file; time until its chunk is in the index (committed to
+    SQLite and FAISS together, so the next search can return it)."""
+    rng = random.Random(seed)
+    files = sorted(root.rglob("*.py"))
+    times = []
+    for i in range(edits):
+        path = rng.choice(files)
+        name = f"zebra{i}quokka_handler"
+        text = path.read_text(encoding="utf-8")
+        line = len(text.splitlines()) + 2
+        path.write_text(f"{text}\n\ndef {name}(value):\n    return value * {i}\n", "utf-8")
+        started = time.perf_counter()
+        index.update_document(path, None)
+        deadline = started + 60
+        while time.perf_counter() < deadline:
+            chunk = index.chunk_at(path, line)
+            if chunk is not None and name in chunk.text:
+                break
+            time.sleep(0.002)
+        else:
+            raise RuntimeError(f"edit {i} not indexed within 60 s: {index.status()}")
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def measure_memory(chunks: int, dimension: int, workdir: Path) -> dict[str, float]:
+    """RSS per chunk of an open store with `chunks` synthetic chunks of realistic size."""
+    directory = workdir / "memory-store"
+    store = IndexStore(directory, dimension=dimension, model_id="bench:synthetic")
+    rng = np.random.default_rng(0)
+    per_file = 20
+    for start in range(0, chunks, 2000):
+        updates = []
+        for f in range(start // per_file, min(start + 2000, chunks) // per_file):
+            texts = [
+                f"def function_{f}_{j}(x):\n" + "    y = x + 1\n" * 40 for j in range(per_file)
+            ]
+            file_chunks = [
+                Chunk(f"pkg/m{f}.py", j * 41, j * 41 + 41, "python", t) for j, t in enumerate(texts)
+            ]
+            vectors = rng.standard_normal((per_file, dimension)).astype(np.float32)
+            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+            stat = FileStat(1, 1, 1, bytes(32))
+            by_id = {c.id: v for c, v in zip(file_chunks, vectors, strict=True)}
+            updates.append(FileUpdate(f"pkg/m{f}.py", stat, file_chunks, by_id))
+        store.apply(updates, [])
+    store.save()
+    store.close()
+    # A fresh interpreter: in this one, memory freed by the store above would be reused and
+    # hide the cost of opening it.
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from evaluation.bench.index import open_store_rss; "
+            f"open_store_rss({str(directory)!r}, {dimension})",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO_ROOT,
+    )
+    figures = json.loads(child.stdout.strip().splitlines()[-1])
+    count = figures["chunks"]
+    disk = sum(p.stat().st_size for p in directory.iterdir() if p.is_file())
+    return {
+        "memory_chunks": count,
+        "bytes_per_chunk": round(figures["rss_delta"] / count, 1),
+        "vector_bytes_per_chunk": round(figures["vector_bytes"] / count, 1),
+        "disk_bytes_per_chunk": round(disk / count, 1),
+    }
+
+
+def open_store_rss(directory: str, dimension: int) -> None:
+    """(Child process) print the RSS growth of opening a store and searching it once."""
+    before = rss_bytes()
+    store = IndexStore(Path(directory), dimension=dimension, model_id="bench:synthetic")
+    store.search(np.ones(dimension, np.float32) / np.sqrt(dimension), 10)
+    after = rss_bytes()
+    figures = {
+        "rss_delta": after - before,
+        "vector_bytes": store.vectors.memory_bytes(),
+        "chunks": store.counts()[1],
+    }
+    store.close()
+    print(json.dumps(figures))
+
+
+def measure_scan(root: Path, repeats: int) -> dict[str, Any]:
+    scanner = Scanner(root)
+    cache = StatCache()
+    started = time.perf_counter()
+    first = scanner.scan(cache)
+    for rel in first.changed:
+        stat = read_file(root, rel, IndexSettings().max_file_bytes).stat
+        try:
+            st = os.stat(root / rel)
+        except OSError:
+            continue
+        # As a later pass records them once they are no longer racy.
+        cache.files[rel] = FileStat(st.st_mtime_ns, st.st_size, st.st_ino, stat.digest, stat.skip)
+    cold = (time.perf_counter() - started) * 1000
+    scanner.scan(cache)  # settles per-directory keys, as the first rescan after a run does
+    rescans = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = scanner.scan(cache)
+        rescans.append((time.perf_counter() - started) * 1000)
+        assert not result.changed and not result.removed, "the scan tree changed under the bench"
+    paths = [str(root / rel) for rel in cache.files]
+    stats = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for path in paths:
+            os.stat(path)
+        stats.append((time.perf_counter() - started) * 1000)
+    rescan = statistics.median(rescans)
+    return {
+        "scan_path": str(root),
+        "scan_files": first.files_seen,
+        "scan_cold_ms": round(cold, 1),
+        "rescan_nochange_ms": round(rescan, 1),
+        "stat_only_ms": round(statistics.median(stats), 1),
+        "rescan_ms_per_50k_files": round(rescan * 50_000 / max(1, first.files_seen), 1),
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="tabloop-bench-index-") as temp:
+        workdir = Path(temp)
+        root = workdir / "corpus"
+        if args.path:
+            shutil.copytree(args.path, root, ignore=shutil.ignore_patterns(".git"))
+            result["corpus"] = str(args.path)
+        else:
+            stdlib = Path(sysconfig.get_paths()["stdlib"])
+            root.mkdir()
+            for name in CORPUS:
+                shutil.copy(stdlib / name, root / name)
+            result["corpus"] = "stdlib: " + ", ".join(CORPUS)
+        embedder = SentenceTransformerEmbedder(batch_size=settings_for_bench().embed_batch_size)
+        embedder.embed(["warm up the model"])
+        chunks = corpus_chunks(root, embedder)
+        result["corpus_chunks"] = len(chunks)
+        embed_times, pipe_times = [], []
+        index: WorkspaceIndex | None = None
+        for repeat in range(args.repeats):
+            embed_times.append(embed_only(embedder, chunks))
+            if index is not None:
+                index.close()
+            elapsed, embedded, index = pipeline(root, workdir / f"cache{repeat}", embedder)
+            pipe_times.append(elapsed)
+            result["chunks_embedded"] = embedded
+        assert index is not None
+        embed_rate = len(chunks) / min(embed_times)
+        index_rate = result["chunks_embedded"] / min(pipe_times)
+        result["embed_only_chunks_per_s"] = round(embed_rate, 2)
+        result["index_chunks_per_s"] = round(index_rate, 2)
+        result["pipeline_overhead"] = round(embed_rate / index_rate - 1, 3)
+        cache = Path(index.cache_dir)
+        index.close()
+        started = time.perf_counter()
+        index = WorkspaceIndex(root, settings_for_bench(), cache, embedder=embedder)
+        index.start()
+        index.wait_idle()
+        result["restart_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        result["restart_chunks_embedded"] = (
+            index.last_stats.chunks_embedded if index.last_stats else -1
+        )
+        edits = measure_edits(index, root, args.edits, args.seed)
+        result["edit_to_searchable_ms_p50"] = round(percentile(edits, 0.5), 1)
+        result["edit_to_searchable_ms_p95"] = round(percentile(edits, 0.95), 1)
+        searches = []
+        for i in range(args.searches):
+            started = time.perf_counter()
+            index.search(QUERIES[i % len(QUERIES)], 10)
+            searches.append((time.perf_counter() - started) * 1000)
+        result["search_ms_p50"] = round(percentile(searches, 0.5), 2)
+        result["search_ms_p95"] = round(percentile(searches, 0.95), 2)
+        index.close()
+        result.update(measure_memory(args.memory_chunks, embedder.dimension, workdir))
+    scan_root = args.scan_path or Path(sysconfig.get_paths()["purelib"])
+    result.update(measure_scan(scan_root, args.scan_repeats))
+    return result
+
+
+def main(argv: list[str]) -> int:
+    """Run the index benchmark and print its figures as JSON."""
+    parser = argparse.ArgumentParser(prog="tabloop bench index", description=__doc__)
+    parser.add_argument("--path", type=Path, help="corpus to embed (copied; default: stdlib part)")
+    parser.add_argument("--scan-path", type=Path, help="tree for the scan figures")
+    parser.add_argument("--repeats", type=int, default=2, help="embedding runs of each kind")
+    parser.add_argument("--edits", type=int, default=20)
+    parser.add_argument("--searches", type=int, default=50)
+    parser.add_argument("--memory-chunks", type=int, default=20_000)
+    parser.add_argument("--scan-repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args), indent=2))
+    return 0

@@ -1,0 +1,233 @@
+"""The `tabloop` command line.
+
+`serve` runs the language server; everything else is for people: debugging one completion,
+diagnosing a setup, indexing, the backend, benchmarks and evaluations. Under `serve`, stdout
+carries JSON-RPC only; logs go to stderr or `--log-file`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from lsp_server import __version__
+from lsp_server.main import add_serve_arguments, serve
+
+# Each subcommand's module is imported when the command runs (so `tabloop --version` does not
+# load torch), by a plain import statement that readers and type checkers follow.
+Command = Callable[[list[str]], int]
+
+
+def _index(argv: list[str]) -> int:
+    from indexer.cli import index_main
+
+    return index_main(argv)
+
+
+def _search(argv: list[str]) -> int:
+    from indexer.cli import search_main
+
+    return search_main(argv)
+
+
+def _backend(argv: list[str]) -> int:
+    from backend.cli import backend_main
+
+    return backend_main(argv)
+
+
+def _train(argv: list[str]) -> int:
+    from backend.policy_cli import train_main
+
+    return train_main(argv)
+
+
+def _policy(argv: list[str]) -> int:
+    from backend.policy_cli import policy_main
+
+    return policy_main(argv)
+
+
+# Commands implemented next to the code they drive, which parse their own arguments:
+# name -> (function taking the remaining arguments and returning an exit status, help).
+DELEGATED: dict[str, tuple[Command, str]] = {
+    "index": (_index, "index a workspace"),
+    "search": (_search, "search a workspace index by meaning"),
+    "backend": (_backend, "run the training backend, manage tokens"),
+    "train": (_train, "train a candidate policy from events"),
+    "policy": (_policy, "list, promote or roll back policies"),
+}
+
+
+def _eval_holes(argv: list[str]) -> int:
+    from evaluation.holes import main
+
+    return main(argv)
+
+
+def _eval_replay(argv: list[str]) -> int:
+    from evaluation.replay import main
+
+    return main(argv)
+
+
+EVALUATIONS: dict[str, Command] = {"holes": _eval_holes, "replay": _eval_replay}
+
+
+def _bench(name: str) -> Command:
+    """The `main` of benchmark `name` (evaluation/bench/NAME.py)."""
+    if name == "lsp":
+        from evaluation.bench import lsp
+
+        return lsp.main
+    if name == "complete":
+        from evaluation.bench import complete
+
+        return complete.main
+    if name == "index":
+        from evaluation.bench import index
+
+        return index.main
+    if name == "telemetry":
+        from evaluation.bench import telemetry
+
+        return telemetry.main
+    if name == "sync":
+        from evaluation.bench import sync
+
+        return sync.main
+    if name == "dtype":
+        from evaluation.bench import dtype
+
+        return dtype.main
+    if name == "threads":
+        from evaluation.bench import threads
+
+        return threads.main
+    if name == "gate":
+        from evaluation.bench import gate
+
+        return gate.main
+    raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
+
+
+BENCHES = "lsp, complete, index, telemetry, sync, dtype, threads, gate"
+
+
+def complete(args: argparse.Namespace) -> int:
+    from lsp_server.oneshot import complete_at
+
+    return complete_at(args.location, as_json=args.json, workspace=args.workspace)
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from lsp_server.doctor import run_doctor
+
+    return run_doctor(Path(args.workspace) if args.workspace else Path.cwd(), as_json=args.json)
+
+
+def demo(args: argparse.Namespace) -> int:
+    from evaluation.demo import run_demo
+
+    return run_demo(args)
+
+
+def show_config(args: argparse.Namespace) -> int:
+    from lsp_server import config
+
+    if args.update_readme:
+        changed = config.update_readme(Path(args.update_readme))
+        print(f"{args.update_readme}: {'updated' if changed else 'already current'}")
+        return 0
+    if args.markdown:
+        sys.stdout.write(config.markdown_table())
+        return 0
+    resolved = config.resolve(Path(args.workspace) if args.workspace else Path.cwd())
+    print(json.dumps(resolved.settings.model_dump(by_alias=True), indent=2))
+    for problem in resolved.problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    return _bench(args.name)(list(args.rest))
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    return EVALUATIONS[args.kind](list(args.rest))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tabloop", description="AI code completion over LSP that learns when to speak."
+    )
+    parser.add_argument("--version", action="version", version=f"tabloop {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run the language server (stdio by default)")
+    add_serve_arguments(p)
+    p.set_defaults(func=serve)
+
+    p = sub.add_parser("complete", help="one completion through the engine, for debugging")
+    p.add_argument("location", help="FILE:LINE:COL, 1-based")
+    p.add_argument("--workspace", help="workspace root for configuration (default: cwd)")
+    p.add_argument("--json", action="store_true", help="print the decision as JSON")
+    p.set_defaults(func=complete)
+
+    p = sub.add_parser("doctor", help="configuration, models, versions and problems")
+    p.add_argument("--workspace", help="workspace root (default: cwd)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=doctor)
+
+    p = sub.add_parser("demo", help="see tabloop work end to end on real code")
+    p.add_argument("--model", default=None, help="completion model (default: configured)")
+    p.add_argument("--files", type=int, default=3, help="files to complete in")
+    p.add_argument("--positions", type=int, default=2, help="positions per file")
+    p.set_defaults(func=demo)
+
+    p = sub.add_parser("config", help="print the resolved configuration")
+    p.add_argument("--workspace", help="workspace root (default: cwd)")
+    p.add_argument("--markdown", action="store_true", help="the README's configuration table")
+    p.add_argument("--update-readme", metavar="README", help="rewrite the table in this file")
+    p.set_defaults(func=show_config)
+
+    p = sub.add_parser("bench", help="benchmarks; each prints JSON", add_help=False)
+    p.add_argument("name", help=BENCHES)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=bench)
+
+    p = sub.add_parser("eval", help="evaluations: holes, replay", add_help=False)
+    p.add_argument("kind", choices=sorted(EVALUATIONS))
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=evaluate)
+
+    for name, (_command, help_text) in DELEGATED.items():
+        # Listed for `--help`; `main` hands their arguments over before argparse sees them.
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `tabloop` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
+        return 2
+    if argv[0] in DELEGATED:  # argparse's REMAINDER drops a leading option: pass argv through
+        return int(DELEGATED[argv[0]][0](argv[1:]) or 0)
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

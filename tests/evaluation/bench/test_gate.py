@@ -1,0 +1,114 @@
+"""`tabloop bench gate`: the AUC it reports, and a run on real files with a scripted model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evaluation.bench.gate import auc, cross_validated_scores, lost_chars_when_skipping, measure
+from evaluation.simulation import Position, sample_positions
+from tests.support.scripted_model import ScriptedModel
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def test_auc_orders_and_ties() -> None:
+    positive = np.array([False, False, True, True])
+    assert auc(np.array([0.1, 0.2, 0.8, 0.9]), positive) == 1.0
+    assert auc(np.array([0.9, 0.8, 0.2, 0.1]), positive) == 0.0
+    assert auc(np.array([0.5, 0.5, 0.5, 0.5]), positive) == 0.5
+    # One positive below one negative: 3 of 4 pairs ordered right.
+    assert auc(np.array([0.1, 0.6, 0.5, 0.9]), positive) == 0.75
+
+
+def test_cross_validation_finds_a_real_signal_and_not_a_fake_one() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(400, 3))
+    y = (x[:, 0] + 0.3 * rng.normal(size=400) > 0).astype(float)
+    assert auc(cross_validated_scores(x, y), y.astype(bool)) > 0.9
+    noise = rng.normal(size=(400, 3))
+    assert abs(auc(cross_validated_scores(noise, y), y.astype(bool)) - 0.5) < 0.1
+
+
+def test_auc_is_undefined_for_one_class() -> None:
+    assert np.isnan(auc(np.array([0.1, 0.2]), np.array([True, True])))
+
+
+def test_lost_chars_counts_the_lowest_scored_share() -> None:
+    score = np.arange(10, dtype=float)
+    chars = np.array([5.0, 0, 0, 0, 0, 0, 0, 0, 0, 5.0])
+    assert lost_chars_when_skipping(score, chars) == {
+        "skip_10%": 0.5,
+        "skip_20%": 0.5,
+        "skip_30%": 0.5,
+    }
+    assert lost_chars_when_skipping(score, np.zeros(10))["skip_10%"] is None
+
+
+# A suggestion the simulated user ignores: no truth in these files starts with "§".
+WRONG = "§§ not this"
+
+
+def scripted_user_session(positions: list[Position]) -> tuple[ScriptedModel, int, int]:
+    """A model that is right exactly at the positions at the start of a line's code.
+
+    Where the rest of the line has at least four non-blank characters, it answers that rest
+    (at the start of the line's code) or `WRONG` (elsewhere); at the other positions, nothing.
+    Returns the model, the number of suggestions and the number of them that are right.
+    """
+    rules: dict[str, str] = {}
+    right = 0
+    # The whole prefix is the key (the prompt budget holds whole files); when one prefix ends
+    # with another, the longer comes first, so that each position gets its own answer.
+    for position in sorted(positions, key=lambda p: -len(p.prefix)):
+        rest = position.truth.split("\n", 1)[0].rstrip()
+        if sum(not ch.isspace() for ch in rest) < 4:
+            continue
+        at_line_start = not position.prefix[position.prefix.rfind("\n") + 1 :].strip()
+        rules[position.prefix] = rest if at_line_start else WRONG
+        right += at_line_start
+    return ScriptedModel(rules=rules), len(rules), right
+
+
+def test_measure_on_real_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("textwrap.py", "fnmatch.py"):
+        shutil.copy(STDLIB / name, corpus / name)
+    args = argparse.Namespace(
+        corpus=corpus,
+        positions=40,
+        seed=0,
+        model="scripted",
+        max_new_tokens=48,
+        context_tokens=32768,  # every prompt holds the whole file before the cursor
+        threads=1,
+        cache=tmp_path / "gen.jsonl",
+    )
+    # The bench samples the same positions, and loads its model through `load_runner`.
+    model, suggestions, right = scripted_user_session(sample_positions(corpus, 40, 0))
+    monkeypatch.setattr("completion.runners.load_runner", lambda settings, cache_dir: model)
+    report = measure(args)
+    assert (report["positions"], report["suggestions"]) == (40, suggestions)
+    assert report["accept_rate"] == round(right / suggestions, 4)
+    # Acceptance is exactly "at the start of the line's code": that feature separates it.
+    assert report["feature_auc"]["at_line_start"] == 1.0
+    assert all(0.0 <= v <= 1.0 for v in report["feature_auc"].values())
+    # Fitted models' AUCs depend on the optimiser's floating point, so only their range is
+    # certain; with both outcomes present they are defined.
+    for name in ("gate_cv_auc", "pre_model_cv_auc"):
+        assert 0.0 <= report[name] <= 1.0
+    lost = report["pre_model_accepted_chars_lost"]
+    assert set(lost) == {"skip_10%", "skip_20%", "skip_30%"}
+    assert all(0.0 <= share <= 1.0 for share in lost.values())
+    json.dumps(report, allow_nan=False)
+    # A second run answers every prompt from the output cache, with the same figures.
+    asked = len(model.prompts)
+    assert measure(args) == report
+    assert len(model.prompts) == asked == 40

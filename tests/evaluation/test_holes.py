@@ -1,0 +1,287 @@
+"""`tabloop eval holes`: scoring, hole sampling, and a whole run on a scripted model.
+
+The run's model answers what each test chooses (a scripted model behind a loopback
+OpenAI-compatible server), so the scores it reports are known exactly beforehand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import random
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from completion.types import CancelToken, Generation, StopRule
+from evaluation.holes import (
+    Hole,
+    corpus_files,
+    edit_similarity,
+    levenshtein,
+    run_holes,
+    sample_holes,
+)
+from tests.support.completion_server import serve_completions
+from tests.support.fixtures import tiny_embedder_path
+from tests.support.scripted_model import ScriptedModel
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+CORPUS_FILES = ("colorsys.py", "bisect.py", "fnmatch.py")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "distance"),
+    [
+        pytest.param("", "", 0, id="empty"),
+        pytest.param("abc", "abc", 0, id="equal"),
+        pytest.param("kitten", "sitting", 3, id="classic"),
+        pytest.param("", "abc", 3, id="insertions"),
+        pytest.param("return x", "return y", 1, id="substitution"),
+    ],
+)
+def test_levenshtein(a: str, b: str, distance: int) -> None:
+    assert levenshtein(a, b) == distance == levenshtein(b, a)
+
+
+def test_edit_similarity_bounds() -> None:
+    assert edit_similarity("", "") == 1.0
+    assert edit_similarity("abc", "abc") == 1.0
+    assert edit_similarity("abc", "xyz") == 0.0
+    assert 0 < edit_similarity("return x + 1", "return x + 2") < 1
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    for name in CORPUS_FILES:
+        shutil.copy(STDLIB / name, root / name)
+    return root
+
+
+def test_holes_put_back_give_the_file(corpus: Path) -> None:
+    files = sorted(corpus.glob("*.py"))
+    holes = sample_holes(files, 60, random.Random(3))
+    assert len(holes) == 60
+    assert {h.kind for h in holes} == {"line", "block"}
+    for hole in holes:
+        assert hole.prefix + hole.truth + hole.suffix == hole.path.read_text(encoding="utf-8")
+        assert hole.truth.strip()
+    assert sample_holes(files, 60, random.Random(3)) == holes  # reproducible
+
+
+# The run's corpus: small files, so that every prompt holds the whole code before the cursor,
+# with no strings or comments, and no `@` or `$` anywhere.
+RUN_CORPUS = {
+    "shapes.py": """\
+import math
+
+
+def circle_area(radius):
+    squared = radius * radius
+    return math.pi * squared
+
+
+def ring_area(outer, inner):
+    big = circle_area(outer)
+    small = circle_area(inner)
+    return big - small
+
+
+class Rectangle:
+    def __init__(self, width, height):
+        self.width = width
+        self.height = height
+
+    def area(self):
+        return self.width * self.height
+""",
+    "words.py": """\
+def count_words(text):
+    pieces = text.split()
+    return len(pieces)
+
+
+def longest_word(text):
+    best = None
+    for word in text.split():
+        if best is None or len(word) > len(best):
+            best = word
+    return best
+
+
+def shout(text):
+    louder = text.upper()
+    return louder + chr(33)
+""",
+    "numbers.py": """\
+def clamp(value, low, high):
+    if value < low:
+        return low
+    if value > high:
+        return high
+    return value
+
+
+def mean(values):
+    total = sum(values)
+    count = len(values)
+    return total / count if count else 0.0
+
+
+def running_totals(values):
+    totals = []
+    current = 0
+    for value in values:
+        current += value
+        totals.append(current)
+    return totals
+""",
+}
+# This seed's holes lie in all three files; hole 1 is the block hole at `for word in ...:`.
+HOLES, SEED = 8, 1
+# What the scripted model answers at a hole.
+TRUTH = "truth"  # the hidden text itself
+FIRST_LINE = "first line"  # only the first line of a block hole's hidden text
+WRONG = "@$@"  # shares no character with any truth and never parses
+SNIPPET_MARK = "<|file_sep|>"  # snippets from other files in a Qwen prompt
+
+
+def answer(hole: Hole, kind: str) -> str:
+    return {TRUTH: hole.truth, FIRST_LINE: hole.truth.split("\n", 1)[0]}.get(kind, WRONG)
+
+
+def scripted_answers(holes: list[Hole], kinds: dict[int, str]) -> ScriptedModel:
+    """`answer(hole, kinds[i])` at hole number i, `WRONG` at holes not in `kinds`.
+
+    Each rule's key is the hole's whole prefix (the prompt holds all of it). A longer prefix may
+    end with a shorter one, so the longest keys come first: each hole gets its own answer.
+    """
+    order = sorted(range(len(holes)), key=lambda i: -len(holes[i].prefix))
+    return ScriptedModel(
+        rules={holes[i].prefix: answer(holes[i], kinds.get(i, WRONG)) for i in order}
+    )
+
+
+class ByRetrieval:
+    """One model answering prompts without snippets from `plain`, those with from `retrieved`."""
+
+    model_id = "scripted"
+    family = "qwen"
+
+    def __init__(self, plain: ScriptedModel, retrieved: ScriptedModel) -> None:
+        self.plain = plain
+        self.retrieved = retrieved
+
+    def count_tokens(self, text: str) -> int:
+        return self.plain.count_tokens(text)
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        stop: StopRule,
+        cancel: CancelToken,
+        temperature: float = 0.0,
+    ) -> Generation:
+        model = self.retrieved if SNIPPET_MARK in prompt else self.plain
+        return model.generate(
+            prompt, max_new_tokens=max_new_tokens, stop=stop, cancel=cancel, temperature=temperature
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return False
+    return True
+
+
+def expected_scores(holes: list[Hole], kinds: dict[int, str]) -> dict[str, object]:
+    """A run's scores when the model answers as `scripted_answers(holes, kinds)` does."""
+    exact, similarity, parsed = [], [], []
+    for number, hole in enumerate(holes):
+        kind = kinds.get(number, WRONG)
+        if kind == TRUTH:  # the file as it is: right, and it parses
+            exact.append(True)
+            similarity.append(1.0)
+            parsed.append(True)
+        elif kind == FIRST_LINE:
+            # The truth minus its other lines; the first line opens a block, which alone has no
+            # body and does not parse.
+            exact.append(True)
+            similarity.append(len(answer(hole, kind)) / len(hole.truth))
+            parsed.append(False)
+        else:  # `WRONG`: every character of the longer text must be edited; `$` never parses
+            exact.append(False)
+            similarity.append(0.0)
+            parsed.append(False)
+    left_empty = [_parses(h.prefix + h.suffix) for h in holes]
+    return {
+        "n": len(holes),
+        "exact_line_match": round(sum(exact) / len(holes), 4),
+        "edit_similarity": round(sum(similarity) / len(holes), 4),
+        "parses": round(sum(parsed) / len(holes), 4),
+        "parses_if_left_empty": round(sum(left_empty) / len(holes), 4),
+        "empty_suggestions": 0,
+    }
+
+
+def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name, text in RUN_CORPUS.items():
+        (corpus / name).write_text(text, encoding="utf-8")
+    # The run samples the same holes: sampling depends only on the files and the seed.
+    holes = sample_holes(corpus_files(corpus), HOLES, random.Random(SEED))
+    # Without retrieval the first three holes are right; with it, five others, and only the first
+    # line of hole 1's block: each metric then differs between the runs and from the others.
+    without = {0: TRUTH, 1: TRUTH, 2: TRUTH}
+    with_snippets = {1: FIRST_LINE, 2: TRUTH, 3: TRUTH, 4: TRUTH, 5: TRUTH, 6: TRUTH}
+    model = ByRetrieval(scripted_answers(holes, without), scripted_answers(holes, with_snippets))
+    with serve_completions(model) as (url, server):
+        # The workspace file is one of tabloop's configuration layers; the run reads it.
+        (corpus / "tabloop.toml").write_text(
+            f'cache_dir = "{tmp_path / "cache"}"\n'
+            "[completion]\n"
+            f'runner = "http"\nhttp_url = "{url}"\nhttp_model = "scripted"\n'
+            'fim_template = "qwen"\n'
+            f'[index]\nembedding_model = "{tiny_embedder_path()}"\n',
+            encoding="utf-8",
+        )
+        args = argparse.Namespace(
+            corpus=str(corpus),
+            n=HOLES,
+            seed=SEED,
+            model=None,
+            max_new_tokens=200,
+            no_retrieval=False,
+        )
+        first = run_holes(args)
+        prompts = [request["prompt"] for request in server.requests]
+        second = run_holes(args)
+        requests_after_rerun = len(server.requests)
+
+    # One model call per hole and run. Every prompt with retrieval held snippets from other
+    # files (the corpus has fewer chunks than one search returns), and none without.
+    assert (first["model_runs"], first["cached_outputs_used"]) == (2 * HOLES, 0)
+    assert [SNIPPET_MARK in prompt for prompt in prompts] == [False] * HOLES + [True] * HOLES
+    for run, kinds in (("without_retrieval", without), ("with_retrieval", with_snippets)):
+        scores = dict(first[run])
+        assert scores.pop("latency_ms_p50") is not None
+        assert scores == expected_scores(holes, kinds), run
+    # A rerun answers every prompt from the output cache and scores the same.
+    assert (second["model_runs"], second["cached_outputs_used"]) == (0, 2 * HOLES)
+    assert requests_after_rerun == 2 * HOLES
+    for run in ("without_retrieval", "with_retrieval"):
+        # Latency keeps the model's time from the first run, plus this run's context time.
+        first[run].pop("latency_ms_p50")
+        second[run].pop("latency_ms_p50")
+        assert second[run] == first[run]

@@ -1,0 +1,122 @@
+"""The whole loop end to end: tiny model, real engine, telemetry client, backend, trainer,
+registry and policy client, on a small corpus of real files."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from evaluation.replay import _parser, run
+from evaluation.simulation import sample_positions, simulated_user
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def _corpus(root: Path, *names: str) -> Path:
+    root.mkdir()
+    for name in names:
+        shutil.copy(STDLIB / name, root / name)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("suggestion", "kind", "accepted", "retained"),
+    [
+        pytest.param("return x\n", "accepted", 9, 9, id="exact"),
+        pytest.param("return x\nfoo()", "accepted", 14, 13, id="first-line-right"),
+        pytest.param("return y", "partial", 7, 7, id="right-prefix"),
+        pytest.param("ret", "accepted", 3, 3, id="short-but-right"),
+        pytest.param("pass", "ignored", 0, 0, id="wrong"),
+    ],
+)
+def test_simulated_user(suggestion: str, kind: str, accepted: int, retained: int) -> None:
+    response = simulated_user(suggestion, "return x\nfoo(1)\n")
+    assert (response.kind, response.accepted_chars, response.retained_chars) == (
+        kind,
+        accepted,
+        retained,
+    )
+
+
+def test_positions_are_reproducible_and_truthful(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "c", "colorsys.py", "bisect.py")
+    first = sample_positions(corpus, 20, seed=3)
+    assert first == sample_positions(corpus, 20, seed=3)
+    for position in first:
+        text = Path(position.path).read_text(encoding="utf-8")
+        assert position.prefix + position.truth == text
+        assert position.request().suffix == ""
+
+
+def test_replay_runs_the_whole_loop(tmp_path: Path, tiny_model_path: Path) -> None:
+    train = _corpus(tmp_path / "train", "textwrap.py", "fnmatch.py")
+    test = _corpus(tmp_path / "test", "colorsys.py")
+    argv = [
+        "--train",
+        str(train),
+        "--test",
+        str(test),
+        "--rounds",
+        "2",
+        "--train-positions",
+        "30",
+        "--test-positions",
+        "12",
+        "--model",
+        str(tiny_model_path),
+        "--max-new-tokens",
+        "8",
+        "--context-tokens",
+        "256",
+        "--cache",
+        str(tmp_path / "gen.jsonl"),
+        "--train-interval",
+        "0.5",
+        "--refresh",
+        "0.2",
+        "--eval-draws",
+        "2",
+    ]
+    report = run(_parser().parse_args(argv), argv)
+
+    rounds = report["rounds"]
+    held_out = report["held_out"]
+    seen = report["training_corpus"]
+    # Every request asked the output cache once (the replay turns the typing-through cache off),
+    # and the model ran once per position: each later play of a position, in a round or an
+    # evaluation, was answered with the output of its first play.
+    corpus = report["corpus"]
+    assert (corpus["train_positions"], corpus["test_positions"]) == (30, 12)
+    draws = report["settings"]["eval_draws"]  # held-out and training-corpus figures are per draw
+    requests = (
+        sum(r["requests"] for r in rounds)
+        + draws * sum(figures["requests"] for figures in held_out.values())
+        + draws * (seen["baseline"]["requests"] + seen["learned"]["requests"])
+    )
+    cache = report["model_cache"]
+    assert cache["misses"] == 30 + 12
+    assert cache["hits"] + cache["misses"] == requests
+    assert [r["round"] for r in rounds] == [1, 2]
+    # The trainer read each round's events from the backend (they went through telemetry).
+    assert [r["trained"]["events"] for r in rounds] == [30, 60]
+    assert all(r["trained"]["candidate"] for r in rounds)
+    base = held_out["always_show"]
+    assert base["shown"] == base["suggestions"]
+    for figures in held_out.values():
+        assert 0.0 <= figures["accept_rate"] <= 1.0
+        assert figures["retained_chars"] <= figures["accepted_chars"]
+        assert figures["shown"] <= figures["suggestions"] <= figures["requests"] == 12
+    summary = report["summary"]
+    assert set(summary) >= {
+        "shown_change_pct",
+        "accept_rate_change_pct",
+        "accepted_chars_change_pct",
+        "event_to_serving_s",
+    }
+    assert seen["baseline"]["requests"] == 30
+    assert seen["baseline"]["shown"] == seen["baseline"]["suggestions"]
+    assert seen["learned"]["shown"] <= seen["baseline"]["shown"]
+    assert corpus["train_files"] == 2 and corpus["test_files"] == 1
