@@ -16,7 +16,7 @@ from pathlib import Path
 from completion import fim, gate, postprocess
 from completion.cache import TypingThroughCache
 from completion.context import ContextBudget, ContextSource, LineTokenCounter, assemble
-from completion.runner import ModelRunner
+from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
 from completion.types import (
     CancelToken,

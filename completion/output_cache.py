@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-from completion.runner import ModelRunner
+from completion.runners.base import ModelRunner
 from completion.types import CancelToken, Generation, StopRule
 
 

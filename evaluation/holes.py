@@ -243,7 +243,7 @@ def corpus_context(
 ) -> tuple[Any, ContextSource]:
     """An index of the corpus (built or brought up to date) and a context source over it."""
     from indexer.service import index_workspace
-    from lsp_server.context import WorkspaceContext
+    from lsp_server.retrieval import WorkspaceContext
 
     started = time.perf_counter()
     index, _ = index_workspace(corpus, settings.index, cache_dir)

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from indexer.atomic_files import quarantine
 from indexer.chunking import EstimatedCounter, TokenCounter, WordPieceCounter
-from indexer.storage import quarantine
 
 log = logging.getLogger(__name__)
 

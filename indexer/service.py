@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from indexer.atomic_files import WriterLock
 from indexer.embed import CachedEmbedder, Embedder, EmbeddingCache, SentenceTransformerEmbedder
 from indexer.pipeline import Indexer, IndexStats, Progress, chunker_for
 from indexer.settings import IndexSettings
-from indexer.storage import WriterLock
 from indexer.store import CorruptIndex, IndexStore, index_dir
 from indexer.types import Chunk, SearchHit, SymbolHit
 from indexer.watch import WorkspaceWatcher

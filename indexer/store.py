@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from indexer.atomic_files import atomic_write, fsync_dir, quarantine, remove_stale_temps
 from indexer.scan import DirListing, FileStat, StatCache
-from indexer.storage import atomic_write, fsync_dir, quarantine, remove_stale_temps
 from indexer.types import Chunk, SearchHit, Symbol, SymbolHit
 from indexer.vectors import VectorIndex, checksum
 

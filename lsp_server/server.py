@@ -39,7 +39,7 @@ FEATURE_MODULES = (
     "lsp_server.features.inline",
     "lsp_server.features.commands",
     "lsp_server.features.telemetry",
-    "lsp_server.features.context",
+    "lsp_server.features.retrieval",
     "lsp_server.features.index",
 )
 

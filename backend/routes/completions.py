@@ -38,7 +38,7 @@ from backend.auth import CurrentPrincipal
 from backend.routes.events import read_body
 from backend.routes.index_sync import validation_detail
 from completion.fim import UnknownFamily, template_for
-from completion.runner import ModelRunner
+from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
 from completion.types import CancelToken, Generation
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from completion.runner import ModelRunner
+from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import pytest
 from backend.routes import completions
 from backend.routes.completions import held_back
 from completion.fim import template_for
-from completion.runner import ModelRunner
+from completion.runners.base import ModelRunner
 from completion.runners.http import HttpRunner
 from completion.runners.local import LocalRunner
 from completion.settings import CompletionSettings

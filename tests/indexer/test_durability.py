@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from indexer.atomic_files import atomic_write
 from indexer.chunking import Chunker, EstimatedCounter
 from indexer.embed import EmbeddingCache
 from indexer.scan import read_file
 from indexer.service import WorkspaceIndex
-from indexer.storage import atomic_write
 from indexer.store import FileUpdate, IndexStore, index_dir
 from tests.indexer.conftest import index_once, quiet_settings
 from tests.support.embedders import HashingEmbedder

@@ -27,7 +27,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from completion.runner import ModelRunner
+from completion.runners.base import ModelRunner
 from completion.types import CancelToken
 from tests.support.scripted_model import ScriptedModel
 

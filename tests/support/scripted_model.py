@@ -2,7 +2,7 @@
 
 Tests of the protocol, the editors and telemetry must not depend on what a model happens to
 generate: a model's greedy output changes with the CPU's floating-point kernels. `ScriptedModel`
-implements the runner interface (`completion.runner.ModelRunner`) and answers each prompt with
+implements the runner interface (`completion.runners.base.ModelRunner`) and answers each prompt with
 the text of the first rule whose key the code before the cursor ends with, emitted token by token
 so that stop rules, cancellation and streaming behave as with a real model.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lsp_server.context import WorkspaceContext
+from lsp_server.retrieval import WorkspaceContext
 from lsp_server.server import TabloopServer
 
 
