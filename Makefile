@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tabloop-installed
-PACKAGES := tabloop evaluation lsp_server completion indexer telemetry backend
+PACKAGES := tabloop evaluation lsp_server completion indexer telemetry backend common
 PIP_LOG := $(VENV)/pip.log
 # pip's output goes to a log, shown only when it fails.
 PIP := $(PY) -m pip install --quiet

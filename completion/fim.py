@@ -10,50 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
+from common import languages
 from completion.types import Snippet
 
 FAMILIES = ("qwen", "starcoder", "codellama", "deepseek")
 
-# Line-comment leader by file extension; block-comment pairs for languages without one.
-_LINE_COMMENT_BY_EXT: dict[str, str] = {
-    **dict.fromkeys(
-        ("py", "pyi", "sh", "bash", "zsh", "rb", "pl", "r", "yaml", "yml", "toml", "cfg", "ini"),
-        "#",
-    ),
-    **dict.fromkeys(("mk", "cmake", "dockerfile", "nim", "jl", "ex", "exs", "tf", "ps1"), "#"),
-    **dict.fromkeys(
-        ("c", "h", "cc", "cpp", "cxx", "hpp", "hh", "cs", "java", "kt", "kts", "scala", "go"),
-        "//",
-    ),
-    **dict.fromkeys(
-        ("rs", "js", "jsx", "mjs", "cjs", "ts", "tsx", "swift", "dart", "php", "zig", "proto"),
-        "//",
-    ),
-    **dict.fromkeys(("lua", "sql", "hs", "elm", "ada", "vhdl"), "--"),
-    **dict.fromkeys(("lisp", "clj", "cljs", "el", "scm", "asm", "s"), ";"),
-    **dict.fromkeys(("tex", "erl", "m"), "%"),
-    "vim": '"',
-}
-_BLOCK_COMMENT_BY_EXT: dict[str, tuple[str, str]] = {
-    **dict.fromkeys(("html", "htm", "xml", "svg", "vue", "md"), ("<!--", "-->")),
-    "css": ("/*", "*/"),
-    "scss": ("/*", "*/"),
-    "ml": ("(*", "*)"),
-}
-_SPECIAL_FILENAMES = {"makefile": "#", "dockerfile": "#", "cmakelists.txt": "#"}
-
 
 def comment_lines(text: str, path: str | None) -> str:
     """`text` as a comment in the language of `path` (`#` when the language is unknown)."""
-    name = PurePosixPath(path.replace("\\", "/")).name.lower() if path else ""
-    ext = name.rsplit(".", 1)[-1] if "." in name else ""
-    if ext in _BLOCK_COMMENT_BY_EXT:
-        opener, closer = _BLOCK_COMMENT_BY_EXT[ext]
+    language = languages.language_for_path(path) if path else None
+    if language is not None and language.block_comment is not None:
+        opener, closer = language.block_comment
         # A closer inside the text would end the comment early.
         return f"{opener}\n{text.replace(closer, '')}\n{closer}"
-    leader = _SPECIAL_FILENAMES.get(name) or _LINE_COMMENT_BY_EXT.get(ext, "#")
+    leader = (language.line_comment if language else None) or "#"
     return "\n".join(f"{leader} {line}".rstrip() for line in text.split("\n"))
 
 

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from common.languages import lsp_id_for_path
 from completion.types import CompletionRequest
 
-LANGUAGE_BY_SUFFIX = {".py": "python", ".js": "javascript", ".ts": "typescript", ".go": "go"}
+# The corpus: files of these kinds (their language ids come from `common.languages`).
+CORPUS_SUFFIXES = (".py", ".js", ".ts", ".go")
 MAX_FILE_BYTES = 200_000
 
 
@@ -48,7 +50,7 @@ def corpus_files(root: Path) -> list[Path]:
     files = [
         p
         for p in sorted(root.rglob("*"))
-        if p.suffix in LANGUAGE_BY_SUFFIX
+        if p.suffix in CORPUS_SUFFIXES
         and p.is_file()
         and p.stat().st_size <= MAX_FILE_BYTES
         and "test" not in p.parts[-1]
@@ -93,7 +95,7 @@ def sample_positions(root: Path, count: int, seed: int) -> list[Position]:
                 path=str(path),
                 prefix=prefix,
                 truth=text[offset:],
-                language=LANGUAGE_BY_SUFFIX[path.suffix],
+                language=lsp_id_for_path(path.name),
                 line=number,
                 character=len(prefix) - prefix.rfind("\n") - 1,
             )

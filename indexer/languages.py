@@ -14,6 +14,8 @@ from pathlib import PurePosixPath
 
 from tree_sitter import Language, Node, Parser
 
+from common import languages as common_languages
+
 
 @dataclass(frozen=True)
 class Grammar:
@@ -129,28 +131,12 @@ GRAMMARS: dict[str, Grammar] = {
     )
 }
 
+# Extension (with the dot) -> grammar name, from the one language table.
 EXTENSIONS: dict[str, str] = {
-    ".py": "python",
-    ".pyi": "python",
-    ".js": "javascript",
-    ".mjs": "javascript",
-    ".cjs": "javascript",
-    ".jsx": "javascript",
-    ".ts": "typescript",
-    ".mts": "typescript",
-    ".cts": "typescript",
-    ".tsx": "tsx",
-    ".go": "go",
-    ".rs": "rust",
-    ".java": "java",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".cxx": "cpp",
-    ".hpp": "cpp",
-    ".hh": "cpp",
-    ".hxx": "cpp",
+    f".{extension}": language.grammar
+    for language in common_languages.LANGUAGES
+    if language.grammar is not None
+    for extension in language.extensions
 }
 
 _lock = threading.Lock()

@@ -1,0 +1,130 @@
+"""One table of languages: file extensions, LSP language ids, comment syntax, tree-sitter grammar.
+
+The index chunks by grammar, the FIM templates write other files' snippets as comments, the gate
+tells languages apart by LSP id and the evaluation picks files by language: all of them read this
+table, so a language added here is known everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+
+@dataclass(frozen=True)
+class Language:
+    """A language as tabloop knows it."""
+
+    lsp_id: str
+    """The LSP `languageId` editors send (`python`, `typescriptreact`, …)."""
+    extensions: tuple[str, ...]
+    """File extensions, lower case, without the dot."""
+    line_comment: str | None = None
+    block_comment: tuple[str, str] | None = None
+    grammar: str | None = None
+    """The tree-sitter grammar the index chunks it with (None: line windows)."""
+
+
+def _lang(
+    lsp_id: str,
+    *extensions: str,
+    line: str | None = None,
+    block: tuple[str, str] | None = None,
+    grammar: str | None = None,
+) -> Language:
+    return Language(lsp_id, extensions, line, block, grammar)
+
+
+LANGUAGES: tuple[Language, ...] = (
+    _lang("python", "py", "pyi", line="#", grammar="python"),
+    _lang("javascript", "js", "mjs", "cjs", line="//", grammar="javascript"),
+    _lang("javascriptreact", "jsx", line="//", grammar="javascript"),
+    _lang("typescript", "ts", "mts", "cts", line="//", grammar="typescript"),
+    _lang("typescriptreact", "tsx", line="//", grammar="tsx"),
+    _lang("go", "go", line="//", grammar="go"),
+    _lang("rust", "rs", line="//", grammar="rust"),
+    _lang("java", "java", line="//", grammar="java"),
+    _lang("c", "c", "h", line="//", grammar="c"),
+    _lang("cpp", "cc", "cpp", "cxx", "hpp", "hh", "hxx", line="//", grammar="cpp"),
+    _lang("csharp", "cs", line="//"),
+    _lang("kotlin", "kt", "kts", line="//"),
+    _lang("scala", "scala", line="//"),
+    _lang("swift", "swift", line="//"),
+    _lang("dart", "dart", line="//"),
+    _lang("php", "php", line="//"),
+    _lang("zig", "zig", line="//"),
+    _lang("proto", "proto", line="//"),
+    _lang("shellscript", "sh", "bash", "zsh", line="#"),
+    _lang("ruby", "rb", line="#"),
+    _lang("perl", "pl", line="#"),
+    _lang("r", "r", line="#"),
+    _lang("yaml", "yaml", "yml", line="#"),
+    _lang("toml", "toml", line="#"),
+    _lang("ini", "cfg", "ini", line="#"),
+    _lang("makefile", "mk", line="#"),
+    _lang("cmake", "cmake", line="#"),
+    _lang("dockerfile", "dockerfile", line="#"),
+    _lang("nim", "nim", line="#"),
+    _lang("julia", "jl", line="#"),
+    _lang("elixir", "ex", "exs", line="#"),
+    _lang("terraform", "tf", line="#"),
+    _lang("powershell", "ps1", line="#"),
+    _lang("lua", "lua", line="--"),
+    _lang("sql", "sql", line="--"),
+    _lang("haskell", "hs", line="--"),
+    _lang("elm", "elm", line="--"),
+    _lang("ada", "ada", line="--"),
+    _lang("vhdl", "vhdl", line="--"),
+    _lang("lisp", "lisp", line=";"),
+    _lang("clojure", "clj", "cljs", line=";"),
+    _lang("emacs-lisp", "el", line=";"),
+    _lang("scheme", "scm", line=";"),
+    _lang("asm", "asm", "s", line=";"),
+    _lang("latex", "tex", line="%"),
+    _lang("erlang", "erl", line="%"),
+    _lang("matlab", "m", line="%"),
+    _lang("vim", "vim", line='"'),
+    _lang("html", "html", "htm", block=("<!--", "-->")),
+    _lang("xml", "xml", "svg", block=("<!--", "-->")),
+    _lang("vue", "vue", block=("<!--", "-->")),
+    _lang("markdown", "md", block=("<!--", "-->")),
+    _lang("css", "css", block=("/*", "*/")),
+    _lang("scss", "scss", block=("/*", "*/")),
+    _lang("ocaml", "ml", block=("(*", "*)")),
+)
+
+# Files known by their whole name rather than an extension.
+SPECIAL_FILENAMES: dict[str, str] = {
+    "makefile": "makefile",
+    "dockerfile": "dockerfile",
+    "cmakelists.txt": "cmake",
+}
+
+BY_ID: dict[str, Language] = {language.lsp_id: language for language in LANGUAGES}
+BY_EXTENSION: dict[str, Language] = {
+    extension: language for language in LANGUAGES for extension in language.extensions
+}
+
+
+def _name(path: str) -> str:
+    return PurePosixPath(path.replace("\\", "/")).name.lower()
+
+
+def extension_of(path: str) -> str:
+    """The lower-case extension of `path` without the dot ("" when it has none)."""
+    name = _name(path)
+    return name.rsplit(".", 1)[-1] if "." in name else ""
+
+
+def language_for_path(path: str) -> Language | None:
+    """The language of a file, by its name or extension; None when the table does not know it."""
+    name = _name(path)
+    if name in SPECIAL_FILENAMES:
+        return BY_ID[SPECIAL_FILENAMES[name]]
+    return BY_EXTENSION.get(extension_of(path))
+
+
+def lsp_id_for_path(path: str, default: str = "plaintext") -> str:
+    """The LSP language id editors would send for `path`."""
+    language = language_for_path(path)
+    return language.lsp_id if language else default
