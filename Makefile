@@ -29,9 +29,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/tabloop demo
 
+# Style, then the layers and import cycles (the import-linter contracts in pyproject.toml).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(PACKAGES) tests
 	$(VENV)/bin/ruff format --check $(PACKAGES) tests
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
