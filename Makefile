@@ -13,7 +13,7 @@ PIP := $(PY) -m pip install --quiet
 PIP_QUIET := >$(PIP_LOG) 2>&1 || (cat $(PIP_LOG); exit 1)
 VSCODE := editors/vscode
 
-.PHONY: demo test lint typecheck pytest test-vscode bench venv clean
+.PHONY: demo test lint typecheck pytest test-vscode bench venv dist clean
 
 venv: $(STAMP)
 
@@ -59,5 +59,9 @@ bench: $(STAMP)
 		$(VENV)/bin/tabloop bench $$name --json | tee bench/results/$$name.json || exit 1; \
 	done
 
+# A wheel and an sdist in dist/ (tabloop is not on PyPI yet: install from these or the checkout).
+dist: $(STAMP)
+	$(PY) -m build --no-isolation --outdir dist .
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache

