@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import json
 import random
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evaluation.lsp_client import TabloopClient, item_text
+from evaluation.positions import Draw, FunctionStatements, read_sources, sample_cursors
 from lsp_server import config
 from lsp_server.config import Settings
 
@@ -66,30 +66,15 @@ def make_workspace(target: Path, modules: tuple[str, ...] = DEMO_MODULES) -> lis
     return copies
 
 
-def find_holes(path: Path, count: int, rng: random.Random) -> list[Hole]:
-    """Positions inside function bodies, after the first token of a statement line."""
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
-    candidates: list[int] = []
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            for statement in node.body[1:] if ast.get_docstring(node) else node.body:
-                if isinstance(statement, ast.Assign | ast.Return | ast.Expr | ast.If):
-                    candidates.append(statement.lineno - 1)
-    rng.shuffle(candidates)
-    holes = []
-    for line in candidates:
-        content = lines[line]
-        stripped = content.lstrip()
-        if len(stripped) < 12 or stripped.startswith(("#", '"', "'")):
-            continue
-        indent = len(content) - len(stripped)
-        # Type a few characters of the statement, as a person part-way through the line.
-        column = indent + min(len(stripped) // 3, 12)
-        holes.append(Hole(path, line, column, content[:column], content[column:]))
-        if len(holes) == count:
-            break
-    return holes
+def find_holes(paths: list[Path], count: int, rng: random.Random) -> list[Hole]:
+    """`count` positions in each file, inside function bodies, part-way into a statement line."""
+    cursors = sample_cursors(read_sources(paths), count, rng, FunctionStatements(), Draw.PER_FILE)
+    return [
+        Hole(
+            c.source.path, c.line.number, c.column, c.line.text[: c.column], c.line.text[c.column :]
+        )
+        for c in cursors
+    ]
 
 
 def document_with_hole(path: Path, hole: Hole) -> str:
@@ -203,7 +188,7 @@ async def run(args: argparse.Namespace) -> int:
         workspace = Path(scratch) / "workspace"
         files = make_workspace(workspace)[: args.files]
         print(f"workspace: {len(files)} standard-library modules copied to {workspace}")
-        holes = [hole for path in files for hole in find_holes(path, args.positions, rng)]
+        holes = find_holes(files, args.positions, rng)
 
         backend = LocalBackend().start()
         print(f"training backend on {backend.url} (tenant {backend.tenant!r})\n")

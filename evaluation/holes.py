@@ -28,6 +28,14 @@ from typing import Any
 
 from completion.context import ContextSource
 from completion.types import CompletionRequest
+from evaluation.positions import (
+    Cursor,
+    Draw,
+    LineOrBlock,
+    read_sources,
+    sample_cursors,
+    select_files,
+)
 from indexer.languages import EXTENSIONS, language_of
 from lsp_server import config
 
@@ -95,49 +103,33 @@ def _block_end(lines: list[str], start: int) -> int:
 
 def sample_holes(files: Sequence[Path], n: int, rng: random.Random) -> list[Hole]:
     """`n` holes spread over `files`, the same for the same seed."""
-    candidates: list[tuple[Path, int]] = []
-    texts: dict[Path, list[str]] = {}
-    for path in files:
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-        except (OSError, UnicodeDecodeError):
-            continue
-        texts[path] = lines
-        for number, line in enumerate(lines):
-            stripped = line.strip()
-            if len(stripped) >= 8 and not stripped.startswith(("#", '"', "'", "//", "*")):
-                candidates.append((path, number))
-    holes = []
-    for path, number in rng.sample(candidates, min(n, len(candidates))):
-        lines = texts[path]
-        line = lines[number]
-        indent = len(line) - len(line.lstrip())
-        content = line.rstrip("\r\n")
-        ending = line[len(content) :]
-        before = "".join(lines[:number])
-        indented = indent > 0 and number + 1 < len(lines)
-        if indented and rng.random() < BLOCK_SHARE:
-            # Block hole: the cursor after the indent; the rest of the block is hidden.
-            end = _block_end(lines, number)
-            hidden = "".join(lines[number:end])
-            truth = hidden[indent:].rstrip("\n")
-            prefix = before + line[:indent]
-            suffix = "\n" + "".join(lines[end:]) if end < len(lines) else ""
-            holes.append(Hole(path, prefix, truth, suffix, "block", number, indent))
-            continue
-        column = indent + rng.randrange(0, max(1, (len(content) - indent) // 2 + 1))
-        holes.append(
-            Hole(
-                path,
-                before + content[:column],
-                content[column:],
-                ending + "".join(lines[number + 1 :]),
-                "line",
-                number,
-                column,
-            )
-        )
-    return holes
+    cursors = sample_cursors(
+        read_sources(files), n, rng, LineOrBlock(block_share=BLOCK_SHARE), Draw.SAMPLE_THEN_PLACE
+    )
+    return [_hole(cursor) for cursor in cursors]
+
+
+def _hole(cursor: Cursor) -> Hole:
+    """The hole a cursor makes: the rest of its line, or (a block cursor) of its block."""
+    path, lines = cursor.source.path, cursor.source.lines
+    number, line, column = cursor.line.number, cursor.line.text, cursor.column
+    before = cursor.source.text[: cursor.line.start]
+    if cursor.kind == "block":
+        end = _block_end(lines, number)
+        truth = "".join(lines[number:end])[column:].rstrip("\n")
+        suffix = "\n" + "".join(lines[end:]) if end < len(lines) else ""
+        return Hole(path, before + line[:column], truth, suffix, "block", number, column)
+    content = line.rstrip("\r\n")
+    ending = line[len(content) :]
+    return Hole(
+        path,
+        before + content[:column],
+        content[column:],
+        ending + "".join(lines[number + 1 :]),
+        "line",
+        number,
+        column,
+    )
 
 
 def parses(hole: Hole, suggestion: str) -> bool | None:
@@ -179,11 +171,8 @@ def score(
 
 
 def corpus_files(root: Path) -> list[Path]:
-    return sorted(
-        p
-        for p in root.rglob("*")
-        if p.suffix in EXTENSIONS and p.is_file() and p.stat().st_size <= MAX_FILE_BYTES
-    )
+    """Files of every language the index knows, up to `MAX_FILE_BYTES`, sorted by path."""
+    return select_files(root, EXTENSIONS, MAX_FILE_BYTES)
 
 
 def run_holes(args: argparse.Namespace) -> dict[str, Any]:

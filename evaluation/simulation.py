@@ -15,6 +15,7 @@ from typing import Literal
 
 from common.languages import lsp_id_for_path
 from completion.types import CompletionRequest
+from evaluation.positions import Draw, TypingPauses, read_sources, sample_cursors, select_files
 
 # The corpus: files of these kinds (their language ids come from `common.languages`).
 CORPUS_SUFFIXES = (".py", ".js", ".ts", ".go")
@@ -47,57 +48,34 @@ class Position:
 
 def corpus_files(root: Path) -> list[Path]:
     """Source files under `root` (sorted, tests and huge files left out)."""
-    files = [
-        p
-        for p in sorted(root.rglob("*"))
-        if p.suffix in CORPUS_SUFFIXES
-        and p.is_file()
-        and p.stat().st_size <= MAX_FILE_BYTES
-        and "test" not in p.parts[-1]
-    ]
-    return files
+    return select_files(root, CORPUS_SUFFIXES, MAX_FILE_BYTES, skip_tests=True)
 
 
 def sample_positions(root: Path, count: int, seed: int) -> list[Position]:
-    """`count` positions spread over the files under `root`, the same for the same seed.
+    """`count` positions spread over the files under `root`, the same for the same seed, in
+    file and offset order.
 
-    A position is where a typist pauses: at the start of a line's code (after its indent) or
-    after a space or punctuation inside it, never in a blank line.
+    A position is where a typist pauses (`evaluation.positions.TypingPauses`).
     """
-    rng = random.Random(seed)
-    candidates: list[tuple[Path, int, int]] = []
-    texts: dict[Path, str] = {}
-    for path in corpus_files(root):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        texts[path] = text
-        offset = 0
-        for number, line in enumerate(text.split("\n")):
-            stripped = line.strip()
-            if stripped and not stripped.startswith("#") and number > 3:
-                indent = len(line) - len(line.lstrip())
-                stops = [indent] + [
-                    i + 1 for i in range(indent, len(line) - 1) if line[i] in " (.,=[:"
-                ]
-                column = rng.choice(stops)
-                candidates.append((path, offset + column, number))
-            offset += len(line) + 1
-    chosen = rng.sample(candidates, min(count, len(candidates)))
-    chosen.sort(key=lambda c: (str(c[0]), c[1]))
+    cursors = sample_cursors(
+        read_sources(corpus_files(root)),
+        count,
+        random.Random(seed),
+        TypingPauses(),
+        Draw.PLACE_THEN_SAMPLE,
+    )
+    cursors.sort(key=lambda c: (str(c.source.path), c.offset))
     positions = []
-    for path, offset, number in chosen:
-        text = texts[path]
-        prefix = text[:offset]
+    for cursor in cursors:
+        text, offset = cursor.source.text, cursor.offset
         positions.append(
             Position(
-                path=str(path),
-                prefix=prefix,
+                path=str(cursor.source.path),
+                prefix=text[:offset],
                 truth=text[offset:],
-                language=lsp_id_for_path(path.name),
-                line=number,
-                character=len(prefix) - prefix.rfind("\n") - 1,
+                language=lsp_id_for_path(cursor.source.path.name),
+                line=cursor.line.number,
+                character=cursor.column,
             )
         )
     return positions
