@@ -9,7 +9,8 @@ refusal is final: the batch goes to the spool's quarantine table and is counted 
 splits the batch, so only an event too large on its own is quarantined).
 
 Every wait is on an `Event`, so `shutdown()` interrupts it and spends its remaining time on one
-last flush; what is still spooled then is sent by the next process.
+last flush; what is still spooled then is sent by the next process. The retry rule itself is
+`common.http.RetryingClient`, the one every sender to the backend uses.
 """
 
 from __future__ import annotations
@@ -21,18 +22,36 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 
 import httpx
 from pydantic import ValidationError
 
+from common.http import (
+    MAX_RETRY_AFTER_S,
+    RETRYABLE_STATUS,
+    Backoff,
+    Refused,
+    RetryingClient,
+    RetryPolicy,
+    Unavailable,
+    parse_retry_after,
+)
 from telemetry.events import IngestResponse
 from telemetry.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
-MAX_RETRY_AFTER_S = 3600.0
+__all__ = [
+    "EVENTS_PATH",
+    "MAX_RETRY_AFTER_S",
+    "RETRYABLE_STATUS",
+    "Export",
+    "Sender",
+    "SenderStats",
+    "encode_batch",
+    "parse_retry_after",
+]
+
 EVENTS_PATH = "/v1/events"
 
 
@@ -55,24 +74,6 @@ class SenderStats:
     retries: int = 0
     last_retry_delay_s: float = 0.0
     last_error: str = ""
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a `Retry-After` header (delta-seconds or HTTP date), or None."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    if seconds != seconds:  # NaN
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
 
 
 def encode_batch(batch: list[SpooledEvent]) -> bytes:
@@ -109,18 +110,23 @@ class Sender:
         self.backoff_max_s = backoff_max_s
         self.stats = SenderStats()
         self._rng = rng or random.Random()
-        self._http = httpx.Client(
+        self._backoff = Backoff(backoff_initial_s, backoff_max_s)
+        self._stop = threading.Event()
+        # The stop event interrupts the client's waits: shutdown never waits out a Retry-After.
+        self._http = RetryingClient(
             headers={
                 "Authorization": f"Bearer {token}",
                 "Content-Type": "application/json",
                 "Content-Encoding": "gzip",
                 "User-Agent": "tabloop-telemetry/1",
             },
+            timeout_s=request_timeout_s,
+            policy=RetryPolicy(deadline_s=retry_deadline_s, backoff=self._backoff),
             transport=transport,
-            timeout=request_timeout_s,
+            stop=self._stop,
+            rng=self._rng,
         )
         self._wake = threading.Event()
-        self._stop = threading.Event()
         self._enabled = threading.Event()  # cleared while the user has telemetry off
         self._enabled.set()
         self._final_deadline = 0.0
@@ -181,7 +187,7 @@ class Sender:
                 self._failures = 0
             else:
                 self._failures += 1
-                self._stop.wait(self._backoff(self._failures))
+                self._stop.wait(self._backoff.delay(self._failures, self._rng))
         if not self._enabled.is_set():
             return
         try:
@@ -208,53 +214,39 @@ class Sender:
     def export(self, batch: list[SpooledEvent], deadline: float) -> Export:
         """Deliver one batch, retrying transient failures until `deadline`."""
         body = encode_batch(batch)
-        attempt = 0
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return Export.PENDING
-            retry_after: float | None = None
-            try:
-                self.stats.requests += 1
-                response = self._http.post(
-                    self.url, content=body, timeout=min(self.request_timeout_s, remaining)
-                )
-            except httpx.TransportError as exc:  # refused, reset, timed out
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"
-            else:
-                status = response.status_code
-                if 200 <= status < 300:
-                    return self._delivered(batch, response)
-                self.stats.last_error = f"HTTP {status}: {response.text[:200]}"
-                if status == 413 and len(batch) > 1:
-                    # Too large together: halve the batch and let drain() go on with it.
-                    self._batch_limit = max(1, len(batch) // 2)
-                    return Export.DELIVERED
-                if status not in RETRYABLE_STATUS:
-                    return self._final(batch, status, response.text)
-                retry_after = parse_retry_after(response.headers.get("Retry-After"))
-            delay = retry_after if retry_after is not None else self._backoff(attempt)
-            if retry_after is not None:
-                self._not_before = time.monotonic() + retry_after
-            self.stats.last_retry_delay_s = delay
-            if time.monotonic() + delay > deadline:
-                return Export.PENDING
-            if self._sleep(delay):
-                return Export.PENDING
-            attempt += 1
-            self.stats.retries += 1
+        # The final flush runs after `_stop` is set: its waits must not end at once, and its
+        # deadline (the shutdown budget) already bounds them.
+        final_flush = self._stop.is_set()
+        if final_flush:
+            deadline = min(deadline, self._final_deadline)
+        try:
+            response = self._http.post(
+                self.url, content=body, deadline=deadline, interruptible=not final_flush
+            )
+        except Unavailable as exc:
+            self._copy_stats()
+            if exc.not_before is not None:
+                self._not_before = exc.not_before
+            return Export.PENDING
+        except Refused as exc:
+            self._copy_stats()
+            self.stats.last_error = f"HTTP {exc.status}: {exc.response.text[:200]}"
+            if exc.status == 413 and len(batch) > 1:
+                # Too large together: halve the batch and let drain() go on with it.
+                self._batch_limit = max(1, len(batch) // 2)
+                return Export.DELIVERED
+            return self._final(batch, exc.status, exc.response.text)
+        self._copy_stats()
+        return self._delivered(batch, response)
 
-    def _sleep(self, delay: float) -> bool:
-        """Wait `delay`; True when shutdown interrupted a normal wait."""
-        if self._stop.is_set():
-            # The final flush: wait, but never past its deadline.
-            time.sleep(max(0.0, min(delay, self._final_deadline - time.monotonic())))
-            return False
-        return self._stop.wait(delay)
-
-    def _backoff(self, attempt: int) -> float:
-        base = min(self.backoff_max_s, self.backoff_initial_s * (2.0**attempt))
-        return base * (0.5 + 0.5 * self._rng.random())  # jitter spreads a fleet's retries
+    def _copy_stats(self) -> None:
+        """Mirror the client's counters (it sends for this sender alone)."""
+        sent = self._http.stats
+        self.stats.requests = sent.attempts
+        self.stats.retries = sent.retries
+        self.stats.last_retry_delay_s = sent.last_retry_delay_s
+        if sent.last_error:
+            self.stats.last_error = sent.last_error
 
     def _delivered(self, batch: list[SpooledEvent], response: httpx.Response) -> Export:
         try:

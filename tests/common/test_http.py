@@ -1,0 +1,320 @@
+"""The retrying HTTP client against a real loopback server that answers scripted statuses."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from common.http import (
+    Backoff,
+    Refused,
+    RetryingClient,
+    RetryPolicy,
+    Unavailable,
+    parse_retry_after,
+)
+
+WALL_NOW = 1_700_000_000.0
+
+
+@dataclass
+class Answer:
+    """One scripted answer: status, headers, body, and how long to stall before answering."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b'{"ok":true}'
+    stall_s: float = 0.0
+
+
+class ScriptedServer:
+    """An `http.server` on a free loopback port that pops one `Answer` per request (200 when
+    the script is empty) and records what it was sent."""
+
+    def __init__(self) -> None:
+        self.script: list[Answer] = []
+        self.bodies: list[bytes] = []
+        self.seen = threading.Event()  # set on the first request
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                server.bodies.append(self.rfile.read(length))
+                server.seen.set()
+                answer = server.script.pop(0) if server.script else Answer()
+                time.sleep(answer.stall_s)
+                self.send_response(answer.status)
+                for name, value in answer.headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(answer.body)))
+                self.end_headers()
+                self.wfile.write(answer.body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # keep the test output clean
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        # A short poll keeps shutdown quick (the default polls twice a second).
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    def __enter__(self) -> ScriptedServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as running:
+        yield running
+
+
+class FakeClock:
+    """A monotonic clock that only moves when the client sleeps: waits cost no real time, and
+    every deadline decision is deterministic."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float, stop: threading.Event | None) -> bool:
+        if stop is not None and stop.is_set():
+            return True
+        self.slept.append(seconds)
+        self.now += seconds
+        return False
+
+
+def client_of(
+    url: str, clock: FakeClock, *, deadline_s: float = 60.0, **policy: float
+) -> RetryingClient:
+    return RetryingClient(
+        base_url=url,
+        timeout_s=5.0,
+        policy=RetryPolicy(
+            deadline_s=deadline_s,
+            backoff=Backoff(policy.get("initial_s", 1.0), policy.get("max_s", 8.0)),
+            max_retry_after_s=policy.get("cap_s", 3600.0),
+        ),
+        rng=random.Random(3),
+        clock=clock,
+        wall_clock=lambda: WALL_NOW,
+        sleep=clock.sleep,
+    )
+
+
+def test_a_2xx_answer_is_returned_after_one_request(server: ScriptedServer) -> None:
+    clock = FakeClock()
+    client = client_of(server.url, clock)
+    response = client.post("/x", content=b"payload")
+    assert response.json() == {"ok": True}
+    assert server.bodies == [b"payload"]
+    assert client.stats.attempts == 1 and client.stats.retries == 0
+    assert client.stats.bytes_sent == len(b"payload")
+    assert clock.slept == []
+
+
+def test_transient_statuses_are_retried_with_jittered_doubling_backoff(
+    server: ScriptedServer,
+) -> None:
+    server.script = [Answer(429), Answer(502), Answer(503), Answer(504)]
+    clock = FakeClock()
+    client = client_of(server.url, clock, initial_s=1.0, max_s=3.0)
+    assert client.post("/x", content=b"b").status_code == 200
+    assert len(server.bodies) == 5
+    assert client.stats.retries == 4
+    # Half to all of 1, 2, 3 (capped), 3 seconds.
+    bases = [1.0, 2.0, 3.0, 3.0]
+    assert len(clock.slept) == 4
+    for slept, base in zip(clock.slept, bases, strict=True):
+        assert base / 2 <= slept <= base
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        pytest.param("7", 7.0, id="delta-seconds"),
+        pytest.param("0", 0.0, id="zero"),
+        pytest.param(formatdate(WALL_NOW + 12, usegmt=True), 12.0, id="http-date"),
+        pytest.param(formatdate(WALL_NOW - 600, usegmt=True), 0.0, id="http-date-in-the-past"),
+        pytest.param("999999", 45.0, id="capped"),
+        pytest.param(formatdate(WALL_NOW + 86400, usegmt=True), 45.0, id="http-date-capped"),
+    ],
+)
+def test_retry_after_is_honoured_in_both_forms(
+    server: ScriptedServer, header: str, expected: float
+) -> None:
+    server.script = [Answer(503, {"Retry-After": header})]
+    clock = FakeClock()
+    client = client_of(server.url, clock, cap_s=45.0)
+    assert client.post("/x", content=b"b").status_code == 200
+    assert clock.slept == [expected]
+    assert client.stats.last_retry_delay_s == expected
+
+
+def test_connection_errors_are_retried_until_the_deadline() -> None:
+    with socket.socket() as placeholder:  # a port nobody listens on
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+    clock = FakeClock()
+    client = client_of(f"http://127.0.0.1:{port}", clock, deadline_s=10.0, initial_s=1.0)
+    start = clock.now
+    with pytest.raises(Unavailable) as gave_up:
+        client.post("/x", content=b"b")
+    assert "ConnectError" in gave_up.value.problem
+    assert gave_up.value.status is None and not gave_up.value.interrupted
+    assert client.stats.attempts >= 3 and client.stats.responses == 0
+    assert clock.now - start <= 10.0  # no wait ran past the deadline
+
+
+def test_the_deadline_bounds_every_wait(server: ScriptedServer) -> None:
+    server.script = [Answer(503) for _ in range(50)]
+    clock = FakeClock()
+    client = client_of(server.url, clock, deadline_s=20.0, initial_s=1.0, max_s=4.0)
+    start = clock.now
+    with pytest.raises(Unavailable) as gave_up:
+        client.post("/x", content=b"b")
+    assert gave_up.value.status == 503
+    assert clock.now - start <= 20.0
+    assert len(server.bodies) == len(clock.slept) + 1
+
+
+def test_a_retry_after_past_the_deadline_gives_up_at_once(server: ScriptedServer) -> None:
+    server.script = [Answer(429, {"Retry-After": "120"})]
+    clock = FakeClock()
+    client = client_of(server.url, clock, deadline_s=30.0)
+    with pytest.raises(Unavailable) as gave_up:
+        client.post("/x", content=b"b")
+    assert clock.slept == []
+    assert len(server.bodies) == 1
+    # The caller learns when the server will take requests again.
+    assert gave_up.value.not_before == pytest.approx(clock.now + 120.0)
+
+
+def test_a_timeout_is_retried(server: ScriptedServer) -> None:
+    server.script = [Answer(200, stall_s=2.0)]
+    clock = FakeClock()
+    client = RetryingClient(
+        base_url=server.url,
+        timeout_s=0.2,
+        policy=RetryPolicy(deadline_s=60.0, backoff=Backoff(1.0, 1.0)),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    assert client.post("/x", content=b"b").status_code == 200
+    assert client.stats.retries == 1
+    assert "Timeout" in client.stats.last_error
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        pytest.param(400, id="400"),
+        pytest.param(401, id="401"),
+        pytest.param(404, id="404"),
+        pytest.param(409, id="409"),
+        pytest.param(413, id="413"),
+        pytest.param(422, id="422"),
+        pytest.param(500, id="500"),
+    ],
+)
+def test_a_final_answer_is_refused_for_quarantine_without_retry(
+    server: ScriptedServer, status: int
+) -> None:
+    server.script = [Answer(status, body=json.dumps({"detail": "not like this"}).encode())]
+    clock = FakeClock()
+    client = client_of(server.url, clock)
+    with pytest.raises(Refused) as refused:
+        client.post("/x", content=b"b")
+    assert refused.value.status == status
+    assert refused.value.detail == "not like this"
+    assert len(server.bodies) == 1 and clock.slept == []
+
+
+def test_shutdown_interrupts_a_long_wait(server: ScriptedServer) -> None:
+    server.script = [Answer(429, {"Retry-After": "3600"})]
+    client = RetryingClient(base_url=server.url, policy=RetryPolicy(deadline_s=7200.0))
+    outcome: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            client.post("/x", content=b"b")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    sending = threading.Thread(target=send)
+    sending.start()
+    assert server.seen.wait(30)
+    time.sleep(0.05)  # let it reach the wait (it ends at once either way)
+    client.close()
+    sending.join(30)
+    assert not sending.is_alive()  # not an hour
+    (failure,) = outcome
+    assert isinstance(failure, Unavailable) and failure.interrupted
+
+
+def test_a_stopped_client_retries_when_told_the_wait_is_not_interruptible(
+    server: ScriptedServer,
+) -> None:
+    server.script = [Answer(503)]
+    clock = FakeClock()
+    client = client_of(server.url, clock)
+    client.stop.set()
+    with pytest.raises(Unavailable):
+        client.post("/x", content=b"b")
+    server.script = [Answer(503)]
+    # A final flush during shutdown: its own deadline bounds it, the stop event does not.
+    assert client.post("/x", content=b"b", interruptible=False).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        pytest.param(None, None, id="absent"),
+        pytest.param(" 2.5 ", 2.5, id="fractional"),
+        pytest.param("-3", 0.0, id="negative-clamped"),
+        pytest.param("999999", 3600.0, id="capped"),
+        pytest.param("Tue, 14 Nov 2023 22:13:27 GMT", 7.0, id="date"),
+        pytest.param("soon", None, id="garbage"),
+        pytest.param("nan", None, id="nan"),
+    ],
+)
+def test_parse_retry_after(header: str | None, expected: float | None) -> None:
+    assert parse_retry_after(header, now=WALL_NOW) == expected
+
+
+@pytest.mark.parametrize(
+    ("attempt", "low", "high"),
+    [
+        pytest.param(0, 0.25, 0.5, id="first"),
+        pytest.param(3, 2.0, 4.0, id="doubled"),
+        pytest.param(10, 5.0, 10.0, id="capped"),
+        pytest.param(10_000, 5.0, 10.0, id="huge-attempt"),
+    ],
+)
+def test_backoff_is_jittered_under_its_cap(attempt: int, low: float, high: float) -> None:
+    rng = random.Random(11)
+    backoff = Backoff(0.5, 10.0)
+    for _ in range(50):
+        assert low <= backoff.delay(attempt, rng) <= high
