@@ -1,9 +1,11 @@
 """The backend's FastAPI application.
 
-`create_app()` wires storage, limits, metrics and the routers; areas of the backend add their own
-router module under `backend/routes/` and include it here. Shared state lives on `app.state`:
-`storage` (`Storage`), `limits` (`IngestLimits`), `rate_limiter` (`RateLimiter`), `metrics`
-(`Metrics`).
+`create_app()` builds the app's services once (`BackendServices`: storage, limits, rate limiter,
+metrics, policy registry, completion model, index sync store, and the scheduled trainer when
+this process trains), includes the routers, and gives the app one lifespan that starts and stops
+those services. Routes ask for a service by type through `backend/deps.py`; a new area adds a
+router module under `backend/routes/` (and its logic under `backend/services/`) and includes it
+here.
 """
 
 from __future__ import annotations
@@ -12,16 +14,21 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
+from starlette.concurrency import run_in_threadpool
 
-from backend.metrics import Metrics
-from backend.ratelimit import RateLimiter
+from backend.policy.settings import TrainerSettings
 from backend.routes import completions, events, health, index_sync, policy
-from backend.routes.events import IngestLimits
+from backend.services.completions import RunnerLoader
+from backend.services.container import BackendServices
+from backend.services.ingest import IngestLimits
 from backend.storage import Storage, default_db_url
+from completion.settings import CompletionSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,30 +40,60 @@ def _version() -> str:
         return "0+unknown"
 
 
+class BackendApp(FastAPI):
+    """The backend's app: FastAPI, holding the services its routes are given."""
+
+    def __init__(self, services: BackendServices, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.services = services
+
+
+@asynccontextmanager
+async def lifespan(app: BackendApp) -> AsyncIterator[None]:
+    """Start the app's services, serve, then stop them (the trainer finishes its run first)."""
+    services = app.services
+    services.start()
+    try:
+        yield
+    finally:
+        # Joining the trainer's thread blocks: off the event loop.
+        await run_in_threadpool(services.stop)
+
+
 def create_app(
     db_url: str | None = None,
     *,
+    migrate: bool = True,
     storage: Storage | None = None,
     limits: IngestLimits | None = None,
-) -> FastAPI:
-    """The backend app on `db_url` (migrated on creation), or on an open `storage`."""
+    trainer: TrainerSettings | None = None,
+    train: bool = False,
+    completion: CompletionSettings | None = None,
+    preload_model: bool = False,
+    cache_dir: Path | None = None,
+    runner_loader: RunnerLoader | None = None,
+) -> BackendApp:
+    """The backend app on `db_url` (migrated on creation unless `migrate` is false; closed when
+    the app stops), or on an open `storage` (left open).
+
+    `trainer` sets the policy loop (default settings otherwise); with `train` this process runs
+    the scheduled trainer while serving. `completion` chooses the model of `/v1/completions`
+    (default: the bundled one, loaded on first use; `preload_model` starts loading it at start;
+    `cache_dir` and `runner_loader` replace where and how it is loaded).
+    """
     owned = storage is None
-    store = storage if storage is not None else Storage(db_url or default_db_url())
-    limits = limits or IngestLimits()
-
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        yield
-        if owned:
-            store.close()
-
-    app = FastAPI(title="tabloop backend", version=_version(), lifespan=lifespan)
-    app.state.storage = store
-    app.state.limits = limits
-    app.state.metrics = Metrics()
-    app.state.rate_limiter = RateLimiter(
-        limits.rate_events_per_s, max(limits.burst_events, limits.max_batch_events)
+    services = BackendServices.create(
+        storage if storage is not None else Storage(db_url or default_db_url(), migrate=migrate),
+        owns_storage=owned,
+        limits=limits,
+        trainer=trainer,
+        train=train,
+        completion=completion,
+        preload_model=preload_model,
+        cache_dir=cache_dir,
+        runner_loader=runner_loader,
     )
+    app = BackendApp(services, title="tabloop backend", version=_version(), lifespan=lifespan)
 
     @app.exception_handler(DBAPIError)
     async def database_unavailable(_request: Request, exc: DBAPIError) -> JSONResponse:
@@ -66,9 +103,6 @@ def create_app(
             {"detail": "database unavailable"}, status_code=503, headers={"Retry-After": "1"}
         )
 
-    app.include_router(health.router)
-    app.include_router(events.router)
-    policy.install(app)
-    index_sync.install(app)
-    completions.install(app)
+    for module in (health, events, policy, index_sync, completions):
+        app.include_router(module.router)
     return app

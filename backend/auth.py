@@ -7,7 +7,8 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from starlette.concurrency import run_in_threadpool
 
-from backend.storage import Principal, Storage
+from backend.deps import MetricsDep, StorageDep
+from backend.storage import Principal
 
 
 def bearer_token(request: Request) -> str | None:
@@ -19,20 +20,21 @@ def bearer_token(request: Request) -> str | None:
     return token.strip()
 
 
-async def require_principal(request: Request) -> Principal:
+async def require_principal(
+    request: Request, storage: StorageDep, metrics: MetricsDep
+) -> Principal:
     """FastAPI dependency: the tenant of the request's token, else 401.
 
     A cached token costs no I/O; otherwise the lookup runs in the thread pool, off the loop.
     """
     token = bearer_token(request)
-    storage: Storage = request.app.state.storage
     principal = None
     if token:
         principal = storage.cached_principal(token) or await run_in_threadpool(
             storage.principal_for_token, token
         )
     if principal is None:
-        request.app.state.metrics.inc("tabloop_requests_unauthorized_total")
+        metrics.inc("tabloop_requests_unauthorized_total")
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,
             detail="missing or unknown bearer token",

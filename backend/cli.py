@@ -20,8 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 from backend.storage import Storage, default_db_url
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
+    from backend.app import BackendApp
     from backend.policy.settings import TrainerSettings
 
 DEFAULT_PORT = 8765
@@ -138,29 +137,23 @@ def trainer_settings(args: argparse.Namespace) -> TrainerSettings:
     return TrainerSettings.model_validate(overrides)
 
 
-def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> FastAPI:
+def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> BackendApp:
     from backend.app import create_app
-    from backend.policy.registry import PolicyRegistry
-    from backend.policy.settings import TrainerSettings
-    from backend.routes import completions
-    from backend.routes.events import IngestLimits
-    from backend.routes.policy import schedule_training
+    from backend.services.ingest import IngestLimits
     from completion.settings import CompletionSettings
 
     limits = IngestLimits() if args.rate is None else IngestLimits(rate_events_per_s=args.rate)
-    db_url = args.db or default_db_url()
-    if migrate:
-        app = create_app(db_url, limits=limits)
-    else:
-        app = create_app(storage=Storage(db_url, migrate=False), limits=limits)
-    if train:  # the learning loop: train and promote policies while serving
-        schedule_training(app, trainer_settings(args))
-    else:  # serve the policies another process trains, with the same built-in floor
-        floor = TrainerSettings.model_validate({}).show_floor
-        app.state.policy_registry = PolicyRegistry(app.state.storage, builtin_floor=floor)
-    served = CompletionSettings(model=args.completion_model or "bundled")
-    completions.configure(app, served, preload=args.preload_model)
-    return app
+    # Every worker gets the same trainer settings, so the built-in policy each serves until a
+    # version is promoted is the same; only the worker that `train`s runs the trainer.
+    return create_app(
+        args.db or default_db_url(),
+        migrate=migrate,
+        limits=limits,
+        trainer=trainer_settings(args),
+        train=train,
+        completion=CompletionSettings(model=args.completion_model or "bundled"),
+        preload_model=args.preload_model,
+    )
 
 
 def _claim_training(path: str) -> IO[bytes] | None:
@@ -178,13 +171,13 @@ def _claim_training(path: str) -> IO[bytes] | None:
     return handle
 
 
-def worker_app() -> FastAPI:
+def worker_app() -> BackendApp:
     """The app of one worker process under `--workers N` (uvicorn's factory)."""
     args = _serve_parser().parse_args(json.loads(os.environ[WORKER_ENV]))
     lock = _claim_training(os.environ[TRAINING_LOCK_ENV])
     # The parent migrated the database before starting the workers.
     app = _build_app(args, migrate=False, train=lock is not None)
-    app.state.training_lock = lock
+    app.services.training_lock = lock
     return app
 
 

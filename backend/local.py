@@ -20,8 +20,10 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from backend.app import create_app
-from backend.routes.events import IngestLimits
+from backend.app import BackendApp, create_app
+from backend.policy.settings import TrainerSettings
+from backend.services.container import BackendServices
+from backend.services.ingest import IngestLimits
 from backend.storage import Principal, Storage
 
 
@@ -96,7 +98,8 @@ class LocalBackend:
 
     `stop_serving()` and `start_serving()` close and reopen the same port (an outage, for
     tests and benchmarks); `stop()` ends it for good. `asgi_wrapper` may wrap the app in
-    middleware (tests record bodies and script faults with it).
+    middleware (tests record bodies and script faults with it). With `trainer` settings it also
+    trains on their schedule while serving (`services.trainer`).
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class LocalBackend:
         tenant: str = "local",
         port: int = 0,
         limits: IngestLimits | None = None,
+        trainer: TrainerSettings | None = None,
         asgi_wrapper: Callable[[FastAPI], Any] | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -119,10 +123,17 @@ class LocalBackend:
         principal = self.storage.principal_for_token(self.token)
         assert principal is not None
         self.principal: Principal = principal
-        self.app: FastAPI = create_app(storage=self.storage, limits=limits)
+        self.app: BackendApp = create_app(
+            storage=self.storage, limits=limits, trainer=trainer, train=trainer is not None
+        )
         self._asgi: Any = asgi_wrapper(self.app) if asgi_wrapper else self.app
         self.port = port
         self._server: ServerThread | None = None
+
+    @property
+    def services(self) -> BackendServices:
+        """The app's services (its metrics, registry, trainer, ...)."""
+        return self.app.services
 
     @property
     def url(self) -> str:

@@ -31,7 +31,6 @@ from backend.local import LocalBackend
 from backend.policy.dataset import latest_event_id
 from backend.policy.loop import TrainingScheduler
 from backend.policy.settings import TrainerSettings
-from backend.routes.policy import schedule_training
 from completion.engine import Engine
 from completion.gate import Policy, Signals, builtin_policy
 from completion.output_cache import CachedRunner
@@ -338,8 +337,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp:
         work = Path(tmp)
         runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
-        backend = LocalBackend(tenant="replay")
-        scheduler = schedule_training(backend.app, trainer_settings)
+        backend = LocalBackend(tenant="replay", trainer=trainer_settings)
+        scheduler = backend.services.trainer
+        assert scheduler is not None  # asked for with the trainer settings
         backend.start()
         telemetry = TelemetryClient(
             TelemetrySettings(

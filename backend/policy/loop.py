@@ -55,10 +55,15 @@ def run_training(
     settings: TrainerSettings,
     *,
     now: datetime | None = None,
+    registry: PolicyRegistry | None = None,
 ) -> RunSummary:
-    """Train a candidate from the tenant's events, store it, and promote it if it is better."""
+    """Train a candidate from the tenant's events, store it, and promote it if it is better.
+
+    `registry` is the backend's own when it trains while serving; else one is made here.
+    """
     started = time.time()
-    registry = PolicyRegistry(storage, builtin_floor=settings.show_floor)
+    if registry is None:
+        registry = PolicyRegistry(storage, builtin_floor=settings.show_floor)
     serving = registry.serving_policy(tenant_id)
     decisions = load_logged(
         storage,
@@ -105,9 +110,15 @@ def tenant_ids(storage: Storage) -> list[int]:
 class TrainingScheduler:
     """Trains every tenant with new events every `interval_s`, in one background thread."""
 
-    def __init__(self, storage: Storage, settings: TrainerSettings) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        settings: TrainerSettings,
+        registry: PolicyRegistry | None = None,
+    ) -> None:
         self.storage = storage
         self.settings = settings
+        self.registry = registry or PolicyRegistry(storage, builtin_floor=settings.show_floor)
         self.runs: list[RunSummary] = []
         self._seen: dict[int, int] = {}  # tenant -> newest event id at its last run
         self._stop = threading.Event()
@@ -140,7 +151,9 @@ class TrainingScheduler:
                 if newest <= self._seen.get(tenant_id, 0):
                     continue
                 try:
-                    summary = run_training(self.storage, tenant_id, self.settings)
+                    summary = run_training(
+                        self.storage, tenant_id, self.settings, registry=self.registry
+                    )
                 except Exception:
                     log.exception("training tenant %s failed", tenant_id)
                     continue

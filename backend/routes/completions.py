@@ -2,9 +2,9 @@
 
 Several editors on one machine (or a team on one box) share one loaded model: point each
 language server's `HttpRunner` here (`completion.runner = "http"`, `completion.httpUrl =
-http://127.0.0.1:8765/v1`, `completion.httpApiKey = <tenant token>`). The runner comes from
-`completion.runners.load_runner` with the backend's completion settings, loaded on the first
-request (or at start with `preload`), and generates one request at a time.
+http://127.0.0.1:8765/v1`, `completion.httpApiKey = <tenant token>`). The model is the app's
+`CompletionService` (`backend/services/completions.py`): loaded on the first request (or at
+start with `preload`), it generates one request at a time.
 
 Supported fields: `prompt` (a string, or a list of one), `max_tokens`, `temperature`, `stop` (up to
 four strings), `stream` (server-sent events, ended by `data: [DONE]`), `logprobs`, `model`
@@ -16,40 +16,31 @@ end).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import logging
-import queue
-import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
-import platformdirs
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
 from backend.auth import CurrentPrincipal
+from backend.deps import CompletionServiceDep
 from backend.routes.events import read_body
 from backend.routes.index_sync import validation_detail
-from completion.fim import UnknownFamily, template_for
+from backend.services.completions import CompletionJob, CompletionService, StreamFailure
 from completion.runners.base import ModelRunner
-from completion.settings import CompletionSettings
 from completion.types import CancelToken, Generation
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 MAX_BODY_BYTES = 1024 * 1024
 MAX_PROMPT_CHARS = 256 * 1024
 MAX_STOP_CHARS = 64
-
-RunnerLoader = Callable[[CompletionSettings, Path], ModelRunner]
 
 
 class CompletionBody(BaseModel):
@@ -94,72 +85,9 @@ class CompletionBody(BaseModel):
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         return [s for s in stops if s]
 
-
-class CompletionService:
-    """One lazily loaded runner shared by every request of the backend."""
-
-    def __init__(
-        self,
-        settings: CompletionSettings,
-        cache_dir: Path,
-        loader: RunnerLoader | None = None,
-    ) -> None:
-        self.settings = settings
-        self.cache_dir = cache_dir
-        self._loader = loader
-        self._runner: ModelRunner | None = None
-        self._lock = threading.Lock()
-
-    def runner(self) -> ModelRunner:
-        """The runner, loaded on first use (blocking; call from a worker thread)."""
-        with self._lock:
-            if self._runner is None:
-                if self._loader is None:
-                    from completion.runners import load_runner
-
-                    self._loader = load_runner
-                started = time.perf_counter()
-                try:
-                    self._runner = self._loader(self.settings, self.cache_dir)
-                except Exception:
-                    log.exception("could not load the completion model")
-                    raise
-                log.info("completion model loaded in %.1fs", time.perf_counter() - started)
-            return self._runner
-
-    def preload(self) -> threading.Thread:
-        """Load in a background thread now, so the first request does not wait as long."""
-
-        def load() -> None:
-            # A failure is logged in runner(); the next request tries again and reports it.
-            with contextlib.suppress(Exception):
-                self.runner()
-
-        thread = threading.Thread(target=load, name="tabloop-model-load", daemon=True)
-        thread.start()
-        return thread
-
-    def close(self) -> None:
-        with self._lock:
-            if self._runner is not None:
-                self._runner.close()
-                self._runner = None
-
-
-def held_back(text: str, stops: list[str]) -> int:
-    """Length of the longest end of `text` that could still grow into a stop sequence."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:size]):
-                longest = size
-                break
-    return longest
-
-
-def _first_stop(text: str, stops: list[str]) -> int | None:
-    cuts = [index for stop in stops if (index := text.find(stop)) >= 0]
-    return min(cuts) if cuts else None
+    def job(self) -> CompletionJob:
+        """What the model is asked to generate."""
+        return CompletionJob(self.text, self.max_tokens, self.temperature, self.stops)
 
 
 def _finish(generation: Generation) -> str:
@@ -193,10 +121,11 @@ async def _parse(request: Request) -> CompletionBody:
 
 
 @router.post("/v1/completions")
-async def completions(request: Request, principal: CurrentPrincipal) -> Any:
+async def completions(
+    request: Request, principal: CurrentPrincipal, service: CompletionServiceDep
+) -> Any:
     """Complete a prompt with the shared model, whole or streamed."""
     ask = await _parse(request)
-    service: CompletionService = request.app.state.completions
     try:
         runner = await run_in_threadpool(service.runner)
     except Exception as exc:
@@ -205,7 +134,7 @@ async def completions(request: Request, principal: CurrentPrincipal) -> Any:
     head = {"id": ident, "object": "text_completion", "created": int(time.time())}
     head["model"] = ask.model or runner.model_id
     if not ask.stream:
-        generation = await run_in_threadpool(_generate, runner, ask, CancelToken(), None)
+        generation = await run_in_threadpool(service.generate, runner, ask.job(), CancelToken())
         logprobs = generation.token_logprobs if ask.logprobs is not None else None
         text = (ask.text if ask.echo else "") + generation.text
         return JSONResponse(
@@ -215,49 +144,7 @@ async def completions(request: Request, principal: CurrentPrincipal) -> Any:
                 "usage": _usage(generation),
             }
         )
-    return StreamingResponse(_stream(runner, ask, head), media_type="text/event-stream")
-
-
-def _generate(
-    runner: ModelRunner,
-    ask: CompletionBody,
-    cancel: CancelToken,
-    emit: Callable[[str], None] | None,
-) -> Generation:
-    """Run the model; `emit` receives each piece of text that can no longer be retracted."""
-    # The model's own end markers are cut by the runner too; held back here, they never stream.
-    stops = ask.stops + [s for s in _template_stops(runner) if s not in ask.stops]
-    sent = 0
-
-    def stop_rule(text: str) -> int | None:
-        nonlocal sent
-        cut = _first_stop(text, stops)
-        if cut is not None:
-            return cut
-        if emit is not None:
-            safe = len(text) - held_back(text, stops)
-            if safe > sent:
-                emit(text[sent:safe])
-                sent = safe
-        return None
-
-    generation = runner.generate(
-        ask.text,
-        max_new_tokens=ask.max_tokens,
-        stop=stop_rule,
-        cancel=cancel,
-        temperature=ask.temperature,
-    )
-    if emit is not None and len(generation.text) > sent:
-        emit(generation.text[sent:])  # what was held back and turned out not to be a stop
-    return generation
-
-
-def _template_stops(runner: ModelRunner) -> list[str]:
-    try:
-        return list(template_for(runner.family).stop_tokens)
-    except UnknownFamily:
-        return []
+    return StreamingResponse(_stream(service, runner, ask, head), media_type="text/event-stream")
 
 
 def _event(payload: dict[str, Any]) -> str:
@@ -265,76 +152,25 @@ def _event(payload: dict[str, Any]) -> str:
 
 
 async def _stream(
-    runner: ModelRunner, ask: CompletionBody, head: dict[str, Any]
+    service: CompletionService, runner: ModelRunner, ask: CompletionBody, head: dict[str, Any]
 ) -> AsyncIterator[str]:
-    """Generate in a worker thread and forward each piece as one event; a client that goes
-    away cancels the generation within one decode step."""
-    pieces: queue.Queue[tuple[str, Any] | None] = queue.Queue()
-    cancel = CancelToken()
-
-    def work() -> None:
-        try:
-            generation = _generate(runner, ask, cancel, lambda text: pieces.put(("text", text)))
-            pieces.put(("end", generation))
-        except Exception as exc:
-            log.exception("completion failed")
-            pieces.put(("error", f"{type(exc).__name__}: {exc}"))
-        finally:
-            pieces.put(None)
-
-    thread = threading.Thread(target=work, name="tabloop-completion", daemon=True)
-    thread.start()
-    try:
-        if ask.echo:
-            yield _event({**head, "choices": [_choice(ask.text, None, None)]})
-        while (item := await asyncio.to_thread(pieces.get)) is not None:
-            kind, value = item
-            if kind == "text":
-                yield _event({**head, "choices": [_choice(value, None, None)]})
-            elif kind == "error":
-                yield _event({**head, "error": {"message": value, "type": "server_error"}})
+    """One server-sent event per piece of text, then the finish (or the error) and `[DONE]`."""
+    if ask.echo:
+        yield _event({**head, "choices": [_choice(ask.text, None, None)]})
+    # Closed at once when the client leaves, which cancels the generation.
+    async with aclosing(service.stream(runner, ask.job())) as items:
+        async for item in items:
+            if isinstance(item, str):
+                yield _event({**head, "choices": [_choice(item, None, None)]})
+            elif isinstance(item, StreamFailure):
+                yield _event({**head, "error": {"message": item.message, "type": "server_error"}})
             else:
-                logprobs = value.token_logprobs if ask.logprobs is not None else None
+                logprobs = item.token_logprobs if ask.logprobs is not None else None
                 yield _event(
                     {
                         **head,
-                        "choices": [_choice("", _finish(value), logprobs)],
-                        "usage": _usage(value),
+                        "choices": [_choice("", _finish(item), logprobs)],
+                        "usage": _usage(item),
                     }
                 )
-        yield "data: [DONE]\n\n"
-    finally:
-        if thread.is_alive():
-            cancel.cancel("client disconnected")
-
-
-def default_cache_dir() -> Path:
-    return platformdirs.user_cache_path("tabloop")
-
-
-def configure(
-    app: FastAPI,
-    settings: CompletionSettings | None = None,
-    cache_dir: Path | None = None,
-    *,
-    preload: bool = False,
-    loader: RunnerLoader | None = None,
-) -> CompletionService:
-    """Serve completions on `app` with these settings (default: the bundled model, loaded on
-    first use; `preload` starts loading now)."""
-    previous: CompletionService | None = getattr(app.state, "completions", None)
-    if previous is not None:
-        previous.close()
-    service = CompletionService(
-        settings or CompletionSettings(), cache_dir or default_cache_dir(), loader
-    )
-    app.state.completions = service
-    if preload:
-        service.preload()
-    return service
-
-
-def install(app: FastAPI) -> None:
-    """Add the route with the default (lazily loaded) service."""
-    configure(app)
-    app.include_router(router)
+    yield "data: [DONE]\n\n"

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from backend.auth import CurrentPrincipal
+from backend.deps import services_of
 from backend.routes.events import read_body
 from backend.sync.store import (
     FileUpsert,
@@ -107,14 +108,15 @@ class ApplyRequest(WorkspaceRef):
     root: Hash | None = None
 
 
+LIMITS = SyncLimits()
+
+
 def _store(request: Request) -> IndexSyncStore:
-    store: IndexSyncStore = request.app.state.index_sync
-    return store
+    return services_of(request).index_sync
 
 
 def _limits(request: Request) -> SyncLimits:
-    limits: SyncLimits = request.app.state.sync_limits
-    return limits
+    return LIMITS
 
 
 async def _parse(request: Request, model: type[T]) -> T:
@@ -263,10 +265,3 @@ async def apply(request: Request, principal: CurrentPrincipal) -> dict[str, Any]
     except SyncError as exc:
         raise HTTPException(422, detail=str(exc)) from exc
     return {"root": new_root}
-
-
-def install(app: FastAPI, limits: SyncLimits | None = None) -> None:
-    """Add the index sync routes to `app` (state: `index_sync`, `sync_limits`)."""
-    app.state.index_sync = IndexSyncStore(app.state.storage)
-    app.state.sync_limits = limits or SyncLimits()
-    app.include_router(router)

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from backend.local import LocalBackend, bind_loopback, wait_until_healthy
-from backend.routes.events import IngestLimits
+from backend.services.ingest import IngestLimits
 from backend.storage import Storage
 from completion.types import CompletionRequest, Decision, Timings
 from lsp_server.features.telemetry import decision_event

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend.routes import completions
-from backend.routes.completions import held_back
+from backend.deps import get_completion_service
+from backend.services.completions import CompletionService, held_back
 from completion.fim import template_for
 from completion.runners.base import ModelRunner
 from completion.runners.http import HttpRunner
@@ -78,9 +78,11 @@ def served(
         return runner
 
     db = tmp_path_factory.mktemp("db") / "backend.sqlite3"
+    service = CompletionService(CompletionSettings(), Path("/nonexistent"), loader)
     with BackendServer(f"sqlite:///{db}") as server:
-        completions.configure(server.app, CompletionSettings(), Path("/nonexistent"), loader=loader)
+        server.app.dependency_overrides[get_completion_service] = lambda: service
         yield server, runner, loads
+    service.close()
 
 
 @pytest.fixture

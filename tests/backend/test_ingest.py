@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backend.routes.events import IngestLimits
+from backend.services.ingest import IngestLimits
 from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
 from tests.support.backend_server import BackendServer
 

@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 
 from backend.local import LocalBackend
 from backend.metrics import Metrics
-from backend.routes.events import IngestLimits
+from backend.services.ingest import IngestLimits
 
 POSTGRES_ENV = "TABLOOP_TEST_POSTGRES_URL"
 Scope = dict[str, Any]
@@ -177,8 +177,7 @@ class BackendServer(LocalBackend):
 
     @property
     def metrics(self) -> Metrics:
-        metrics: Metrics = self.app.state.metrics
-        return metrics
+        return self.services.metrics
 
     def __enter__(self) -> BackendServer:
         self.start_serving()

@@ -106,7 +106,7 @@ def test_server_stores_placements_under_keyed_paths(
     finally:
         client.close()
     model = keys.model(index.store.model_id)
-    store = sqlite_backend.app.state.index_sync
+    store = sqlite_backend.services.index_sync
     keyed = keys.path("pkg/mod.py")
     placed = store.placements(sqlite_backend.tenant_id, workspace, model, [keyed])[keyed]
     chunks = index.store.chunks_of("pkg/mod.py")

@@ -1,0 +1,109 @@
+"""`BackendServices`: every service of one backend app, created once, started and stopped by the
+app's lifespan.
+
+Routes get these through the typed providers of `backend/deps.py`; nothing else hangs off the
+app. Tests replace one with FastAPI's `app.dependency_overrides` on its provider.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from backend.metrics import Metrics
+from backend.policy.loop import TrainingScheduler
+from backend.policy.registry import PolicyRegistry
+from backend.policy.settings import TrainerSettings
+from backend.ratelimit import RateLimiter
+from backend.services.completions import CompletionService, RunnerLoader
+from backend.services.ingest import IngestLimits
+from backend.storage import Storage
+from backend.sync.store import IndexSyncStore
+from common.paths import default_cache_dir
+from completion.settings import CompletionSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BackendServices:
+    """The backend's services; one of each per app."""
+
+    storage: Storage
+    limits: IngestLimits
+    rate_limiter: RateLimiter
+    metrics: Metrics
+    registry: PolicyRegistry
+    completions: CompletionService
+    index_sync: IndexSyncStore
+    trainer: TrainingScheduler | None = None
+    """The scheduled trainer, when this process trains (one process of `--workers N` does)."""
+    owns_storage: bool = False
+    """Close the storage on stop (the app opened it)."""
+    preload_model: bool = False
+    """Start loading the completion model when the app starts."""
+    training_lock: IO[bytes] | None = None
+    """The lock file that makes this worker the training one, held open while it runs."""
+
+    @classmethod
+    def create(
+        cls,
+        storage: Storage,
+        *,
+        owns_storage: bool = False,
+        limits: IngestLimits | None = None,
+        trainer: TrainerSettings | None = None,
+        train: bool = False,
+        completion: CompletionSettings | None = None,
+        preload_model: bool = False,
+        cache_dir: Path | None = None,
+        runner_loader: RunnerLoader | None = None,
+    ) -> BackendServices:
+        """The services on `storage`.
+
+        `trainer` settings give the built-in policy's floor, served until a version is promoted
+        (the same in every worker, trained or not); with `train` this process also trains on
+        their schedule. `completion` chooses the model of `/v1/completions` (default: the
+        bundled one, loaded on first use; `preload_model` loads it at start).
+        """
+        limits = limits or IngestLimits()
+        trainer_settings = trainer or TrainerSettings.model_validate({})
+        registry = PolicyRegistry(storage, builtin_floor=trainer_settings.show_floor)
+        return cls(
+            storage=storage,
+            limits=limits,
+            # A batch larger than the burst must still pass when the bucket is full.
+            rate_limiter=RateLimiter(
+                limits.rate_events_per_s, max(limits.burst_events, limits.max_batch_events)
+            ),
+            metrics=Metrics(),
+            registry=registry,
+            completions=CompletionService(
+                completion or CompletionSettings(), cache_dir or default_cache_dir(), runner_loader
+            ),
+            index_sync=IndexSyncStore(storage),
+            trainer=TrainingScheduler(storage, trainer_settings, registry) if train else None,
+            owns_storage=owns_storage,
+            preload_model=preload_model,
+        )
+
+    def start(self) -> None:
+        """Start the background work: the trainer, and loading the model when asked."""
+        if self.trainer is not None:
+            self.trainer.start()
+        if self.preload_model:
+            self.completions.preload()
+
+    def stop(self) -> None:
+        """Stop the background work and release what the app holds (blocking: joins the
+        trainer's thread)."""
+        if self.trainer is not None:
+            self.trainer.stop()
+        self.completions.close()
+        if self.owns_storage:
+            self.storage.close()
+        if self.training_lock is not None:
+            self.training_lock.close()
+            self.training_lock = None
