@@ -58,6 +58,6 @@ def attach_client_logging(server: TabloopServer) -> ClientLogHandler:
     def connected() -> None:
         handler.loop = asyncio.get_running_loop()
 
-    server.extensions["client_logging"] = handler
+    server.add_feature(handler)
     server.hooks.settings.append(lambda _settings: connected())
     return handler

@@ -212,8 +212,9 @@ class WorkspaceContext:
             found.append(Snippet(path, piece, 0.5, "recent"))
         return found
 
-    def status(self) -> dict[str, Any]:
-        return {"recentEdits": len(self.recent.latest(exclude_uri=""))}
+    def status_parts(self) -> dict[str, Any]:
+        """The `context` part of `tabloop/status`."""
+        return {"context": {"recentEdits": len(self.recent.latest(exclude_uri=""))}}
 
 
 def _uri_path(uri: str) -> str | None:

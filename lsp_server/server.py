@@ -1,13 +1,13 @@
 """The tabloop language server: the only home of server state.
 
 Feature modules (`lsp_server/features/*.py`) register handlers on a `TabloopServer` and talk to
-each other through the hooks below, so one feature never needs to own another's LSP method.
+each other through the hooks below, so one feature never needs to own another's LSP method. A
+feature that needs another asks for it by its class: `server.feature_of(IndexFeature)`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import threading
 import time
@@ -16,36 +16,25 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
 from completion.types import CancelToken, CompletionRequest, Decision
 from lsp_server import __version__, config
+from lsp_server.protocol import RequestTiming, ServerStatus
 
 if TYPE_CHECKING:
     from completion.engine import Engine
-    from completion.policy_client import PolicyClient
 
 log = logging.getLogger(__name__)
 
 ModelState = Literal["disabled", "loading", "ready", "error"]
-
-# Modules whose `register(server)` adds handlers, in order.
-FEATURE_MODULES = (
-    "lsp_server.features.lifecycle",
-    "lsp_server.features.documents",
-    "lsp_server.features.inline",
-    "lsp_server.features.commands",
-    "lsp_server.features.telemetry",
-    "lsp_server.features.retrieval",
-    "lsp_server.features.index",
-)
+FeatureT = TypeVar("FeatureT")
 
 DECISIONS_KEPT = 2048
 TIMINGS_KEPT = 1024
-TIMINGS_REQUEST = "tabloop/timings"
 
 
 class DocumentListener(Protocol):
@@ -60,6 +49,13 @@ class DocumentListener(Protocol):
     def did_save(self, uri: str) -> None: ...
 
     def did_close(self, uri: str) -> None: ...
+
+
+@runtime_checkable
+class StatusReporter(Protocol):
+    """A feature with parts of its own in `tabloop/status` (e.g. `index`, `context`)."""
+
+    def status_parts(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -103,9 +99,6 @@ class TabloopServer(LanguageServer):
         self.init_options: Any = None
         self.client_config: Any = None
         self.engine: Engine | None = None
-        self.policy_client: PolicyClient | None = None
-        self.policy_client_key: tuple[Any, ...] = ()
-        self.policy_client_lock = threading.Lock()
         self._import_lock = threading.Lock()
         self.model_state: ModelState = "loading"
         self.model_error = ""
@@ -116,16 +109,39 @@ class TabloopServer(LanguageServer):
         self.hooks = Hooks()
         self.counters = Counters()
         # Per answered request: wall time in the handler and in the model, the action and why.
-        self.request_timings: deque[dict[str, float | str]] = deque(maxlen=TIMINGS_KEPT)
+        self.request_timings: deque[RequestTiming] = deque(maxlen=TIMINGS_KEPT)
         self.last_accept_at = 0.0
         self.engine_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reported_problems: set[str] = set()
-        self.extensions: dict[str, Any] = {}  # feature-owned state, by feature name
+        # Feature objects by class, in registration order (which is also their order in status).
+        self._features: dict[type, object] = {}
 
     @property
     def settings(self) -> config.Settings:
         return self.resolved.settings
+
+    def add_feature(self, feature: FeatureT) -> FeatureT:
+        """Make a feature object findable by its class; one object per class."""
+        kind = type(feature)
+        if kind in self._features:
+            raise ValueError(f"a {kind.__name__} is registered already")
+        self._features[kind] = feature
+        return feature
+
+    def find_feature(self, kind: type[FeatureT]) -> FeatureT | None:
+        """The registered feature of class `kind` (or a subclass), None when there is none."""
+        found = self._features.get(kind)
+        if found is None:
+            found = next((f for f in self._features.values() if isinstance(f, kind)), None)
+        return found if isinstance(found, kind) else None
+
+    def feature_of(self, kind: type[FeatureT]) -> FeatureT:
+        """The registered feature of class `kind`; a missing one is a wiring bug (LookupError)."""
+        found = self.find_feature(kind)
+        if found is None:
+            raise LookupError(f"no {kind.__name__} is registered")
+        return found
 
     def run_task(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Start a background task, keep a reference, and log its failure."""
@@ -216,10 +232,10 @@ class TabloopServer(LanguageServer):
             except Exception:
                 log.exception("decision hook failed")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ServerStatus:
         """What `tabloop/status` answers and `tabloop doctor` prints."""
         engine = self.engine
-        return {
+        status: ServerStatus = {
             "version": __version__,
             "model": {
                 "state": self.model_state,
@@ -239,12 +255,11 @@ class TabloopServer(LanguageServer):
                 "cancelled": self.counters.cancelled,
                 "stale": self.counters.stale,
             },
-            **{
-                name: ext.status()
-                for name, ext in self.extensions.items()
-                if hasattr(ext, "status")
-            },
         }
+        for feature in self._features.values():
+            if isinstance(feature, StatusReporter):
+                status.update(feature.status_parts())  # type: ignore[typeddict-item]
+        return status
 
     def policy_version(self) -> str:
         engine = self.engine
@@ -258,16 +273,32 @@ class TabloopServer(LanguageServer):
                 log.exception("shutdown hook failed")
         for token in self.in_flight.values():
             token.cancel("shutdown")
-        if self.policy_client is not None:
-            self.policy_client.close()
         engine, self.engine = self.engine, None
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(self.model_executor, engine.close)
 
 
 def create_server() -> TabloopServer:
-    """A server with every feature registered."""
+    """A server with every feature registered, in this order."""
+    # Imported here: each feature module imports this one for `TabloopServer`.
+    from lsp_server.features import (
+        commands,
+        documents,
+        index,
+        inline,
+        lifecycle,
+        policy,
+        retrieval,
+        telemetry,
+    )
+
     server = TabloopServer()
-    for name in FEATURE_MODULES:
-        importlib.import_module(name).register(server)
+    policy.register(server)
+    lifecycle.register(server)
+    documents.register(server)
+    inline.register(server)
+    commands.register(server)
+    telemetry.register(server)
+    retrieval.register(server)
+    index.register(server)
     return server

@@ -6,12 +6,16 @@ import logging
 import time
 from typing import Any
 
-from lsp_server.features.inline import ACCEPT_COMMAND
-from lsp_server.server import TIMINGS_REQUEST, TabloopServer
+from lsp_server.protocol import (
+    ACCEPT_COMMAND,
+    STATUS_REQUEST,
+    TIMINGS_REQUEST,
+    RequestTiming,
+    ServerStatus,
+)
+from lsp_server.server import TabloopServer
 
 log = logging.getLogger(__name__)
-
-STATUS_REQUEST = "tabloop/status"
 
 
 def register(server: TabloopServer) -> None:
@@ -40,10 +44,10 @@ def register(server: TabloopServer) -> None:
                 log.exception("accept hook failed")
 
     @server.feature(STATUS_REQUEST)
-    def status(ls: TabloopServer, params: Any) -> dict[str, Any]:
+    def status(ls: TabloopServer, params: Any) -> ServerStatus:
         return ls.status()
 
     @server.feature(TIMINGS_REQUEST)
-    def timings(ls: TabloopServer, params: Any) -> list[dict[str, float | str]]:
+    def timings(ls: TabloopServer, params: Any) -> list[RequestTiming]:
         """Recent per-request timings, oldest first (for benchmarks)."""
         return list(ls.request_timings)

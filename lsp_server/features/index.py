@@ -2,9 +2,10 @@
 
 The index (`indexer.service.WorkspaceIndex`) starts in the background once the settings are
 known, reports `$/progress` while it scans and embeds, follows document changes (debounced) and
-saves, and is published as `server.extensions["index"]` for the completion context and
-`tabloop/status`. Nothing here blocks the event loop: searches embed their query on a worker
-thread, and the index does its own writing on its own thread.
+saves, and is found by the completion context as `server.feature_of(IndexFeature).index`; its
+state is the `index` (and `sync`) part of `tabloop/status`. Nothing here blocks the event loop:
+searches embed their query on a worker thread, and the index does its own writing on its own
+thread.
 """
 
 from __future__ import annotations
@@ -23,13 +24,22 @@ from pygls.uris import from_fs_path, to_fs_path
 from indexer.service import WorkspaceIndex
 from indexer.sync import IndexSyncer
 from indexer.sync_setup import syncer_for_index
-from indexer.types import SearchHit, SymbolHit
+from indexer.types import SearchHit as IndexHit
+from indexer.types import SymbolHit
+from lsp_server.config import Settings
+from lsp_server.protocol import (
+    INDEX_PROGRESS_TITLE,
+    INDEX_PROGRESS_TOKEN_PREFIX,
+    SEARCH_REQUEST,
+    SearchHit,
+    SearchParams,
+    read_params,
+    to_wire,
+)
 from lsp_server.server import TabloopServer
 
 log = logging.getLogger(__name__)
 
-SEARCH_REQUEST = "tabloop/search"
-SEARCH_K_MAX = 100
 PROGRESS_INTERVAL_S = 0.25
 CLOSE_WAIT_S = 5.0
 
@@ -63,7 +73,7 @@ class IndexFeature:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def on_settings(self, settings: Any) -> None:
+    def on_settings(self, settings: Settings) -> None:
         root = self.server.workspace_root
         enabled = bool(settings.index.enabled) and root is not None
         key = (str(root), settings.index.model_dump_json(), str(settings.cache_path()))
@@ -75,7 +85,6 @@ class IndexFeature:
         self._key = key
         index = WorkspaceIndex(Path(root), settings.index, settings.cache_path())
         self.index = index
-        self.server.extensions["index"] = index
         loop = asyncio.get_event_loop()
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -97,13 +106,10 @@ class IndexFeature:
             )
             syncer.start()
             self.syncer = syncer
-            self.server.extensions["sync"] = syncer
 
     def _close_index(self) -> None:
         index, self.index, self._key = self.index, None, None
-        self.server.extensions.pop("index", None)
         syncer, self.syncer = self.syncer, None
-        self.server.extensions.pop("sync", None)
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
@@ -122,6 +128,15 @@ class IndexFeature:
 
     def on_shutdown(self) -> None:
         self._close_index()
+
+    def status_parts(self) -> dict[str, Any]:
+        """The `index` and `sync` parts of `tabloop/status`, while they run."""
+        parts: dict[str, Any] = {}
+        if self.index is not None:
+            parts["index"] = self.index.status()
+        if self.syncer is not None:
+            parts["sync"] = self.syncer.status()
+        return parts
 
     # -- progress ----------------------------------------------------------------------------
 
@@ -143,7 +158,7 @@ class IndexFeature:
         message = "scanning" if stage == "scan" else f"indexing {done}/{total} files"
         percentage = int(100 * done / total) if stage == "index" and total else None
         if self._token is None:
-            self._token = f"tabloop-index-{uuid.uuid4().hex[:8]}"
+            self._token = f"{INDEX_PROGRESS_TOKEN_PREFIX}{uuid.uuid4().hex[:8]}"
             self.server.run_task(self._begin(self._token, message), "index-progress")
         else:
             self.server.work_done_progress.report(
@@ -156,7 +171,9 @@ class IndexFeature:
         except Exception:
             log.debug("client refused work-done progress", exc_info=True)
             return
-        begin = types.WorkDoneProgressBegin(title="tabloop index", message=message, percentage=0)
+        begin = types.WorkDoneProgressBegin(
+            title=INDEX_PROGRESS_TITLE, message=message, percentage=0
+        )
         self.server.work_done_progress.begin(token, begin)
 
     # -- documents (a `DocumentListener`) ----------------------------------------------------
@@ -200,7 +217,7 @@ class IndexFeature:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def search(self, query: str, k: int) -> list[SearchHit]:
+    async def search(self, query: str, k: int) -> list[IndexHit]:
         index = self.index
         if index is None or not query.strip():
             return []
@@ -230,41 +247,38 @@ def _path(uri: str) -> Path | None:
     return Path(path) if path else None
 
 
-def _param(params: Any, name: str, default: Any = None) -> Any:
-    if isinstance(params, dict):
-        return params.get(name, default)
-    return getattr(params, name, default)
-
-
-def hit_json(feature: IndexFeature, hit: SearchHit) -> dict[str, Any]:
-    """A search hit on the wire: `{uri, range, score, preview}` plus symbols."""
-    return {
-        "uri": feature.uri_of(hit.path),
-        "range": {
-            "start": {"line": hit.start_line, "character": 0},
-            "end": {"line": hit.end_line, "character": 0},
-        },
-        "score": round(hit.score, 4),
-        "preview": hit.preview,
-        "symbols": list(hit.symbols),
-    }
+def search_hit(feature: IndexFeature, hit: IndexHit) -> SearchHit:
+    """An index hit on the wire: whole lines of a file, its score, a preview and its symbols."""
+    return SearchHit(
+        uri=feature.uri_of(hit.path),
+        range=types.Range(
+            start=types.Position(line=hit.start_line, character=0),
+            end=types.Position(line=hit.end_line, character=0),
+        ),
+        score=round(hit.score, 4),
+        preview=hit.preview,
+        symbols=list(hit.symbols),
+    )
 
 
 def register(server: TabloopServer) -> None:
-    feature = IndexFeature(server)
+    feature = server.add_feature(IndexFeature(server))
     server.hooks.settings.append(feature.on_settings)
     server.hooks.documents.append(feature)
     server.hooks.shutdown.append(feature.on_shutdown)
 
     @server.feature(SEARCH_REQUEST)
     async def search(ls: TabloopServer, params: Any) -> list[dict[str, Any]]:
-        """`{query, k}` → the k chunks closest in meaning, best first."""
+        """`SearchParams` → the k chunks closest in meaning, best first."""
         try:
-            query = str(_param(params, "query", "") or "")
-            k = max(1, min(int(_param(params, "k", 10) or 10), SEARCH_K_MAX))
-            return [hit_json(feature, hit) for hit in await feature.search(query, k)]
+            request = read_params(params, SearchParams)
+            if request is None:
+                return []
+            found = await feature.search(request.text(), request.limit())
+            wire: list[dict[str, Any]] = to_wire([search_hit(feature, hit) for hit in found])
+            return wire
         except Exception:
-            log.warning("tabloop/search failed", exc_info=True)
+            log.warning("%s failed", SEARCH_REQUEST, exc_info=True)
             return []
 
     @server.feature(types.WORKSPACE_SYMBOL)

@@ -14,6 +14,7 @@ from pygls.workspace import TextDocument
 
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
 from indexer.languages import language_of as language_of_path
+from lsp_server.protocol import ACCEPT_COMMAND
 from lsp_server.server import TabloopServer
 
 if TYPE_CHECKING:
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ACCEPT_COMMAND = "tabloop.accept"
 TYPING_WINDOW_S = 5.0
 
 

@@ -6,18 +6,20 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
+from lsp_server.features.policy import PolicyFeature
+from lsp_server.protocol import (
+    CONFIGURATION_SECTION,
+    MODEL_PROGRESS_TITLE,
+    MODEL_PROGRESS_TOKEN_PREFIX,
+)
+from lsp_server.retrieval import WorkspaceContext
 from lsp_server.server import TabloopServer
-
-if TYPE_CHECKING:
-    from completion.gate import Policy
-    from completion.policy_client import PolicyClient
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ async def load_engine(server: TabloopServer) -> None:
         return
     server.model_state = "loading"
     server.engine_ready.clear()
-    token = f"tabloop-model-{uuid.uuid4().hex[:8]}"
+    token = f"{MODEL_PROGRESS_TOKEN_PREFIX}{uuid.uuid4().hex[:8]}"
     progress = supports_work_done_progress(server)
     if progress:
         try:
@@ -72,7 +74,7 @@ async def load_engine(server: TabloopServer) -> None:
             server.work_done_progress.begin(
                 token,
                 types.WorkDoneProgressBegin(
-                    title="tabloop", message=f"loading {settings.completion.model}"
+                    title=MODEL_PROGRESS_TITLE, message=f"loading {settings.completion.model}"
                 ),
             )
         except Exception:
@@ -81,18 +83,21 @@ async def load_engine(server: TabloopServer) -> None:
     started = time.perf_counter()
     log.info("loading completion model %s", settings.completion.model)
     loop = asyncio.get_running_loop()
+    policy = server.feature_of(PolicyFeature)
+    context_source = server.find_feature(WorkspaceContext)
+
+    def build() -> Engine:
+        server.import_libraries()
+        # The client for the settings of now (they may have changed while we waited).
+        policy.follow(server.settings)
+        return Engine.load(
+            settings.completion,
+            settings.cache_path(),
+            context_source=context_source,
+            policy_source=policy.current,
+        )
+
     try:
-        context_source = server.extensions.get("context")
-
-        def build() -> Engine:
-            server.import_libraries()
-            return Engine.load(
-                settings.completion,
-                settings.cache_path(),
-                context_source=context_source,
-                policy_source=current_policy(server),
-            )
-
         engine = await loop.run_in_executor(server.model_executor, build)
     except Exception as exc:
         server.model_state = "error"
@@ -117,48 +122,6 @@ async def load_engine(server: TabloopServer) -> None:
         server.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
 
 
-def ensure_policy_client(server: TabloopServer) -> PolicyClient:
-    """The client that keeps the show/silence policy current, rebuilt when its settings change.
-
-    Without a backend it serves the last cached policy, or the built-in one. Call it off the
-    event loop: the policy module imports torch.
-    """
-    from completion.policy_client import PolicyClient
-
-    settings = server.settings
-    key = (
-        settings.telemetry.backend_url,
-        settings.telemetry.token,
-        settings.policy.refresh_s,
-        settings.policy.show_floor,
-    )
-    with server.policy_client_lock:
-        client = server.policy_client
-        if client is not None and server.policy_client_key == key:
-            return client
-        if client is not None:
-            client.close()
-        client = PolicyClient(
-            settings.telemetry.backend_url or None,
-            settings.telemetry.token or None,
-            settings.cache_path() / "policy",
-            settings.policy.refresh_s,
-            show_floor=settings.policy.show_floor,
-        )
-        client.start()
-        server.policy_client, server.policy_client_key = client, key
-        return client
-
-
-def current_policy(server: TabloopServer) -> Callable[[], Policy]:
-    """A policy source that follows the server's policy client, whichever it is now."""
-
-    def source() -> Policy:
-        return ensure_policy_client(server).current()
-
-    return source
-
-
 async def pull_configuration(server: TabloopServer) -> None:
     """Fetch the `tabloop` section with `workspace/configuration`, when the client has it."""
     workspace = server.client_capabilities.workspace
@@ -166,7 +129,9 @@ async def pull_configuration(server: TabloopServer) -> None:
         return
     try:
         result = await server.workspace_configuration_async(
-            types.ConfigurationParams(items=[types.ConfigurationItem(section="tabloop")])
+            types.ConfigurationParams(
+                items=[types.ConfigurationItem(section=CONFIGURATION_SECTION)]
+            )
         )
     except Exception:
         log.warning("workspace/configuration failed", exc_info=True)
@@ -208,11 +173,16 @@ def register(server: TabloopServer) -> None:
             ls.client_config = params.settings
         ls.resolve_settings()
         if engine_settings(ls) != before:
-            ls.run_task(load_engine(ls), "reload-engine")
-        elif ls.engine is not None:
+            ls.run_task(load_engine(ls), "reload-engine")  # which follows the policy settings
+            return
+        if ls.engine is not None:
             # Budgets, lengths and timeouts apply from the next request on.
             ls.engine.settings = ls.settings.completion
-            await asyncio.get_running_loop().run_in_executor(None, ensure_policy_client, ls)
+        policy = ls.feature_of(PolicyFeature)
+        if policy.client is not None:
+            # A new backend, token, refresh or floor: a new client now, off the loop (torch).
+            # Before the first one exists, the engine's load builds it from the latest settings.
+            await asyncio.get_running_loop().run_in_executor(None, policy.follow, ls.settings)
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: TabloopServer, params: None) -> None:

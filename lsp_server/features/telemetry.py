@@ -24,6 +24,14 @@ from pygls.workspace import TextDocument
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
 from lsp_server.outcomes import OutcomeTracker, TextChange
+from lsp_server.protocol import (
+    DID_DISMISS_NOTIFICATION,
+    DID_SHOW_NOTIFICATION,
+    TELEMETRY_ENABLED_NOTIFICATION,
+    DecisionParams,
+    TelemetryEnabledParams,
+    read_params,
+)
 from lsp_server.server import TabloopServer
 from telemetry.client import TelemetryClient
 from telemetry.events import MAX_TEXT_CHARS, DecisionEvent, Latency, OutcomeEvent, RetentionEvent
@@ -32,9 +40,6 @@ from telemetry.settings import Level, TelemetrySettings
 
 log = logging.getLogger(__name__)
 
-DID_SHOW = "tabloop/didShow"
-DID_DISMISS = "tabloop/didDismiss"
-TELEMETRY_ENABLED = "tabloop/telemetryEnabled"
 # Settings whose change needs a new client (a new spool or sender).
 CLIENT_FIELDS = (
     "backend_url",
@@ -51,13 +56,6 @@ CLIENT_FIELDS = (
 )
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _TOKEN = re.compile(r"^[A-Za-z0-9_.:+#/-]{1,128}$")
-
-
-def _param(params: Any, name: str) -> Any:
-    # Custom notifications arrive as namedtuples (pygls) or dicts (other transports).
-    if isinstance(params, dict):
-        return params.get(name)
-    return getattr(params, name, None)
 
 
 def event_features(features: dict[str, float | str]) -> dict[str, float | str]:
@@ -172,9 +170,9 @@ class TelemetryFeature:
         closer.daemon = True
         closer.start()
 
-    def status(self) -> dict[str, Any]:
-        """The client's counters, for `tabloop/status` (under `telemetry`)."""
-        return self.client.stats() if self.client else {"level": "off"}
+    def status_parts(self) -> dict[str, Any]:
+        """The client's counters: the `telemetry` part of `tabloop/status`."""
+        return {"telemetry": self.client.stats() if self.client else {"level": "off"}}
 
     # -- recording --------------------------------------------------------------------------
 
@@ -305,31 +303,30 @@ def _client_fields(settings: TelemetrySettings) -> tuple[Any, ...]:
 
 
 def register(server: TabloopServer) -> None:
-    feature = TelemetryFeature(server)
-    server.extensions["telemetry"] = feature
+    feature = server.add_feature(TelemetryFeature(server))
     server.hooks.settings.append(feature.on_settings)
     server.hooks.decision.append(feature.on_decision)
     server.hooks.accept.append(feature.on_accept)
     server.hooks.documents.append(feature)
     server.hooks.shutdown.append(feature.on_shutdown)
 
-    @server.feature(DID_SHOW)
+    @server.feature(DID_SHOW_NOTIFICATION)
     def did_show(ls: TabloopServer, params: Any) -> None:
-        """The client displayed a suggestion: `{"decisionId": ...}`."""
-        decision_id = _param(params, "decisionId")
-        if isinstance(decision_id, str):
-            feature.on_show(decision_id)
+        """The client displayed a suggestion."""
+        shown = read_params(params, DecisionParams)
+        if shown is not None:
+            feature.on_show(shown.decision_id)
 
-    @server.feature(DID_DISMISS)
+    @server.feature(DID_DISMISS_NOTIFICATION)
     def did_dismiss(ls: TabloopServer, params: Any) -> None:
-        """The user dismissed a suggestion: `{"decisionId": ...}`."""
-        decision_id = _param(params, "decisionId")
-        if isinstance(decision_id, str):
-            feature.on_dismiss(decision_id)
+        """The user dismissed a suggestion."""
+        dismissed = read_params(params, DecisionParams)
+        if dismissed is not None:
+            feature.on_dismiss(dismissed.decision_id)
 
-    @server.feature(TELEMETRY_ENABLED)
+    @server.feature(TELEMETRY_ENABLED_NOTIFICATION)
     def telemetry_enabled(ls: TabloopServer, params: Any) -> None:
-        """The editor's telemetry switch changed: `{"enabled": bool}`."""
-        enabled = _param(params, "enabled")
-        if isinstance(enabled, bool):
-            feature.set_client_enabled(enabled)
+        """The editor's telemetry switch changed."""
+        switch = read_params(params, TelemetryEnabledParams)
+        if switch is not None:
+            feature.set_client_enabled(switch.enabled)

@@ -2,6 +2,8 @@
 -- Neovim 0.11+: `vim.lsp.enable('tabloop')`; override any field with `vim.lsp.config('tabloop', {...})`
 -- or `require('tabloop').setup({...})`.
 
+local protocol = require('tabloop.protocol')
+
 local ROOT_MARKERS = { 'tabloop.toml', 'pyproject.toml', 'package.json', 'Cargo.toml', 'go.mod', '.git' }
 
 --- The server command: `tabloop` on PATH, else the active Python environment's `python -m lsp_server`.
@@ -31,7 +33,7 @@ return {
   -- The server layers these over `tabloop.toml` and the user's config.toml; the same object is
   -- answered for `workspace/configuration` (section `tabloop`).
   init_options = {},
-  settings = { tabloop = {} },
+  settings = { [protocol.CONFIGURATION_SECTION] = {} },
   on_attach = function(client, bufnr)
     require('tabloop').attach(client, bufnr)
   end,

@@ -12,7 +12,13 @@ import {
   State,
 } from 'vscode-languageclient/node';
 
-import { hitItems, SEARCH_REQUEST, SEARCH_RESULTS, type HitItem, type SearchHit } from './search';
+import {
+  CONFIGURATION_SECTION,
+  SEARCH_REQUEST,
+  STATUS_REQUEST,
+  TELEMETRY_ENABLED_NOTIFICATION,
+} from './protocol';
+import { hitItems, SEARCH_RESULTS, type HitItem, type SearchHit } from './search';
 import {
   canImportServer,
   isFound,
@@ -25,9 +31,7 @@ import {
 import { serverKeys, serverSettings, type SettingsObject } from './settings';
 import { describeStatus, statusDetails, type ServerStatus } from './status';
 
-export const SECTION = 'tabloop';
-export const STATUS_REQUEST = 'tabloop/status';
-export const TELEMETRY_NOTIFICATION = 'tabloop/telemetryEnabled';
+export const SECTION = CONFIGURATION_SECTION;
 export const COMMANDS = {
   toggleSuggestions: 'tabloop.toggleSuggestions',
   search: 'tabloop.search',
@@ -114,7 +118,7 @@ export class TabloopExtension implements vscode.Disposable {
       vscode.commands.registerCommand(COMMANDS.showLogs, () => this.output.show(true)),
       vscode.env.onDidChangeTelemetryEnabled((enabled) => this.telemetryChanged(enabled)),
       vscode.workspace.onDidChangeConfiguration((event) => {
-        if (event.affectsConfiguration('tabloop.server')) void this.restart();
+        if (event.affectsConfiguration(`${SECTION}.server`)) void this.restart();
         else if (event.affectsConfiguration(SECTION)) void this.configurationChanged();
       }),
     );
@@ -157,7 +161,7 @@ export class TabloopExtension implements vscode.Disposable {
       this.statusItem.tooltip = message;
       this.statusItem.show();
       const choice = await vscode.window.showErrorMessage(message, 'Open Settings', 'Show Logs');
-      if (choice === 'Open Settings') await vscode.commands.executeCommand('workbench.action.openSettings', 'tabloop.server.path');
+      if (choice === 'Open Settings') await vscode.commands.executeCommand('workbench.action.openSettings', `${SECTION}.server.path`);
       if (choice === 'Show Logs') this.output.show(true);
       return;
     }
@@ -208,7 +212,7 @@ export class TabloopExtension implements vscode.Disposable {
     try {
       this.lastStatus = await client.sendRequest<ServerStatus>(STATUS_REQUEST, {});
     } catch (error) {
-      this.output.warn(`tabloop/status failed: ${String(error)}`);
+      this.output.warn(`${STATUS_REQUEST} failed: ${String(error)}`);
     }
     return this.lastStatus;
   }
@@ -250,7 +254,7 @@ export class TabloopExtension implements vscode.Disposable {
   async telemetryChanged(enabled: boolean): Promise<void> {
     const client = this.client;
     if (!client || client.state !== State.Running) return;
-    await client.sendNotification(TELEMETRY_NOTIFICATION, { enabled });
+    await client.sendNotification(TELEMETRY_ENABLED_NOTIFICATION, { enabled });
   }
 
   async toggleSuggestions(): Promise<boolean> {

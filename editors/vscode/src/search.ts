@@ -1,5 +1,6 @@
 /* The codebase search: a query, `tabloop/search`, a quick pick of hits, and a jump to the one picked. */
 
+/** One hit of `tabloop/search` (`SearchHit` in lsp_server/protocol.py). */
 export interface SearchHit {
   uri: string;
   range: { start: { line: number; character: number }; end: { line: number; character: number } };
@@ -14,7 +15,6 @@ export interface HitItem {
   hit: SearchHit;
 }
 
-export const SEARCH_REQUEST = 'tabloop/search';
 export const SEARCH_RESULTS = 20;
 
 /** Quick pick items for hits, best first; `relativePath` shortens a file URI for display. */

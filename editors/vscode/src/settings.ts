@@ -4,6 +4,10 @@
  * VS Code's defaults would hide a workspace's `tabloop.toml`.
  */
 
+import { CONFIGURATION_SECTION } from './protocol';
+
+const PREFIX = `${CONFIGURATION_SECTION}.`;
+
 /** Keys of the `tabloop` section that configure the extension itself, never sent to the server. */
 export const CLIENT_ONLY_KEYS = ['server.path', 'trace.server'];
 
@@ -19,8 +23,8 @@ export type SettingsObject = { [key: string]: unknown };
 /** The `tabloop.*` keys (without the prefix) that are server settings, from the contributed properties. */
 export function serverKeys(contributedProperties: Record<string, unknown>): string[] {
   return Object.keys(contributedProperties)
-    .filter((key) => key.startsWith('tabloop.'))
-    .map((key) => key.slice('tabloop.'.length))
+    .filter((key) => key.startsWith(PREFIX))
+    .map((key) => key.slice(PREFIX.length))
     .filter((key) => !CLIENT_ONLY_KEYS.includes(key));
 }
 

@@ -1,5 +1,6 @@
 --- `:TabloopSearch` and `:TabloopStatus`.
 local config = require('tabloop.config')
+local protocol = require('tabloop.protocol')
 local tabloop = require('tabloop')
 
 local M = {}
@@ -27,7 +28,7 @@ function M.search(query, on_done)
     return on_done(nil)
   end
   local params = { query = query, k = config.options.search_results }
-  client:request('tabloop/search', params, function(err, hits)
+  client:request(protocol.SEARCH_REQUEST, params, function(err, hits)
     if err then
       vim.notify('tabloop search failed: ' .. err.message, vim.log.levels.ERROR)
       return on_done(nil)

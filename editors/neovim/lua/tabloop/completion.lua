@@ -2,6 +2,8 @@
 --- `inline_completion = false`). Neovim inserts only a plain-text item's word (here, via
 --- `convert`, the suggestion's first line); for a tabloop suggestion the whole text is the point,
 --- so once the item is taken this puts the rest in. Its `tabloop.accept` command runs as usual.
+local protocol = require('tabloop.protocol')
+
 local M = {}
 
 --- Whether `item` (an lsp.CompletionItem) is a plain-text tabloop suggestion.
@@ -10,7 +12,7 @@ local M = {}
 local function is_suggestion(item)
   return type(item) == 'table'
     and type(item.command) == 'table'
-    and item.command.command == 'tabloop.accept'
+    and item.command.command == protocol.ACCEPT_COMMAND
     and item.insertTextFormat ~= 2 -- snippets are expanded whole by Neovim already
 end
 

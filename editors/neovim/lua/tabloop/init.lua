@@ -3,6 +3,7 @@
 --- the server attaches to a buffer.
 local config = require('tabloop.config')
 local inline = require('tabloop.inline')
+local protocol = require('tabloop.protocol')
 
 local M = {}
 
@@ -16,7 +17,10 @@ function M.setup(opts)
   end
   local settings = config.server_settings()
   ---@type vim.lsp.Config
-  local lsp_config = { init_options = settings, settings = { tabloop = settings } }
+  local lsp_config = {
+    init_options = settings,
+    settings = { [protocol.CONFIGURATION_SECTION] = settings },
+  }
   if config.options.cmd then
     lsp_config.cmd = config.options.cmd
   end
@@ -31,8 +35,9 @@ function M.setup(opts)
   end
   -- Clients already running pull the new settings.
   for _, client in ipairs(M.clients()) do
-    client.settings = vim.tbl_deep_extend('force', client.settings or {}, { tabloop = settings })
-    client:notify('workspace/didChangeConfiguration', { settings = { tabloop = settings } })
+    local section = { [protocol.CONFIGURATION_SECTION] = settings }
+    client.settings = vim.tbl_deep_extend('force', client.settings or {}, section)
+    client:notify('workspace/didChangeConfiguration', { settings = section })
   end
 end
 
@@ -98,7 +103,7 @@ function M.status(callback, bufnr)
     callback({ code = -1, message = 'tabloop is not running (:checkhealth vim.lsp)' }, nil)
     return
   end
-  client:request('tabloop/status', {}, function(err, result)
+  client:request(protocol.STATUS_REQUEST, {}, function(err, result)
     callback(err, result)
   end, bufnr)
 end

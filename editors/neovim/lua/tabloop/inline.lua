@@ -1,5 +1,7 @@
 --- Ghost text: native inline completion (Neovim 0.12+), with the tabloop/didShow and
 --- tabloop/didDismiss notifications that tell the server what the user saw.
+local protocol = require('tabloop.protocol')
+
 local M = {}
 
 local NS = vim.api.nvim_create_namespace('nvim.lsp.inline_completion')
@@ -13,7 +15,7 @@ M.shown = {}
 ---@return string?
 local function decision_id(item)
   local command = item and item.command
-  if command and command.command == 'tabloop.accept' and command.arguments then
+  if command and command.command == protocol.ACCEPT_COMMAND and command.arguments then
     return command.arguments[1]
   end
 end
@@ -42,7 +44,7 @@ local function forget(bufnr, dismissed)
   if shown and dismissed then
     local client = vim.lsp.get_client_by_id(shown.client_id)
     if client then
-      notify(client, 'tabloop/didDismiss', shown.decision_id)
+      notify(client, protocol.DID_DISMISS_NOTIFICATION, shown.decision_id)
     end
   end
 end
@@ -69,7 +71,7 @@ local function watch_answers(client)
         if not (previous and previous.decision_id == decision) then
           forget(target, false)
           M.shown[target] = { client_id = self.id, decision_id = decision }
-          notify(self, 'tabloop/didShow', decision)
+          notify(self, protocol.DID_SHOW_NOTIFICATION, decision)
         end
       end
     end, bufnr)

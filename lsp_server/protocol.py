@@ -1,0 +1,189 @@
+"""tabloop's own LSP surface: method and command names, with their parameter and result types.
+
+The one source of these names. The server's features import them from here; the editors get
+them generated (`editors/vscode/src/protocol.ts`, `editors/neovim/lua/tabloop/protocol.lua`, by
+`editors/vscode/scripts/gen_protocol.py`), and a test fails when a generated file drifts. Every
+upper-case string constant of this module is a name the editors receive.
+
+Parameters are attrs classes, as in lsprotocol, so lsprotocol's converter reads and writes them
+with camelCase keys; results that are plain JSON trees (status, timings) are TypedDicts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypedDict, TypeVar
+
+import attrs
+from lsprotocol import converters, types
+
+log = logging.getLogger(__name__)
+
+# -- names --------------------------------------------------------------------------------------
+
+CONFIGURATION_SECTION = "tabloop"
+"""The `workspace/configuration` section, and the key of `didChangeConfiguration` settings."""
+
+ACCEPT_COMMAND = "tabloop.accept"
+"""`workspace/executeCommand`, arguments `[decisionId]`: the editor inserted a suggestion."""
+
+STATUS_REQUEST = "tabloop/status"
+"""No parameters; answers a `ServerStatus`."""
+
+TIMINGS_REQUEST = "tabloop/timings"
+"""No parameters; answers the recent `RequestTiming`s, oldest first (for benchmarks)."""
+
+SEARCH_REQUEST = "tabloop/search"
+"""`SearchParams`; answers `SearchHit`s, best first."""
+
+DID_SHOW_NOTIFICATION = "tabloop/didShow"
+"""`DecisionParams`: the editor displayed a suggestion."""
+
+DID_DISMISS_NOTIFICATION = "tabloop/didDismiss"
+"""`DecisionParams`: the user dismissed a suggestion."""
+
+TELEMETRY_ENABLED_NOTIFICATION = "tabloop/telemetryEnabled"
+"""`TelemetryEnabledParams`: the editor's own telemetry switch changed."""
+
+MODEL_PROGRESS_TITLE = "tabloop"
+"""Title of the `$/progress` while the completion model loads."""
+
+INDEX_PROGRESS_TITLE = "tabloop index"
+"""Title of the `$/progress` while the workspace index scans and embeds."""
+
+MODEL_PROGRESS_TOKEN_PREFIX = "tabloop-model-"
+INDEX_PROGRESS_TOKEN_PREFIX = "tabloop-index-"
+
+SEARCH_K_DEFAULT = 10
+SEARCH_K_MAX = 100
+
+# -- parameters ---------------------------------------------------------------------------------
+
+
+@attrs.define
+class DecisionParams:
+    """`tabloop/didShow` and `tabloop/didDismiss`: `{"decisionId": ...}`."""
+
+    decision_id: str
+
+
+@attrs.define
+class TelemetryEnabledParams:
+    """`tabloop/telemetryEnabled`: `{"enabled": bool}`."""
+
+    enabled: bool
+
+
+@attrs.define
+class SearchParams:
+    """`tabloop/search`: `{"query": ..., "k": ...}`; both may be missing or null."""
+
+    query: str | None = None
+    k: int | None = None
+
+    def text(self) -> str:
+        return self.query or ""
+
+    def limit(self) -> int:
+        """How many hits to answer: `k`, else `SEARCH_K_DEFAULT`, within 1..`SEARCH_K_MAX`."""
+        return max(1, min(self.k or SEARCH_K_DEFAULT, SEARCH_K_MAX))
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+@attrs.define
+class SearchHit:
+    """One `tabloop/search` hit: a chunk of a file, its score and a preview."""
+
+    uri: str
+    range: types.Range
+    score: float
+    preview: str
+    symbols: list[str] = attrs.field(factory=list)
+
+
+class RequestTiming(TypedDict):
+    """Per answered completion request: wall times, prompt sizes, and what was decided why."""
+
+    handler_ms: float
+    model_ms: float
+    context_ms: float
+    prompt_tokens: float
+    prefill_tokens: float
+    cache_hit: float
+    retrieval_found: float
+    action: str
+    reason: str
+
+
+class ModelStatus(TypedDict):
+    state: str
+    modelId: str
+    error: str
+    calls: int
+    prefillTokens: int
+    typingCacheHits: int
+
+
+class ServerStatus(TypedDict, total=False):
+    """`tabloop/status`; features add their own parts (`index`, `sync`, `context`)."""
+
+    version: str
+    model: ModelStatus
+    policy: dict[str, Any]
+    telemetry: dict[str, Any]
+    decisions: dict[str, int]
+    index: dict[str, Any]
+    sync: dict[str, Any]
+    context: dict[str, Any]
+
+
+# -- reading parameters -------------------------------------------------------------------------
+
+P = TypeVar("P")
+
+
+def _strict(kind: type[Any]) -> Any:
+    # lsprotocol's converter coerces (5 -> "5", "no" -> True); a malformed message is ignored
+    # instead, as it was before the types existed.
+    def structure(value: Any, _type: Any) -> Any:
+        if type(value) is not kind:
+            raise TypeError(f"expected {kind.__name__}, got {type(value).__name__}")
+        return value
+
+    return structure
+
+
+_converter = converters.get_converter()
+for _kind in (str, bool, int):
+    _converter.register_structure_hook(_kind, _strict(_kind))
+
+
+def plain(value: Any) -> Any:
+    """JSON-like data from what pygls hands a custom method: namedtuples become dicts."""
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {key: plain(item) for key, item in value._asdict().items()}
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    return value
+
+
+def read_params(params: Any, kind: type[P]) -> P | None:
+    """`params` of a custom method as `kind`, or None when they do not fit (logged).
+
+    pygls does not know our methods' types, so it hands over namedtuples (or dicts, from other
+    transports); a client sending something else must not break the server.
+    """
+    try:
+        return _converter.structure(plain(params) or {}, kind)
+    except Exception:
+        log.debug("ignoring malformed %s: %r", kind.__name__, params, exc_info=True)
+        return None
+
+
+def to_wire(value: Any) -> Any:
+    """A result as JSON-ready data, with lsprotocol's camelCase keys."""
+    return _converter.unstructure(value)

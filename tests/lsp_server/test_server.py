@@ -1,0 +1,55 @@
+"""Features find each other by class; status gathers their parts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lsp_server.features.index import IndexFeature
+from lsp_server.features.policy import PolicyFeature
+from lsp_server.features.telemetry import TelemetryFeature
+from lsp_server.retrieval import WorkspaceContext
+from lsp_server.server import TabloopServer, create_server
+
+
+class Part:
+    def status_parts(self) -> dict[str, Any]:
+        return {"part": {"ok": True}}
+
+
+class SpecialPart(Part):
+    pass
+
+
+def test_every_feature_is_found_by_its_class() -> None:
+    server = create_server()
+    assert isinstance(server.feature_of(IndexFeature), IndexFeature)
+    assert isinstance(server.feature_of(PolicyFeature), PolicyFeature)
+    assert isinstance(server.feature_of(TelemetryFeature), TelemetryFeature)
+    assert isinstance(server.feature_of(WorkspaceContext), WorkspaceContext)
+
+
+def test_a_missing_feature_is_a_lookup_error() -> None:
+    server = TabloopServer()
+    assert server.find_feature(IndexFeature) is None
+    with pytest.raises(LookupError, match="IndexFeature"):
+        server.feature_of(IndexFeature)
+
+
+def test_one_object_per_class_and_subclasses_are_found() -> None:
+    server = TabloopServer()
+    special = server.add_feature(SpecialPart())
+    assert server.feature_of(Part) is special
+    with pytest.raises(ValueError):
+        server.add_feature(SpecialPart())
+
+
+def test_status_gathers_the_features_parts() -> None:
+    server = create_server()
+    server.add_feature(Part())
+    status = server.status()
+    assert status["part"] == {"ok": True}  # type: ignore[typeddict-item]
+    assert status["context"] == {"recentEdits": 0}
+    assert status["telemetry"] == {"level": "off"}  # no client before the settings arrive
+    assert "index" not in status  # not started
