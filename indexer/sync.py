@@ -20,7 +20,6 @@ clone from the server so the indexer embeds only what nobody on the team has emb
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from common.http import Backoff
 from indexer.embed import Embedder, EmbeddingCache
 from indexer.merkle import MerkleNode, MerkleTree
 from indexer.pipeline import chunker_for
@@ -38,6 +38,7 @@ from indexer.settings import IndexSettings
 from indexer.store import IndexStore
 from indexer.sync_client import SyncClient, SyncFailed, SyncRejected, encode_vectors
 from indexer.sync_keys import SyncKeys
+from indexer.sync_protocol import ApplyRequest, Upsert
 
 log = logging.getLogger(__name__)
 
@@ -178,14 +179,14 @@ def _upload(
     dtype: str,
     report: SyncReport,
 ) -> None:
-    files: list[dict[str, Any]] = []
+    files: list[Upsert] = []
     chunk_ids: dict[str, str] = {}
     for path in found.upserts:
         node = tree.node(path)
         assert node is not None
         rows, ids = _chunk_rows(store, keys, plain_of[path])
         chunk_ids.update(ids)
-        files.append({"path": path, "leaf": node.hash.hex(), "chunks": [list(r) for r in rows]})
+        files.append(Upsert(path=path, leaf=node.hash.hex(), chunks=rows))
         report.chunks_placed += len(rows)
     wanted = list(chunk_ids)
     held: set[str] = set()
@@ -200,31 +201,31 @@ def _upload(
     batches = _batches(files, vectors)
     removes = list(found.removes)
     for number, (batch_files, batch_vectors) in enumerate(batches):
-        payload: dict[str, Any] = {
-            "workspace": workspace,
-            "model": model,
-            "upserts": batch_files,
-            "removes": removes if number == 0 else [],
-        }
-        if batch_vectors:
-            payload["vectors"] = encode_vectors(batch_vectors, dtype)
-        if number == len(batches) - 1:
-            payload["root"] = tree.root_hash.hex()
-        client.apply(payload)
+        last = number == len(batches) - 1
+        client.apply(
+            ApplyRequest(
+                workspace=workspace,
+                model=model,
+                upserts=batch_files,
+                removes=removes if number == 0 else [],
+                vectors=encode_vectors(batch_vectors, dtype) if batch_vectors else None,
+                root=tree.root_hash.hex() if last else None,  # only a whole sync claims a root
+            )
+        )
     report.files_uploaded = len(files)
     report.paths_removed = len(removes)
     report.vectors_uploaded = len(vectors)
 
 
 def _batches(
-    files: list[dict[str, Any]], vectors: dict[str, np.ndarray]
-) -> list[tuple[list[dict[str, Any]], dict[str, np.ndarray]]]:
+    files: list[Upsert], vectors: dict[str, np.ndarray]
+) -> list[tuple[list[Upsert], dict[str, np.ndarray]]]:
     """Apply messages: vectors go with (or before) the first file that places them."""
-    out: list[tuple[list[dict[str, Any]], dict[str, np.ndarray]]] = []
+    out: list[tuple[list[Upsert], dict[str, np.ndarray]]] = []
     pending = dict(vectors)
-    current: tuple[list[dict[str, Any]], dict[str, np.ndarray]] = ([], {})
+    current: tuple[list[Upsert], dict[str, np.ndarray]] = ([], {})
     for item in files:
-        needs = {row[0]: pending.pop(row[0]) for row in item["chunks"] if row[0] in pending}
+        needs = {row[0]: pending.pop(row[0]) for row in item.chunks if row[0] in pending}
         full = len(current[0]) >= FILES_PER_APPLY or (
             current[1] and len(current[1]) + len(needs) > VECTORS_PER_APPLY
         )
@@ -413,7 +414,9 @@ class IndexSyncer:
         seen_at = time.monotonic()
         last_attempt = time.monotonic()
         retry_at = 0.0
-        delay = self.backoff_initial_s
+        failed = 0  # consecutive failed attempts
+        # The shared backoff rule of everything that talks to the backend (`common.http`).
+        backoff = Backoff(self.backoff_initial_s, self.backoff_max_s)
         while True:
             with self._cond:
                 if self._closing:
@@ -433,10 +436,10 @@ class IndexSyncer:
             last_attempt = time.monotonic()
             ok = self._attempt()
             if ok:
-                delay, retry_at = self.backoff_initial_s, 0.0
+                failed, retry_at = 0, 0.0
             else:
-                retry_at = time.monotonic() + delay * random.uniform(0.5, 1.0)
-                delay = min(delay * 2, self.backoff_max_s)
+                retry_at = time.monotonic() + backoff.delay(failed)
+                failed += 1
 
     def _attempt(self) -> bool:
         store = self._store()

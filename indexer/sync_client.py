@@ -1,27 +1,46 @@
 """The HTTP side of the index sync: one call per protocol message, bounded retries, byte counts.
 
-Request bodies are JSON, gzipped; they hold keyed identities only (`indexer.sync_keys`). Retries
-follow the telemetry sender's rules: 429, 502, 503, 504 and connection errors are retried with
-jittered exponential backoff under one deadline, honouring `Retry-After`; other 4xx are final.
+Request bodies are JSON, gzipped; they hold keyed identities only (`indexer.sync_keys`). Every
+message and answer is a model of `indexer.sync_protocol`, the schema the server uses too; an
+answer that does not fit it is a failure, not a `KeyError` further on. Retries are the shared
+rule of `common.http`: 429, 502, 503, 504 and connection errors are retried with jittered
+exponential backoff under one deadline, honouring `Retry-After` (seconds or an HTTP date);
+other 4xx are final (`SyncRejected`).
 """
 
 from __future__ import annotations
 
 import base64
 import gzip
-import json
-import random
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
+from pydantic import BaseModel, ValidationError
 
-RETRYABLE = frozenset({429, 502, 503, 504})
-DTYPES = {"float16": np.float16, "float32": np.float32}
+from common.http import Backoff, Refused, RetryingClient, RetryPolicy, Unavailable
+from indexer.sync_protocol import (
+    APPLY_PATH,
+    CHILDREN_PATH,
+    DTYPES,
+    KNOWN_PATH,
+    ROOT_PATH,
+    VECTORS_PATH,
+    ApplyRequest,
+    ChildrenAnswer,
+    ChildrenRequest,
+    KeysRequest,
+    KnownAnswer,
+    RootAnswer,
+    VectorsAnswer,
+    VectorUpload,
+    WorkspaceRef,
+)
+
+A = TypeVar("A", bound=BaseModel)
 
 
 class SyncFailed(RuntimeError):
@@ -51,7 +70,11 @@ class WireStats:
 
 
 class SyncClient:
-    """Talks to `/v1/index/*` of a tabloop backend with a tenant's bearer token."""
+    """Talks to `/v1/index/*` of a tabloop backend with a tenant's bearer token.
+
+    `retry_deadline_s` bounds the retries of each message (it may be changed between calls);
+    an attempt itself keeps the full `timeout_s`, since a large apply may need it.
+    """
 
     def __init__(
         self,
@@ -64,108 +87,100 @@ class SyncClient:
         backoff_max_s: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s, transport=transport
-        )
         self.retry_deadline_s = retry_deadline_s
-        self.backoff_initial_s = backoff_initial_s
-        self.backoff_max_s = backoff_max_s
-        self.stats = WireStats()
-        self._stop = threading.Event()
+        # Public for its counters (`http.stats`): the retries and waits of every message.
+        self.http = RetryingClient(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            timeout_s=timeout_s,
+            policy=RetryPolicy(
+                deadline_s=retry_deadline_s,
+                backoff=Backoff(backoff_initial_s, backoff_max_s),
+                attempts_within_deadline=False,
+            ),
+            transport=transport,
+        )
+
+    @property
+    def stats(self) -> WireStats:
+        """What crossed the wire so far (answered requests; a snapshot)."""
+        sent = self.http.stats
+        return WireStats(sent.responses, sent.bytes_sent, sent.bytes_received)
 
     def close(self) -> None:
         """Interrupt any backoff and close the connections."""
-        self._stop.set()
-        self._http.close()
+        self.http.close()
 
-    def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST `payload` gzipped; the decoded JSON answer. Raises SyncFailed / SyncRejected."""
-        body = gzip.compress(json.dumps(payload, separators=(",", ":")).encode(), mtime=0)
+    def exchange(self, path: str, message: BaseModel, answer: type[A]) -> A:
+        """POST `message` gzipped and read the answer as `answer`.
+
+        Raises SyncRejected (a final refusal) or SyncFailed (unreachable, kept failing, or an
+        answer that does not fit the protocol).
+        """
+        body = gzip.compress(message.model_dump_json(exclude_none=True).encode(), mtime=0)
         deadline = time.monotonic() + self.retry_deadline_s
-        delay = self.backoff_initial_s
-        while True:
-            wait: float | None = None
-            try:
-                response = self._http.post(path, content=body, headers={"Content-Encoding": "gzip"})
-            except httpx.TransportError as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            else:
-                self.stats.requests += 1
-                self.stats.bytes_sent += len(body)
-                self.stats.bytes_received += len(response.content)
-                if response.status_code == 200:
-                    answer: dict[str, Any] = response.json()
-                    return answer
-                detail = _detail(response)
-                if response.status_code not in RETRYABLE:
-                    raise SyncRejected(response.status_code, detail)
-                problem = f"HTTP {response.status_code}: {detail}"
-                wait = _retry_after(response)
-            pause = wait if wait is not None else delay * random.uniform(0.5, 1.0)
-            if time.monotonic() + pause > deadline or self._stop.is_set():
-                raise SyncFailed(f"{path}: {problem}")
-            self._stop.wait(pause)
-            delay = min(delay * 2, self.backoff_max_s)
+        try:
+            response = self.http.post(
+                path, content=body, headers={"Content-Encoding": "gzip"}, deadline=deadline
+            )
+        except Refused as exc:
+            raise SyncRejected(exc.status, exc.detail) from exc
+        except Unavailable as exc:
+            raise SyncFailed(f"{path}: {exc.problem}") from exc
+        try:
+            return answer.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise SyncFailed(f"{path}: unreadable answer: {exc.errors()[:1]}") from exc
 
     # -- protocol messages -------------------------------------------------------------------
 
     def root(self, workspace: str, model: str) -> str:
-        return str(self.post("/v1/index/root", {"workspace": workspace, "model": model})["root"])
+        """The keyed root the server holds for the workspace (the empty root if none)."""
+        message = WorkspaceRef(workspace=workspace, model=model)
+        return self.exchange(ROOT_PATH, message, RootAnswer).root
 
     def children(
         self, workspace: str, model: str, dirs: Sequence[str]
     ) -> dict[str, list[tuple[str, str, bool]]]:
-        answer = self.post(
-            "/v1/index/children", {"workspace": workspace, "model": model, "dirs": list(dirs)}
-        )
-        return {
-            d: [(str(n), str(h), bool(is_dir)) for n, h, is_dir in kids]
-            for d, kids in answer["children"].items()
-        }
+        """`{dir: [(name, hash, is_dir), ...]}` of the server's tree, one level of it."""
+        message = ChildrenRequest(workspace=workspace, model=model, dirs=list(dirs))
+        answer = self.exchange(CHILDREN_PATH, message, ChildrenAnswer)
+        return {d: list(kids) for d, kids in answer.children.items()}
 
     def known(self, model: str, keys: Sequence[str]) -> set[str]:
-        answer = self.post("/v1/index/known", {"model": model, "keys": list(keys)})
-        return set(answer["known"])
+        """Which of the chunk keys the tenant's store holds a vector of."""
+        message = KeysRequest(model=model, keys=list(keys))
+        return set(self.exchange(KNOWN_PATH, message, KnownAnswer).known)
 
     def vectors(self, model: str, keys: Sequence[str]) -> dict[str, np.ndarray]:
         """Float32 vectors of the keys the server holds."""
-        answer = self.post("/v1/index/vectors", {"model": model, "keys": list(keys)})
+        message = KeysRequest(model=model, keys=list(keys))
+        answer = self.exchange(VECTORS_PATH, message, VectorsAnswer)
         out: dict[str, np.ndarray] = {}
-        for key, (dtype, dimension, encoded) in answer["vectors"].items():
+        for key, (dtype, dimension, encoded) in answer.vectors.items():
             vector = np.frombuffer(base64.b64decode(encoded), dtype=DTYPES[dtype])
-            if vector.shape == (int(dimension),):
+            if vector.shape == (dimension,):
                 out[key] = vector.astype(np.float32)
         return out
 
-    def apply(self, payload: dict[str, Any]) -> str:
-        return str(self.post("/v1/index/apply", payload)["root"])
+    def apply(self, message: ApplyRequest | Mapping[str, Any]) -> str:
+        """Send one apply message; the server's new keyed root."""
+        if not isinstance(message, ApplyRequest):
+            message = ApplyRequest.model_validate(message)
+        return self.exchange(APPLY_PATH, message, RootAnswer).root
 
 
-def encode_vectors(vectors: dict[str, np.ndarray], dtype: str) -> dict[str, Any]:
+def encode_vectors(vectors: dict[str, np.ndarray], dtype: str) -> VectorUpload:
     """The `vectors` field of an apply message."""
     kind = DTYPES[dtype]
     dimension = len(next(iter(vectors.values()))) if vectors else 1
-    return {
-        "dtype": dtype,
-        "dimension": dimension,
-        "items": {
-            key: base64.b64encode(np.asarray(v, dtype=kind).tobytes()).decode()
-            for key, v in vectors.items()
-        },
-    }
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("detail", ""))[:500]
-    except (ValueError, AttributeError):
-        return response.text[:500]
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after", "")
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
+    return VectorUpload.model_validate(
+        {
+            "dtype": dtype,
+            "dimension": dimension,
+            "items": {
+                key: base64.b64encode(np.asarray(v, dtype=kind).tobytes()).decode()
+                for key, v in vectors.items()
+            },
+        }
+    )

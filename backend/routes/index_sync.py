@@ -9,9 +9,12 @@ ranges, finite vectors of one dimension) and refused with a 4xx that says what i
 - `POST /v1/index/children` `{workspace, model, dirs: [...]}` -> `{children: {dir: [[name,
   hash, is_dir], ...]}}`
 - `POST /v1/index/known` `{model, keys}` -> `{known}`: which chunk vectors the tenant holds
-- `POST /v1/index/vectors` `{model, keys}` -> `{dtype, dimension, vectors: {key: base64}}`
+- `POST /v1/index/vectors` `{model, keys}` -> `{vectors: {key: [dtype, dimension, base64]}}`
 - `POST /v1/index/apply` `{workspace, model, upserts, removes, vectors, root?}` -> `{root}`;
   409 when the recomputed root is not the claimed `root` (nothing is kept).
+
+The request and answer models are `indexer.sync_protocol`'s, the schema the client sends and
+reads with; this module adds only what a server must (size caps and consistency checks).
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from backend.auth import CurrentPrincipal
@@ -39,21 +42,26 @@ from backend.sync.store import (
     VectorBlob,
     ancestors,
 )
+from indexer.sync_protocol import (
+    APPLY_PATH,
+    CHILDREN_PATH,
+    DTYPES,
+    KNOWN_PATH,
+    ROOT_PATH,
+    VECTORS_PATH,
+    ApplyRequest,
+    ChildrenAnswer,
+    ChildrenRequest,
+    KeysRequest,
+    KnownAnswer,
+    RootAnswer,
+    VectorsAnswer,
+    VectorUpload,
+    WorkspaceRef,
+)
 
 router = APIRouter()
 T = TypeVar("T", bound=BaseModel)
-
-MAX_DEPTH = 60
-Key = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
-Hash = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-NodePath = Annotated[
-    str, StringConstraints(pattern=rf"^[0-9a-f]{{32}}(/[0-9a-f]{{32}}){{0,{MAX_DEPTH - 1}}}$")
-]
-DirPath = Annotated[
-    str, StringConstraints(pattern=rf"^([0-9a-f]{{32}}(/[0-9a-f]{{32}}){{0,{MAX_DEPTH - 1}}})?$")
-]
-Line = Annotated[int, Field(ge=0, le=10_000_000)]
-DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
 @dataclass(frozen=True)
@@ -69,43 +77,6 @@ class SyncLimits:
     max_removes: int = 8192
     max_vectors: int = 4096
     max_dimension: int = 4096
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class WorkspaceRef(_Strict):
-    workspace: Key
-    model: Key
-
-
-class ChildrenRequest(WorkspaceRef):
-    dirs: list[DirPath]
-
-
-class KeysRequest(_Strict):
-    model: Key
-    keys: list[Key]
-
-
-class Upsert(_Strict):
-    path: NodePath
-    leaf: Hash
-    chunks: list[tuple[Key, Line, Line]] = Field(default_factory=list)
-
-
-class VectorUpload(_Strict):
-    dtype: Literal["float16", "float32"]
-    dimension: int = Field(ge=1)
-    items: dict[Key, str] = Field(default_factory=dict)  # chunk key -> base64 vector
-
-
-class ApplyRequest(WorkspaceRef):
-    upserts: list[Upsert] = Field(default_factory=list)
-    removes: list[NodePath] = Field(default_factory=list)
-    vectors: VectorUpload | None = None
-    root: Hash | None = None
 
 
 LIMITS = SyncLimits()
@@ -143,43 +114,38 @@ def _bound(what: str, count: int, limit: int) -> None:
         raise HTTPException(413, detail=f"at most {limit} {what} a request, got {count}")
 
 
-@router.post("/v1/index/root")
-async def root(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+@router.post(ROOT_PATH)
+async def root(request: Request, principal: CurrentPrincipal) -> RootAnswer:
     """The root hash the server holds for a keyed workspace."""
     ref = await _parse(request, WorkspaceRef)
     found = await run_in_threadpool(
         _store(request).root, principal.tenant_id, ref.workspace, ref.model
     )
-    return {"root": found}
+    return RootAnswer(root=found)
 
 
-@router.post("/v1/index/children")
-async def children(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+@router.post(CHILDREN_PATH)
+async def children(request: Request, principal: CurrentPrincipal) -> ChildrenAnswer:
     """Names and hashes of the children of a batch of directories (one tree level)."""
     ask = await _parse(request, ChildrenRequest)
     _bound("directories", len(ask.dirs), _limits(request).max_dirs)
     found = await run_in_threadpool(
         _store(request).children, principal.tenant_id, ask.workspace, ask.model, ask.dirs
     )
-    return {
-        "children": {
-            d: [[name, digest, is_dir] for name, digest, is_dir in kids]
-            for d, kids in found.items()
-        }
-    }
+    return ChildrenAnswer(children=found)
 
 
-@router.post("/v1/index/known")
-async def known(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+@router.post(KNOWN_PATH)
+async def known(request: Request, principal: CurrentPrincipal) -> KnownAnswer:
     """Which of the given chunk keys have a vector in the tenant's store."""
     ask = await _parse(request, KeysRequest)
     _bound("keys", len(ask.keys), _limits(request).max_keys)
     found = await run_in_threadpool(_store(request).known, principal.tenant_id, ask.model, ask.keys)
-    return {"known": found}
+    return KnownAnswer(known=found)
 
 
-@router.post("/v1/index/vectors")
-async def vectors(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+@router.post(VECTORS_PATH)
+async def vectors(request: Request, principal: CurrentPrincipal) -> VectorsAnswer:
     """The tenant's vectors of the given chunk keys (a caller proves a key by knowing it)."""
     ask = await _parse(request, KeysRequest)
     _bound("keys", len(ask.keys), _limits(request).max_vectors)
@@ -187,11 +153,9 @@ async def vectors(request: Request, principal: CurrentPrincipal) -> dict[str, An
         _store(request).vectors, principal.tenant_id, ask.model, ask.keys
     )
     # One dimension per model is enforced on upload; dtypes may mix (float16 and float32).
-    return {
-        "vectors": {
-            b.chunk: [b.dtype, b.dimension, base64.b64encode(b.data).decode()] for b in blobs
-        }
-    }
+    return VectorsAnswer(
+        vectors={b.chunk: (b.dtype, b.dimension, base64.b64encode(b.data).decode()) for b in blobs}
+    )
 
 
 def _decode_vectors(upload: VectorUpload, limits: SyncLimits) -> list[VectorBlob]:
@@ -238,8 +202,8 @@ def _check_consistent(ask: ApplyRequest, limits: SyncLimits) -> None:
             raise HTTPException(422, detail=f"{path} is placed under another placed file")
 
 
-@router.post("/v1/index/apply")
-async def apply(request: Request, principal: CurrentPrincipal) -> dict[str, Any]:
+@router.post(APPLY_PATH)
+async def apply(request: Request, principal: CurrentPrincipal) -> RootAnswer:
     """Store vectors, place and remove files; the server re-hashes and checks the root."""
     limits = _limits(request)
     ask = await _parse(request, ApplyRequest)
@@ -264,4 +228,4 @@ async def apply(request: Request, principal: CurrentPrincipal) -> dict[str, Any]
         raise HTTPException(422, detail=str(exc)) from exc
     except SyncError as exc:
         raise HTTPException(422, detail=str(exc)) from exc
-    return {"root": new_root}
+    return RootAnswer(root=new_root)
