@@ -129,21 +129,17 @@ def print_result(hole: Hole, suggestion: str, latency_ms: float, action: str) ->
 
 
 def index_and_search(workspace: Path, settings: Settings, queries: tuple[str, ...]) -> None:
-    """Index the workspace in the foreground with a progress bar, then search it by meaning."""
-    from tqdm import tqdm
-
+    """Index the workspace in the foreground, one progress line per stage, then search it."""
+    from indexer.progress import LOAD, StageProgress
     from indexer.service import index_workspace
 
-    bar = tqdm(total=0, unit="chunk", desc="indexing", file=sys.stdout, leave=True)
-
-    def progress(stage: str, done: int, total: int) -> None:
-        bar.set_description(stage)
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    index, stats = index_workspace(workspace, settings.index, settings.cache_path(), progress)
-    bar.close()
+    # On stderr, so that the demo's story on stdout reads the same piped to a file.
+    progress = StageProgress(sys.stderr)
+    progress.begin(LOAD)
+    try:
+        index, stats = index_workspace(workspace, settings.index, settings.cache_path(), progress)
+    finally:
+        progress.close()
     try:
         if stats is not None:
             print(

@@ -25,7 +25,8 @@ from indexer.types import Chunk
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
-"""`progress(stage, done, total)`: stage is `scan` or `index`; `index` counts files."""
+"""`progress(stage, done, total)`, stages in order: `scan` (files seen), `index` (files read,
+from 0 of the changed files up to all of them) and `ready`; see `indexer.progress`."""
 
 
 def chunker_for(embedder: Embedder, settings: IndexSettings) -> Chunker:
@@ -110,6 +111,9 @@ class Indexer:
         pending: list[_Pending] = []
         untouched: dict[str, FileStat] = {}
         waiting = 0
+        if progress is not None and changed:
+            # The stage begins now, with its total, not when the first batch is embedded.
+            progress("index", 0, len(changed))
         for done, path in enumerate(changed, 1):
             content = read_file(self.root, path, self.settings.max_file_bytes)
             old = self.cache.files.get(path)

@@ -14,7 +14,6 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +73,8 @@ class WorkspaceIndex:
 
     def start(self, progress: Progress | None = None) -> None:
         """Begin indexing in the background; `progress(stage, done, total)` is called from
-        the worker thread, with stage `scan`, `index` (files) and finally `ready`."""
+        the worker thread, with stage `scan`, `index` (files) and finally `ready`, once per pass
+        (`indexer.progress.StageProgress` shows them on a terminal)."""
         with self._cond:
             if self._thread is not None:
                 return
@@ -390,7 +390,7 @@ def index_workspace(
     root: Path,
     settings: IndexSettings,
     cache_dir: Path,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Progress | None = None,
     embedder: Embedder | None = None,
 ) -> tuple[WorkspaceIndex, IndexStats | None]:
     """Index `root` once in the foreground (for the CLI and the demo); the caller closes it."""
