@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from completion.gate import Policy, PolicyError, builtin_policy
+from completion.gate import Policy, PolicyError, builtin_policy, from_artifact, to_artifact
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +119,10 @@ class PolicyClient:
             self.last_error = None
             return False
         response.raise_for_status()
-        policy = Policy.from_artifact(response.content)  # raises on a corrupt artefact
+        policy = from_artifact(response.content)  # raises on a corrupt artefact
         self.last_error = None
         etag = response.headers.get("etag")
-        changed = policy.to_artifact() != self._raw_artifact
+        changed = to_artifact(policy) != self._raw_artifact
         self._etag = etag
         self._save_cache(response.content, etag)
         if not changed:
@@ -133,7 +133,7 @@ class PolicyClient:
         return True
 
     def _floored(self, policy: Policy) -> Policy:
-        self._raw_artifact = policy.to_artifact()
+        self._raw_artifact = to_artifact(policy)
         return policy if self.show_floor is None else policy.with_floor(self.show_floor)
 
     def _load_cached(self) -> Policy | None:
@@ -143,7 +143,7 @@ class PolicyClient:
         except OSError:
             return None
         try:
-            policy = Policy.from_artifact(data)
+            policy = from_artifact(data)
         except PolicyError as exc:
             log.warning("cached policy %s is unusable (%s); using the built-in one", path, exc)
             return None

@@ -19,7 +19,14 @@ from sqlalchemy.orm import Session
 
 from backend.policy.models import PolicyPromotionRow, PolicyVersionRow
 from backend.storage import Storage
-from completion.gate import BUILTIN_VERSION, Policy, PolicyError, builtin_policy
+from completion.gate import (
+    BUILTIN_VERSION,
+    Policy,
+    PolicyError,
+    builtin_policy,
+    from_artifact,
+    to_artifact,
+)
 
 
 class RegistryError(Exception):
@@ -73,7 +80,7 @@ class PolicyRegistry:
     def __init__(self, storage: Storage, *, builtin_floor: float = 0.05) -> None:
         self.storage = storage
         self._builtin = builtin_policy(show_floor=builtin_floor)
-        self._builtin_artifact = self._builtin.to_artifact()
+        self._builtin_artifact = to_artifact(self._builtin)
 
     # -- versions -------------------------------------------------------------------------
 
@@ -94,7 +101,7 @@ class PolicyRegistry:
                     or 0
                 ) + 1
                 policy = make(f"v{number}")
-                artifact = policy.to_artifact()
+                artifact = to_artifact(policy)
                 session.add(
                     PolicyVersionRow(
                         tenant_id=tenant_id,
@@ -147,7 +154,7 @@ class PolicyRegistry:
             artifact = row.artifact.encode()
             if _checksum(artifact) != row.checksum:
                 raise PolicyError(f"stored artefact of {version} does not match its checksum")
-        return Policy.from_artifact(artifact)
+        return from_artifact(artifact)
 
     # -- serving --------------------------------------------------------------------------
 

@@ -41,7 +41,7 @@ class RewardModel:
         normaliser = Normaliser.fit(raw) if len(shown) else Normaliser.identity(space.dim)
         if not shown:
             return cls(space, normaliser, np.zeros(space.dim + 1), lo, hi)
-        x = normaliser.apply(raw).numpy()
+        x = normaliser.apply(raw)
         design = np.hstack([x, np.ones((len(x), 1))])
         penalty = ridge * np.eye(design.shape[1])
         penalty[-1, -1] = 0.0  # the intercept is the mean reward, not shrunk toward 0
@@ -57,5 +57,5 @@ class RewardModel:
     def predict(self, rows: Sequence[Features]) -> np.ndarray:
         if not rows:
             return np.zeros(0)
-        x = self.normaliser.apply(self.space.matrix(rows)).numpy()
+        x = self.normaliser.apply(self.space.matrix(rows))
         return np.clip(x @ self.coef[:-1] + self.coef[-1], self.lo, self.hi)

@@ -29,7 +29,8 @@ from backend.policy import ope
 from backend.policy.reward_model import RewardModel
 from backend.policy.rewards import LoggedDecision
 from backend.policy.settings import TrainerSettings
-from completion.gate import Normaliser, Policy, ShowModel, is_empty
+from backend.policy.show_model import ShowModel, show_probability
+from completion.gate import Normaliser, Policy, is_empty
 
 
 @dataclass(frozen=True)
@@ -82,14 +83,14 @@ def split_holdout(
 
 def _with_hidden(policy: Policy, hidden: int, seed: int) -> Policy:
     """The policy with an MLP part of `hidden` units (new units start with zero output)."""
-    if policy.model.hidden == hidden or hidden == 0:
+    if policy.weights.hidden == hidden or hidden == 0:
         return policy
     torch.manual_seed(seed)
-    model = ShowModel(policy.model.dim, hidden)
-    model.linear.load_state_dict(policy.model.linear.state_dict())
-    return Policy(
-        policy.version, policy.space, policy.normaliser, model, policy.show_floor, policy.metadata
-    )
+    model = ShowModel(policy.weights.dim, hidden)
+    with torch.no_grad():
+        model.linear.weight.copy_(torch.tensor(policy.weights.linear_weight))
+        model.linear.bias.copy_(torch.tensor(policy.weights.linear_bias))
+    return policy.derive(policy.version, metadata=policy.metadata, weights=model.to_weights())
 
 
 def reward_model_for(
@@ -127,20 +128,20 @@ def fit_candidate(
     candidate = _with_hidden(candidate, settings.hidden, settings.seed)
     if not active:
         return candidate
-    x = candidate.inputs([d.features for d in active])
+    x = torch.as_tensor(candidate.inputs([d.features for d in active]), dtype=torch.float64)
     shown = torch.tensor([d.shown for d in active], dtype=torch.float64)
     mu = torch.tensor([d.propensity for d in active], dtype=torch.float64).clamp_min(1e-6)
     reward = torch.tensor([d.reward for d in active], dtype=torch.float64)
     q_show = torch.tensor(q.predict([d.features for d in active]), dtype=torch.float64)
     n_all = float(len(train))  # empty suggestions count as requests worth 0 under any policy
 
-    model = candidate.model
+    model = ShowModel.from_weights(candidate.weights)
     model.train()
     anchor = [p.detach().clone() for p in model.parameters()]
     optimiser = torch.optim.Adam(model.parameters(), lr=settings.learning_rate)
     for _ in range(settings.steps):
         optimiser.zero_grad()
-        p = candidate.show_probability(x)
+        p = show_probability(model, x, candidate.show_floor)
         weight = torch.clamp(p / mu, max=settings.weight_clip)
         value = torch.sum(p * q_show + shown * weight * (reward - q_show)) / n_all
         penalty = sum(
@@ -151,7 +152,7 @@ def fit_candidate(
         loss.backward()
         optimiser.step()
     model.eval()
-    return candidate
+    return candidate.derive(version, metadata=candidate.metadata, weights=model.to_weights())
 
 
 def evaluate(policy: Policy, holdout: Sequence[LoggedDecision], q: RewardModel) -> PolicyEvaluation:

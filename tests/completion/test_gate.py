@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from common import languages
 from completion.gate import (
+    LANGUAGES,
+    FeatureSpace,
     Normaliser,
     Policy,
     PolicyError,
+    ShowWeights,
     Signals,
     builtin_policy,
     extract_features,
+    from_artifact,
+    to_artifact,
 )
 from completion.types import CompletionRequest, Generation
 from telemetry.events import DecisionEvent, parse_event
@@ -39,8 +49,10 @@ def _trained_looking(hidden: int = 0) -> Policy:
         from backend.policy.trainer import _with_hidden
 
         policy = _with_hidden(policy, hidden, seed=3)
-        assert policy.model.mlp_out is not None
-        policy.model.mlp_out.weight.data.normal_(0, 0.5)
+        state = dict(policy.weights.state())
+        state["mlp_out.weight"] = np.random.default_rng(3).normal(0, 0.5, (1, hidden))
+        weights = ShowWeights.from_state(state, dim=policy.space.dim, hidden=hidden)
+        policy = policy.derive(policy.version, weights=weights)
     return policy
 
 
@@ -149,11 +161,11 @@ def test_features_tell_an_indent_the_line_already_has() -> None:
 @pytest.mark.parametrize("hidden", [0, 8])
 def test_artifact_round_trips_exactly(hidden: int) -> None:
     policy = _trained_looking(hidden)
-    loaded = Policy.from_artifact(policy.to_artifact())
+    loaded = from_artifact(to_artifact(policy))
     features = contexts(50, seed=9)
     np.testing.assert_array_equal(loaded.p_show_batch(features), policy.p_show_batch(features))
     assert loaded.version == "v7"
-    assert len(policy.to_artifact()) < 64_000
+    assert len(to_artifact(policy)) < 64_000
 
 
 @pytest.mark.parametrize(
@@ -167,7 +179,7 @@ def test_artifact_round_trips_exactly(hidden: int) -> None:
 )
 def test_corrupt_artifacts_are_refused(tamper) -> None:
     with pytest.raises(PolicyError):
-        Policy.from_artifact(tamper(_trained_looking().to_artifact()))
+        from_artifact(tamper(to_artifact(_trained_looking())))
 
 
 @pytest.mark.parametrize("hidden", [0, 8])
@@ -187,3 +199,83 @@ def test_builtin_shows_confident_suggestions_and_silences_unsure_ones() -> None:
     unsure = extract_features(REQUEST, "readline()", Generation("", [-2.5] * 4), Signals())
     assert policy.p_show(confident) > 0.9
     assert policy.p_show(unsure) < 0.1
+
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+
+
+def test_an_artifact_from_the_torch_era_loads_and_decides_as_it_did() -> None:
+    """An MLP policy saved when serving still ran torch: same bytes back, same probabilities."""
+    recorded = json.loads((FIXTURES / "gate-policy-v1-mlp.json").read_text())
+    artifact = recorded["artifact"].encode()
+    policy = from_artifact(artifact)
+    assert policy.weights.hidden == 8
+    assert to_artifact(policy) == artifact
+    np.testing.assert_allclose(
+        policy.p_show_batch(recorded["features"]), recorded["p_show"], rtol=0, atol=1e-12
+    )
+
+
+def test_gate_languages_are_lsp_ids_of_the_language_table_and_keep_their_columns() -> None:
+    assert set(LANGUAGES) <= set(languages.BY_ID)
+    # The default one-hot columns are part of every artefact's feature space: pinned.
+    assert FeatureSpace().categorical == (
+        (
+            "language",
+            (
+                "python",
+                "javascript",
+                "typescript",
+                "typescriptreact",
+                "javascriptreact",
+                "go",
+                "rust",
+                "java",
+                "c",
+                "cpp",
+                "csharp",
+                "ruby",
+                "php",
+                "lua",
+                "shellscript",
+                "other",
+            ),
+        ),
+    )
+    known = extract_features(CompletionRequest("", "", language="kotlin"), "x", None, Signals())
+    assert known["language"] == "other"  # in the table, not (yet) a column of the gate
+
+
+def _with_model(artifact: bytes, change: Callable[[dict[str, Any]], None]) -> bytes:
+    """The artefact with its model section changed and its checksum made right again."""
+    doc = json.loads(artifact)
+    doc.pop("checksum")
+    change(doc["model"])
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps({**doc, "checksum": "sha256:" + hashlib.sha256(body).hexdigest()}).encode()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda m: m["state"].pop("mlp_in.bias"), id="missing-parameter"),
+        pytest.param(lambda m: m["state"].update(extra=[0.0]), id="extra-parameter"),
+        pytest.param(lambda m: m.update(hidden=4), id="wrong-hidden"),
+        pytest.param(lambda m: m["state"]["linear.weight"][0].pop(), id="wrong-shape"),
+        pytest.param(lambda m: m["state"].update({"linear.bias": ["x"]}), id="not-a-number"),
+        pytest.param(lambda m: m["state"]["mlp_in.weight"][0].pop(), id="ragged"),
+    ],
+)
+def test_a_model_that_does_not_fit_its_feature_space_is_refused(
+    change: Callable[[dict[str, Any]], None],
+) -> None:
+    artifact = _with_model(to_artifact(_trained_looking(8)), change)
+    with pytest.raises(PolicyError):
+        from_artifact(artifact)
+
+
+def test_serving_weights_are_read_only() -> None:
+    policy = builtin_policy()
+    with pytest.raises(ValueError):
+        policy.weights.linear_bias[0] = 1.0
+    assert isinstance(policy.weights, ShowWeights)

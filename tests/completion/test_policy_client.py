@@ -7,9 +7,12 @@ from pathlib import Path
 
 from backend.policy.models import PolicyVersionRow
 from backend.policy.registry import PolicyRegistry
-from completion.gate import builtin_policy
+from completion.gate import ShowWeights, builtin_policy
 from completion.policy_client import CACHE_FILE, PolicyClient
-from tests.support.backend_server import BackendServer
+from tests.support.backend_server import BackendServer, sqlite_backend
+
+# A fixture by import: the backend tests' conftest does not reach tests/completion.
+__all__ = ["sqlite_backend"]
 
 
 def _client(backend: BackendServer, cache: Path, refresh_s: float = 60.0) -> PolicyClient:
@@ -20,9 +23,9 @@ def _promote_new(backend: BackendServer, bias: float) -> str:
     registry = PolicyRegistry(backend.storage)
 
     def make(version: str):
-        policy = builtin_policy().derive(version)
-        policy.model.linear.bias.data.fill_(bias)
-        return policy
+        policy = builtin_policy()
+        weight = policy.weights.linear_weight[0]
+        return policy.derive(version, weights=ShowWeights.logistic(weight, bias))
 
     version = registry.add(backend.tenant_id, make, {}).version
     registry.promote(backend.tenant_id, version, actor="test")

@@ -8,19 +8,18 @@ import pytest
 from backend.policy import ope
 from backend.policy.reward_model import RewardModel
 from backend.policy.rewards import LoggedDecision
-from completion.gate import Policy, builtin_policy
+from completion.gate import Policy, ShowWeights, builtin_policy
 from tests.backend.policy.synthetic import LAMBDA, Logger, contexts, true_value
 
 
 def _target() -> Policy:
     """A policy unlike the logging one: shows more, and cares about code after the cursor."""
-    policy = builtin_policy().derive("target")
-    names = policy.space.names
-    weight = policy.model.linear.weight.data
-    weight[0, names.index("logprob_mean")] = 2.0
-    weight[0, names.index("code_after_cursor")] = -1.5
-    policy.model.linear.bias.data.fill_(2.5)
-    return policy
+    builtin = builtin_policy()
+    names = builtin.space.names
+    weight = builtin.weights.linear_weight[0].copy()
+    weight[names.index("logprob_mean")] = 2.0
+    weight[names.index("code_after_cursor")] = -1.5
+    return builtin.derive("target", weights=ShowWeights.logistic(weight, 2.5))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from backend.policy.loop import run_training
 from backend.policy.registry import PolicyRegistry, RegistryError
 from backend.policy.settings import TrainerSettings
-from completion.gate import Policy, builtin_policy
+from completion.gate import builtin_policy, from_artifact
 from tests.backend.policy.synthetic import Logger, contexts, to_events
 from tests.support.backend_server import BackendServer
 
@@ -53,7 +53,7 @@ def test_events_train_a_policy_that_is_promoted_and_served(backend: BackendServe
 
     served = get_policy(backend, first.headers["etag"])
     assert served.status_code == 200
-    policy = Policy.from_artifact(served.content)
+    policy = from_artifact(served.content)
     assert policy.version == "v1"
     assert policy.metadata["parent"] == "builtin"
     again = get_policy(backend, served.headers["etag"])

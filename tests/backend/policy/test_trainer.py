@@ -17,7 +17,7 @@ from backend.policy.trainer import (
     split_holdout,
     train_and_judge,
 )
-from completion.gate import Policy, builtin_policy
+from completion.gate import Policy, ShowWeights, builtin_policy, from_artifact, to_artifact
 from tests.backend.policy.synthetic import (
     Logger,
     contexts,
@@ -73,7 +73,7 @@ def test_a_better_candidate_is_promoted(run) -> None:
     assert run.report["candidate"]["dr"]["value"] > run.report["serving"]["dr"]["value"]
     assert run.candidate.metadata["parent"] == "builtin"
     # The evaluation travels with the version.
-    assert Policy.from_artifact(run.candidate.to_artifact()).metadata["evaluation"]["promote"]
+    assert from_artifact(to_artifact(run.candidate)).metadata["evaluation"]["promote"]
 
 
 def test_a_worse_candidate_is_refused(
@@ -91,10 +91,8 @@ def test_a_worse_candidate_is_refused(
 
 
 def _silence_everything() -> Policy:
-    policy = builtin_policy().derive("mute")
-    policy.model.linear.weight.data.zero_()
-    policy.model.linear.bias.data.fill_(-30.0)
-    return policy
+    policy = builtin_policy()
+    return policy.derive("mute", weights=ShowWeights.logistic(np.zeros(policy.space.dim), -30.0))
 
 
 def test_a_candidate_that_silences_everything_is_refused_even_when_it_scores_higher() -> None:
