@@ -1,7 +1,10 @@
 """`tabloop index` and `tabloop search`, and the indexing step of the demo.
 
-The index lives in the cache directory: `--cache-dir`, else `$TABLOOP_CACHE_DIR`, else the
-platform's cache directory (the same default as the server's `cacheDir` setting).
+Both read the configuration the way the server does (`common.config`): the `index` section and
+`cacheDir` from the user's `config.toml`, the workspace's `tabloop.toml` (or `[tool.tabloop]`
+in `pyproject.toml`) and `TABLOOP_*` variables, for the workspace they act on; flags override.
+So the command and the server build the same index in the same place. With no `cacheDir`
+anywhere, the index lives in `$TABLOOP_CACHE_DIR`, else the platform's cache directory.
 """
 
 from __future__ import annotations
@@ -9,44 +12,62 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-import platformdirs
-
+from common import config
 from indexer.pipeline import IndexStats
-from indexer.progress import LOAD, StageProgress
 from indexer.service import WorkspaceIndex, index_workspace
-from indexer.settings import IndexSettings
+from indexer.settings import IndexCommandSettings, IndexSettings
 from indexer.types import SearchHit
 
-
-def default_cache_dir() -> Path:
-    """`$TABLOOP_CACHE_DIR`, else the platform's cache directory for tabloop."""
-    configured = os.environ.get("TABLOOP_CACHE_DIR", "")
-    path = Path(configured).expanduser() if configured else platformdirs.user_cache_path("tabloop")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+Progress = Callable[[str, int, int], None]
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-dir", type=Path, help="where indexes live (default: see above)")
     parser.add_argument(
-        "--model", default=None, help="embedding model: `bundled`, a name or a local path"
+        "--cache-dir", type=Path, help="where indexes live (default: the configured cacheDir)"
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="embedding model: `bundled`, a name or a local path (default: index.embeddingModel)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv debug)")
 
 
-def _settings(args: argparse.Namespace) -> IndexSettings:
-    settings = IndexSettings()
+def resolve_settings(
+    root: Path, args: argparse.Namespace, *, environ: Mapping[str, str] | None = None
+) -> config.Resolved[IndexCommandSettings]:
+    """The command's settings for workspace `root`: every file and environment layer, then the
+    flags the user gave."""
+    flags: dict[str, Any] = {}
+    if args.cache_dir:
+        flags["cache_dir"] = str(args.cache_dir)
     if args.model:
-        settings = settings.model_copy(update={"embedding_model": args.model})
-    return settings
+        flags["index"] = {"embedding_model": args.model}
+    endpoint = {
+        key: value
+        for key, value in (
+            ("backend_url", getattr(args, "backend_url", None)),
+            ("token", getattr(args, "token", None)),
+        )
+        if value
+    }
+    if endpoint:
+        flags["telemetry"] = endpoint
+    return config.resolve(
+        IndexCommandSettings,
+        root,
+        above=[config.flag_layer(flags)],
+        environ=environ,
+        # The server's other sections are the server's to check.
+        ignore_other_keys=True,
+    )
 
 
 def _logging(verbose: int) -> None:
@@ -56,11 +77,43 @@ def _logging(verbose: int) -> None:
     )
 
 
+class ProgressBar:
+    """A tqdm bar on stderr for `progress(stage, done, total)` callbacks."""
+
+    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self._bar: Any = None
+        self._stage = ""
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        if stage != self._stage or self._bar is None:
+            self.close()
+            self._stage = stage
+            if stage == "ready":
+                return
+            label = "scanning" if stage == "scan" else "indexing files"
+            self._bar = tqdm(total=total or None, desc=label, unit="file", file=self.stream)
+        if total and self._bar.total != total:
+            self._bar.total = total
+        self._bar.n = done
+        self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
 def run_index(
     root: Path,
     settings: IndexSettings,
     cache_dir: Path,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> tuple[WorkspaceIndex, IndexStats]:
     """Index `root` in the foreground; raises RuntimeError when indexing failed."""
     index, stats = index_workspace(root, settings, cache_dir, progress)
@@ -69,6 +122,37 @@ def run_index(
         index.close()
         raise RuntimeError(status["error"] or "indexing failed")
     return index, stats or IndexStats()
+
+
+def run_index_with_sync(
+    root: Path,
+    settings: IndexCommandSettings,
+    cache_dir: Path,
+    progress: Progress | None = None,
+) -> tuple[WorkspaceIndex, IndexStats, dict[str, Any]]:
+    """`tabloop index --sync`: prefetch the team's vectors when there is no local index yet,
+    index, then sync. Raises RuntimeError with a message for the terminal; the caller closes
+    the returned index."""
+    from indexer.sync_setup import prefetch_for_new_index, push_index, sync_client, sync_keys
+
+    client = sync_client(settings.telemetry)  # refuses before anything is written
+    try:
+        keys = sync_keys(cache_dir, settings.index.sync_secret)
+        figures = prefetch_for_new_index(root, settings.index, cache_dir, keys, client)
+        index, stats = run_index(root, settings.index, cache_dir, progress)
+        try:
+            figures.update(push_index(index, keys, client))
+        except RuntimeError:
+            index.close()
+            raise
+        return index, stats, figures
+    finally:
+        client.close()
+
+
+def _report_problems(command: str, resolved: config.Resolved[IndexCommandSettings]) -> None:
+    for problem in resolved.problems:
+        print(f"{command}: configuration: {problem}", file=sys.stderr)
 
 
 def index_main(argv: list[str]) -> int:
@@ -82,7 +166,7 @@ def index_main(argv: list[str]) -> int:
         "--sync",
         action="store_true",
         help="fetch the team's vectors first (fresh index), then sync the index to the backend "
-        "($TABLOOP_TELEMETRY__BACKEND_URL, $TABLOOP_TELEMETRY__TOKEN; see docs/sync.md)",
+        "(telemetry.backendUrl and telemetry.token, or the flags below; see docs/sync.md)",
     )
     parser.add_argument("--backend-url", help="backend for --sync")
     parser.add_argument("--token", help="tenant token for --sync")
@@ -93,18 +177,22 @@ def index_main(argv: list[str]) -> int:
     if not root.is_dir():
         print(f"tabloop index: {root} is not a directory", file=sys.stderr)
         return 2
-    bar = StageProgress(enabled=not args.no_progress)
-    bar.begin(LOAD)
+    resolved = resolve_settings(root, args)
+    _report_problems("tabloop index", resolved)
+    settings = resolved.settings
+    try:
+        cache_dir = settings.cache_path()
+    except OSError as exc:
+        print(f"tabloop index: cannot create the cache directory: {exc}", file=sys.stderr)
+        return 1
+    bar = ProgressBar(enabled=not args.no_progress)
     started = time.perf_counter()
     synced: dict[str, Any] = {}
     try:
-        cache_dir = args.cache_dir or default_cache_dir()
         if args.sync:
-            from indexer.sync_setup import sync_index_main
-
-            index, stats, synced = sync_index_main(root, _settings(args), cache_dir, args, bar)
+            index, stats, synced = run_index_with_sync(root, settings, cache_dir, bar)
         else:
-            index, stats = run_index(root, _settings(args), cache_dir, bar)
+            index, stats = run_index(root, settings.index, cache_dir, bar)
     except RuntimeError as exc:
         bar.close()
         print(f"tabloop index: {exc}", file=sys.stderr)
@@ -181,10 +269,17 @@ def search_main(argv: list[str]) -> int:
     if args.k < 1:
         print("tabloop search: -k must be at least 1", file=sys.stderr)
         return 2
-    bar = StageProgress(enabled=not args.no_progress)
-    bar.begin(LOAD)
+    resolved = resolve_settings(root, args)
+    _report_problems("tabloop search", resolved)
+    settings = resolved.settings
     try:
-        index, _ = run_index(root, _settings(args), args.cache_dir or default_cache_dir(), bar)
+        cache_dir = settings.cache_path()
+    except OSError as exc:
+        print(f"tabloop search: cannot create the cache directory: {exc}", file=sys.stderr)
+        return 1
+    bar = ProgressBar(enabled=not args.no_progress)
+    try:
+        index, _ = run_index(root, settings.index, cache_dir, bar)
     except RuntimeError as exc:
         bar.close()
         print(f"tabloop search: {exc}", file=sys.stderr)
@@ -210,8 +305,7 @@ def index_and_search(
     k: int = 3,
 ) -> dict[str, list[SearchHit]]:
     """For the demo: index `root` with a visible progress bar, then run each query."""
-    bar = StageProgress(stream)
-    bar.begin(LOAD)
+    bar = ProgressBar(stream)
     index, stats = run_index(root, settings or IndexSettings(), cache_dir, bar)
     bar.close()
     print(

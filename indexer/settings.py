@@ -1,9 +1,12 @@
-"""Settings of the workspace index: the `index` section of tabloop's configuration."""
+"""Settings of the workspace index: the `index` section of tabloop's configuration, and what
+`tabloop index` and `tabloop search` read from the configuration's layers."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from common.config import SharedSettings
 
 
 class IndexSettings(BaseModel):
@@ -76,3 +79,24 @@ class IndexSettings(BaseModel):
         description="How long to wait for another process that is writing the same index; "
         "after that the index opens read-only.",
     )
+
+
+class SyncEndpoint(BaseModel):
+    """Where `tabloop index --sync` sends: the backend and token of the `telemetry` section.
+
+    A view of that section, which belongs to the telemetry package: its other keys are that
+    package's to check, so they are ignored here.
+    """
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    backend_url: str = ""
+    token: str = ""
+
+
+class IndexCommandSettings(SharedSettings):
+    """What `tabloop index` and `tabloop search` read: the cache directory and the index section,
+    from the same layers as the server, so both build the same index in the same place."""
+
+    index: IndexSettings = Field(default_factory=IndexSettings)
+    telemetry: SyncEndpoint = Field(default_factory=SyncEndpoint)

@@ -1,23 +1,21 @@
-"""Wiring the index sync: a syncer for a running `WorkspaceIndex`, and `tabloop index --sync`.
+"""Wiring the index sync: a syncer for a running `WorkspaceIndex`, and the steps of
+`tabloop index --sync` (the command, in `indexer.cli`, puts them in order around indexing).
 
 The backend and token are the telemetry ones (`telemetry.backendUrl`, `telemetry.token`); the
 secret is `index.syncSecret`, else one generated into `<cache dir>/sync/secret` (mode 0600).
+Everything arrives as typed settings, resolved by the caller from the configuration's layers.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from indexer.embed import EmbeddingCache, SentenceTransformerEmbedder
-from indexer.pipeline import IndexStats
 from indexer.service import WorkspaceIndex
-from indexer.settings import IndexSettings
+from indexer.settings import IndexSettings, SyncEndpoint
 from indexer.store import index_dir
 from indexer.sync import IndexChanged, IndexSyncer, prefetch_vectors, sync_index
 from indexer.sync_client import SyncClient, SyncFailed, SyncRejected
@@ -64,51 +62,48 @@ def syncer_for_index(
     )
 
 
-def sync_index_main(
-    root: Path,
-    settings: IndexSettings,
-    cache_dir: Path,
-    args: argparse.Namespace,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> tuple[WorkspaceIndex, IndexStats, dict[str, Any]]:
-    """`tabloop index --sync`: prefetch the team's vectors when there is no local index yet,
-    index, then sync. Raises RuntimeError with a message for the terminal; the caller closes
-    the returned index."""
-    from indexer.cli import run_index
-
-    url = args.backend_url or os.environ.get("TABLOOP_TELEMETRY__BACKEND_URL", "")
-    token = args.token or os.environ.get("TABLOOP_TELEMETRY__TOKEN", "")
-    if not url or not token:
+def sync_client(endpoint: SyncEndpoint) -> SyncClient:
+    """A client of the configured backend (close it); RuntimeError when one is not configured."""
+    if not endpoint.backend_url or not endpoint.token:
         raise RuntimeError(
-            "--sync needs --backend-url and --token (or $TABLOOP_TELEMETRY__BACKEND_URL and "
+            "--sync needs --backend-url and --token (or telemetry.backendUrl and telemetry.token "
+            "in a configuration file, or $TABLOOP_TELEMETRY__BACKEND_URL and "
             "$TABLOOP_TELEMETRY__TOKEN)"
         )
-    secret = settings.sync_secret or os.environ.get("TABLOOP_INDEX__SYNC_SECRET", "")
-    keys = sync_keys(cache_dir, secret)
-    client = SyncClient(url, token)
-    figures: dict[str, Any] = {}
+    return SyncClient(endpoint.backend_url, endpoint.token)
+
+
+def prefetch_for_new_index(
+    root: Path, settings: IndexSettings, cache_dir: Path, keys: SyncKeys, client: SyncClient
+) -> dict[str, Any]:
+    """Before the first index of `root` in `cache_dir`: fetch the team's vectors into the
+    embedding cache, so indexing embeds only what nobody has embedded yet.
+
+    Returns `{"reuse": figures}` when it fetched, `{}` when an index exists already or the
+    backend could not be reached (indexing then starts from scratch).
+    """
+    if (index_dir(cache_dir, root) / "meta.sqlite3").exists():
+        return {}
+    embedder = SentenceTransformerEmbedder(
+        settings.embedding_model, batch_size=settings.embed_batch_size
+    )
+    cache = EmbeddingCache(cache_dir / "embeddings.sqlite3")
     try:
-        if not (index_dir(cache_dir, root) / "meta.sqlite3").exists():
-            embedder = SentenceTransformerEmbedder(
-                settings.embedding_model, batch_size=settings.embed_batch_size
-            )
-            cache = EmbeddingCache(cache_dir / "embeddings.sqlite3")
-            try:
-                figures["reuse"] = asdict(
-                    prefetch_vectors(root, settings, embedder, cache, keys, client)
-                )
-            except (SyncFailed, SyncRejected) as exc:  # index anyway, from scratch
-                log.warning("could not fetch the team's vectors: %s", exc)
-            finally:
-                cache.close()
-        index, stats = run_index(root, settings, cache_dir, progress)
-        try:
-            assert index.store is not None
-            report = sync_index(index.store, keys, client, keys.workspace(str(root)))
-        except (SyncFailed, SyncRejected, IndexChanged) as exc:
-            index.close()
-            raise RuntimeError(f"indexed, but the sync failed: {exc}") from exc
-        figures["sync"] = report.as_json()
-        return index, stats, figures
+        return {"reuse": asdict(prefetch_vectors(root, settings, embedder, cache, keys, client))}
+    except (SyncFailed, SyncRejected) as exc:
+        log.warning("could not fetch the team's vectors: %s", exc)
+        return {}
     finally:
-        client.close()
+        cache.close()
+
+
+def push_index(index: WorkspaceIndex, keys: SyncKeys, client: SyncClient) -> dict[str, Any]:
+    """Sync a freshly built index to the backend; `{"sync": figures}`, RuntimeError on failure
+    (the caller still owns, and closes, the index)."""
+    if index.store is None:
+        raise RuntimeError("indexed, but the index is not open for writing; nothing was synced")
+    try:
+        report = sync_index(index.store, keys, client, keys.workspace(str(index.root)))
+    except (SyncFailed, SyncRejected, IndexChanged) as exc:
+        raise RuntimeError(f"indexed, but the sync failed: {exc}") from exc
+    return {"sync": report.as_json()}

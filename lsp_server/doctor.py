@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from common.paths import user_config_path
 from lsp_server import __version__, config
 
 PACKAGES = (
@@ -56,7 +57,7 @@ def diagnose(workspace: Path) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "packages": {name: _version(name) for name in PACKAGES},
-        "user_config": str(config.user_config_path()),
+        "user_config": str(user_config_path()),
         "workspace": str(workspace),
     }
     for name, found in report["packages"].items():
