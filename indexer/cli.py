@@ -20,6 +20,7 @@ from typing import Any, TextIO
 
 from common import config
 from indexer.pipeline import IndexStats
+from indexer.progress import LOAD, StageProgress
 from indexer.service import WorkspaceIndex, index_workspace
 from indexer.settings import IndexCommandSettings, IndexSettings
 from indexer.types import SearchHit
@@ -75,38 +76,6 @@ def _logging(verbose: int) -> None:
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
-
-
-class ProgressBar:
-    """A tqdm bar on stderr for `progress(stage, done, total)` callbacks."""
-
-    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True) -> None:
-        self.stream = stream
-        self.enabled = enabled
-        self._bar: Any = None
-        self._stage = ""
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        from tqdm import tqdm
-
-        if stage != self._stage or self._bar is None:
-            self.close()
-            self._stage = stage
-            if stage == "ready":
-                return
-            label = "scanning" if stage == "scan" else "indexing files"
-            self._bar = tqdm(total=total or None, desc=label, unit="file", file=self.stream)
-        if total and self._bar.total != total:
-            self._bar.total = total
-        self._bar.n = done
-        self._bar.refresh()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 def run_index(
@@ -185,7 +154,8 @@ def index_main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"tabloop index: cannot create the cache directory: {exc}", file=sys.stderr)
         return 1
-    bar = ProgressBar(enabled=not args.no_progress)
+    bar = StageProgress(enabled=not args.no_progress)
+    bar.begin(LOAD)
     started = time.perf_counter()
     synced: dict[str, Any] = {}
     try:
@@ -277,7 +247,8 @@ def search_main(argv: list[str]) -> int:
     except OSError as exc:
         print(f"tabloop search: cannot create the cache directory: {exc}", file=sys.stderr)
         return 1
-    bar = ProgressBar(enabled=not args.no_progress)
+    bar = StageProgress(enabled=not args.no_progress)
+    bar.begin(LOAD)
     try:
         index, _ = run_index(root, settings.index, cache_dir, bar)
     except RuntimeError as exc:
@@ -305,7 +276,8 @@ def index_and_search(
     k: int = 3,
 ) -> dict[str, list[SearchHit]]:
     """For the demo: index `root` with a visible progress bar, then run each query."""
-    bar = ProgressBar(stream)
+    bar = StageProgress(stream)
+    bar.begin(LOAD)
     index, stats = run_index(root, settings or IndexSettings(), cache_dir, bar)
     bar.close()
     print(
