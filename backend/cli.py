@@ -140,6 +140,7 @@ def trainer_settings(args: argparse.Namespace) -> TrainerSettings:
 def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> BackendApp:
     from backend.app import create_app
     from backend.services.ingest import IngestLimits
+    from common.config import configured_cache_dir
     from completion.settings import CompletionSettings
 
     limits = IngestLimits() if args.rate is None else IngestLimits(rate_events_per_s=args.rate)
@@ -152,6 +153,9 @@ def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> Backe
         trainer=trainer_settings(args),
         train=train,
         completion=CompletionSettings(model=args.completion_model or "bundled"),
+        # Model weights live where every other command keeps them: `cacheDir` from the user's
+        # config.toml or $TABLOOP_CACHE_DIR (common.config), else the platform's cache.
+        cache_dir=configured_cache_dir(),
         preload_model=args.preload_model,
     )
 

@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 from sqlalchemy import Connection, Engine, create_engine, event, func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
@@ -27,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from backend.db.migrate import upgrade
 from backend.db.models import ApiToken, StoredEvent, Tenant
 from backend.group_commit import GroupCommitter
+from common.paths import user_data_dir
 from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
 
 AnyEvent = DecisionEvent | OutcomeEvent | RetentionEvent
@@ -40,8 +40,8 @@ Row = tuple[Any, ...]  # the values of one events row, in `_insert_sql`'s column
 
 
 def default_db_url() -> str:
-    """A SQLite file in the platform's data directory."""
-    path = platformdirs.user_data_path("tabloop") / "backend.sqlite3"
+    """A SQLite file in the platform's data directory (`common.paths.user_data_dir`)."""
+    path = user_data_dir() / "backend.sqlite3"
     return f"sqlite:///{path}"
 
 

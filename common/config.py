@@ -278,3 +278,9 @@ def resolve(
         [user_layer(user_file), workspace_layer(workspace), env_layer(environ), *above],
         ignore_other_keys=ignore_other_keys,
     )
+
+
+def configured_cache_dir(workspace: Path | None = None) -> Path:
+    """The cache directory the configuration names (`cacheDir` in any file or environment
+    layer), else the default; created if needed. For commands that read no other setting."""
+    return resolve(SharedSettings, workspace, ignore_other_keys=True).settings.cache_path()

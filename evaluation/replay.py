@@ -25,12 +25,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 from backend.local import LocalBackend
 from backend.policy.dataset import latest_event_id
 from backend.policy.loop import TrainingScheduler
 from backend.policy.settings import TrainerSettings
+from common.config import configured_cache_dir
 from completion.engine import Engine
 from completion.gate import Policy, Signals, builtin_policy
 from completion.output_cache import CachedRunner
@@ -312,7 +311,7 @@ def load_cached_runner(args: argparse.Namespace, settings: CompletionSettings) -
     """The configured model behind the output cache (`--cache`, else one in the cache dir)."""
     from completion.runners import load_runner
 
-    cache_dir = platformdirs.user_cache_path("tabloop")
+    cache_dir = configured_cache_dir()  # where the configured model's weights already are
     runner = load_runner(settings, cache_dir)
     return CachedRunner(runner, args.cache or cache_dir / "replay" / "generations.jsonl")
 

@@ -107,3 +107,17 @@ def test_cache_path_follows_the_one_rule(tmp_path: Path, monkeypatch: pytest.Mon
     configured = Composed(cache_dir=str(tmp_path / "configured"))
     assert configured.cache_path() == tmp_path / "configured"
     assert configured.cache_path().is_dir()
+
+
+def test_configured_cache_dir_reads_the_user_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TABLOOP_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    user_file = tmp_path / "xdg" / "tabloop" / "config.toml"
+    user_file.parent.mkdir(parents=True)
+    # Another command's section, even a bad one, is no concern of a command that needs a path.
+    configured = tmp_path / "configured"
+    user_file.write_text(f'cacheDir = "{configured}"\n[completion]\nrunner = 5\n', encoding="utf-8")
+    assert config.configured_cache_dir() == configured
+    assert configured.is_dir()
