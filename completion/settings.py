@@ -46,7 +46,9 @@ class CompletionSettings(BaseModel):
     )
     dtype: Literal["auto", "bfloat16", "float32", "int8"] = Field(
         "auto",
-        description="Weights of the local runner on the CPU; `auto` picks the measured best.",
+        description="Weights of the local runner on the CPU. `auto` is always `float32`, chosen "
+        "by `tabloop bench dtype` on a 2-core AVX2 CPU (same output as the reference, fastest "
+        "load; docs/models.md); it is not measured on your machine: run the bench to compare.",
     )
     threads: int = Field(
         0,

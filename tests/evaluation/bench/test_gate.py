@@ -107,6 +107,10 @@ def test_measure_on_real_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     lost = report["pre_model_accepted_chars_lost"]
     assert set(lost) == {"skip_10%", "skip_20%", "skip_30%"}
     assert all(0.0 <= share <= 1.0 for share in lost.values())
+    # The baseline is measured on the same suggestions: a seeded random skip.
+    baseline = report["baseline"]
+    assert 0.0 <= baseline["auc"] <= 1.0
+    assert set(baseline["accepted_chars_lost"]) == set(lost)
     json.dumps(report, allow_nan=False)
     # A second run answers every prompt from the output cache, with the same figures.
     asked = len(model.prompts)
