@@ -52,8 +52,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     configure_logging(args.verbose, args.log_file)
+    from lsp_server.features import create_server
     from lsp_server.logging_bridge import attach_client_logging
-    from lsp_server.server import create_server
 
     server = create_server()
     attach_client_logging(server)

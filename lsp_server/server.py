@@ -276,29 +276,3 @@ class TabloopServer(LanguageServer):
         engine, self.engine = self.engine, None
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(self.model_executor, engine.close)
-
-
-def create_server() -> TabloopServer:
-    """A server with every feature registered, in this order."""
-    # Imported here: each feature module imports this one for `TabloopServer`.
-    from lsp_server.features import (
-        commands,
-        documents,
-        index,
-        inline,
-        lifecycle,
-        policy,
-        retrieval,
-        telemetry,
-    )
-
-    server = TabloopServer()
-    policy.register(server)
-    lifecycle.register(server)
-    documents.register(server)
-    inline.register(server)
-    commands.register(server)
-    telemetry.register(server)
-    retrieval.register(server)
-    index.register(server)
-    return server

@@ -1,1 +1,33 @@
-"""LSP features; each module has `register(server)`."""
+"""LSP features; each module has `register(server)`, and `create_server` registers them all.
+
+The server (`lsp_server.server`) knows no feature; each feature module imports it for
+`TabloopServer`. Features find each other through `server.feature_of(cls)`.
+"""
+
+from __future__ import annotations
+
+from lsp_server.features import (
+    commands,
+    documents,
+    index,
+    inline,
+    lifecycle,
+    policy,
+    retrieval,
+    telemetry,
+)
+from lsp_server.server import TabloopServer
+
+
+def create_server() -> TabloopServer:
+    """A server with every feature registered, in this order."""
+    server = TabloopServer()
+    policy.register(server)
+    lifecycle.register(server)
+    documents.register(server)
+    inline.register(server)
+    commands.register(server)
+    telemetry.register(server)
+    retrieval.register(server)
+    index.register(server)
+    return server

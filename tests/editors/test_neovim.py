@@ -72,7 +72,7 @@ SEARCH_QUERY = "read the TOML settings file"
 
 def server_has_search() -> bool:
     """Whether this server answers `tabloop/search` (the workspace index feature)."""
-    from lsp_server.server import create_server
+    from lsp_server.features import create_server
 
     features: dict[str, Any] = create_server().protocol.fm.features
     return "tabloop/search" in features

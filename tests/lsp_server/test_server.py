@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
+from lsp_server.features import create_server
 from lsp_server.features.index import IndexFeature
 from lsp_server.features.policy import PolicyFeature
 from lsp_server.features.telemetry import TelemetryFeature
 from lsp_server.retrieval import WorkspaceContext
-from lsp_server.server import TabloopServer, create_server
+from lsp_server.server import TabloopServer
 
 
 class Part:
