@@ -213,10 +213,11 @@ class RetryingClient:
             deadline = self._clock() + self.policy.deadline_s
         attempt = 0
         not_before: float | None = None
+        problem = "deadline passed before a request"  # this call's, not an earlier call's
         while True:
             remaining = deadline - self._clock()
             if remaining <= 0:
-                raise Unavailable(self.stats.last_error or "deadline passed", not_before=not_before)
+                raise Unavailable(problem, not_before=not_before)
             status: int | None = None
             retry_after: float | None = None
             timeout = self.timeout_s
@@ -226,7 +227,8 @@ class RetryingClient:
             try:
                 response = self._http.post(url, content=content, headers=headers, timeout=timeout)
             except httpx.TransportError as exc:  # refused, reset, timed out
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                problem = f"{type(exc).__name__}: {exc}"
+                self.stats.last_error = problem
             else:
                 self.stats.responses += 1
                 self.stats.bytes_sent += len(content)
@@ -236,7 +238,8 @@ class RetryingClient:
                     return response
                 if status not in RETRYABLE_STATUS:
                     raise Refused(response)
-                self.stats.last_error = f"HTTP {status}: {error_detail(response, 200)}"
+                problem = f"HTTP {status}: {error_detail(response, 200)}"
+                self.stats.last_error = problem
                 retry_after = parse_retry_after(
                     response.headers.get("Retry-After"),
                     now=self._wall_clock(),
@@ -249,11 +252,11 @@ class RetryingClient:
                 delay = self.policy.backoff.delay(attempt, self._rng)
             self.stats.last_retry_delay_s = delay
             if self._clock() + delay > deadline:
-                raise Unavailable(self.stats.last_error, status=status, not_before=not_before)
+                raise Unavailable(problem, status=status, not_before=not_before)
             stop = self.stop if interruptible else None
             if (stop is not None and stop.is_set()) or self._sleep(delay, stop):
                 raise Unavailable(
-                    f"interrupted: {self.stats.last_error}",
+                    f"interrupted: {problem}",
                     status=status,
                     not_before=not_before,
                     interrupted=True,
