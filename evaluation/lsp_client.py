@@ -13,6 +13,7 @@ from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
 from lsp_server.main import LISTENING_MESSAGE
+from lsp_server.protocol import STATUS_REQUEST
 
 DEFAULT_CAPABILITIES = types.ClientCapabilities(
     text_document=types.TextDocumentClientCapabilities(
@@ -129,7 +130,7 @@ class TabloopClient(LanguageClient):
             await asyncio.wait_for(listening.wait(), timeout=60)
 
     async def status(self) -> dict[str, Any]:
-        result: dict[str, Any] = plain(await self.protocol.send_request_async("tabloop/status", {}))
+        result: dict[str, Any] = plain(await self.protocol.send_request_async(STATUS_REQUEST, {}))
         return result
 
     async def wait_until_ready(self, timeout_s: float = 900.0) -> dict[str, Any]:

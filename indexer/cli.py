@@ -265,32 +265,3 @@ def search_main(argv: list[str]) -> int:
     else:
         print_hits(hits)
     return 0
-
-
-def index_and_search(
-    root: Path,
-    queries: list[str],
-    cache_dir: Path,
-    settings: IndexSettings | None = None,
-    stream: TextIO = sys.stderr,
-    k: int = 3,
-) -> dict[str, list[SearchHit]]:
-    """For the demo: index `root` with a visible progress bar, then run each query."""
-    bar = StageProgress(stream)
-    bar.begin(LOAD)
-    index, stats = run_index(root, settings or IndexSettings(), cache_dir, bar)
-    bar.close()
-    print(
-        f"indexed {stats.files_scanned} files: {stats.chunks_total} chunks "
-        f"({stats.chunks_embedded} embedded, {stats.chunks_reused} reused)",
-        file=stream,
-    )
-    results: dict[str, list[SearchHit]] = {}
-    try:
-        for query in queries:
-            results[query] = index.search(query, k)
-            print(f"\nsearch: {query}", file=stream)
-            print_hits(results[query], stream)
-    finally:
-        index.close()
-    return results

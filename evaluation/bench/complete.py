@@ -33,6 +33,7 @@ from lsprotocol import types
 
 from evaluation.bench.lsp import percentile
 from evaluation.lsp_client import TabloopClient, plain
+from lsp_server.protocol import TIMINGS_REQUEST
 
 PAUSE_S = 0.150
 THINK_S = 1.0
@@ -120,7 +121,7 @@ async def replay(
     model_ms: list[float] = []
 
     async def last_model_ms() -> float:
-        timings = await client.protocol.send_request_async("tabloop/timings", {})
+        timings = await client.protocol.send_request_async(TIMINGS_REQUEST, {})
         return float(plain(timings[-1])["model_ms"]) if timings else 0.0
 
     async def ask(position: types.Position, msg_id: str) -> Any:

@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
     """Measure every dtype and print one JSON report with float32 as the baseline."""
     args = _parser().parse_args(argv)
     if not args.cache_dir:
-        from lsp_server.config import default_cache_dir
+        from common.paths import default_cache_dir
 
         args.cache_dir = str(default_cache_dir())
     if args.child:

@@ -25,6 +25,7 @@ from typing import Any
 
 from evaluation.demo import make_workspace
 from evaluation.lsp_client import TabloopClient
+from lsp_server.protocol import STATUS_REQUEST, TIMINGS_REQUEST
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,7 +100,7 @@ async def measure_overhead(
         await client.inline(uri, line, character)
         roundtrips.append((time.perf_counter() - started) * 1000)
     server_timings: list[dict[str, float]] = await client.protocol.send_request_async(
-        "tabloop/timings", {}
+        TIMINGS_REQUEST, {}
     )
     await client.close_server()
     timings = [t if isinstance(t, dict) else t._asdict() for t in server_timings][-requests:]
@@ -113,7 +114,7 @@ async def measure_overhead(
         "overhead_ms_p95": round(percentile(overhead, 0.95), 3),
         "roundtrip_ms_p50": round(percentile(roundtrips, 0.5), 3),
         "baseline_roundtrip_ms_p50": round(percentile(baseline, 0.5), 3),
-        "baseline_request": "tabloop/status",
+        "baseline_request": STATUS_REQUEST,
         "model_ms_p50": round(percentile(model_ms, 0.5), 3),
         "context_ms_p50": round(percentile([t["context_ms"] for t in timings], 0.5), 3),
         "file": path.name,

@@ -34,9 +34,9 @@ def main(argv: list[str]) -> int:
 
     import torch
 
+    from common.paths import default_cache_dir
     from completion.runners.local import LocalRunner
     from completion.types import CancelToken
-    from lsp_server.config import default_cache_dir
 
     cores = os.cpu_count() or 1
     counts = [int(n) for n in args.threads.split(",") if n] or sorted({1, cores})
