@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from backend.policy.settings import TrainerSettings
 from backend.routes import completions, events, health, index_sync, policy
+from backend.services.bodies import BodyLimits
 from backend.services.completions import RunnerLoader
 from backend.services.container import BackendServices
 from backend.services.ingest import IngestLimits
@@ -66,6 +67,8 @@ def create_app(
     migrate: bool = True,
     storage: Storage | None = None,
     limits: IngestLimits | None = None,
+    bodies: BodyLimits | None = None,
+    metrics_tenant_labels: bool = False,
     trainer: TrainerSettings | None = None,
     train: bool = False,
     completion: CompletionSettings | None = None,
@@ -79,13 +82,17 @@ def create_app(
     `trainer` sets the policy loop (default settings otherwise); with `train` this process runs
     the scheduled trainer while serving. `completion` chooses the model of `/v1/completions`
     (default: the bundled one, loaded on first use; `preload_model` starts loading it at start;
-    `cache_dir` and `runner_loader` replace where and how it is loaded).
+    `cache_dir` and `runner_loader` replace where and how it is loaded). `bodies` bounds JSON
+    request bodies (depth, read timeout); with `metrics_tenant_labels` the per-tenant counters of
+    `/metrics` carry a `tenant` label (off by default: the endpoint is open).
     """
     owned = storage is None
     services = BackendServices.create(
         storage if storage is not None else Storage(db_url or default_db_url(), migrate=migrate),
         owns_storage=owned,
         limits=limits,
+        bodies=bodies,
+        metrics_tenant_labels=metrics_tenant_labels,
         trainer=trainer,
         train=train,
         completion=completion,

@@ -90,6 +90,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--preload-model", action="store_true", help="load the completion model at start"
     )
+    parser.add_argument(
+        "--metrics-tenant-labels",
+        action="store_true",
+        help="label /metrics counters with tenant names (off: /metrics is served without a token)",
+    )
     return parser
 
 
@@ -157,6 +162,7 @@ def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> Backe
         # config.toml or $TABLOOP_CACHE_DIR (common.config), else the platform's cache.
         cache_dir=configured_cache_dir(),
         preload_model=args.preload_model,
+        metrics_tenant_labels=args.metrics_tenant_labels,
     )
 
 

@@ -1,4 +1,9 @@
-"""Counters of the backend, served at `/metrics` in the Prometheus text format."""
+"""Counters of the backend, served at `/metrics` in the Prometheus text format.
+
+`/metrics` is open, as Prometheus scrapers expect, so counters name no tenant unless the operator
+asks for it (`Metrics(tenant_labels=True)`, `tabloop backend --metrics-tenant-labels`): a tenant's
+name is the callers' business, and its traffic figures are too.
+"""
 
 from __future__ import annotations
 
@@ -23,16 +28,21 @@ def _number(value: float) -> str:
 
 
 class Metrics:
-    """Thread-safe counters with labels."""
+    """Thread-safe counters with labels; the `tenant` label only when `tenant_labels`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tenant_labels: bool = False) -> None:
+        self.tenant_labels = tenant_labels
         self._lock = threading.Lock()
         self._values: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
         for name in HELP:
             self._values[name]  # every family appears, even at zero
 
-    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        """Add `amount` to counter `name` with `labels`."""
+    def inc(
+        self, name: str, amount: float = 1.0, *, tenant: str | None = None, **labels: str
+    ) -> None:
+        """Add `amount` to counter `name` with `labels`, and `tenant` when tenants are named."""
+        if tenant is not None and self.tenant_labels:
+            labels["tenant"] = tenant
         key = tuple(sorted(labels.items()))
         with self._lock:
             family = self._values[name]

@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 
 from backend.auth import CurrentPrincipal
 from backend.deps import CompletionServiceDep
-from backend.routes.events import read_body
+from backend.routes.body import json_body_openapi, read_json_body
 from backend.routes.index_sync import validation_detail
 from backend.services.completions import CompletionJob, CompletionService, StreamFailure
 from completion.runners.base import ModelRunner
@@ -112,7 +112,7 @@ def _usage(generation: Generation) -> dict[str, int]:
 
 
 async def _parse(request: Request) -> CompletionBody:
-    body = await read_body(request, MAX_BODY_BYTES)
+    body = await read_json_body(request, MAX_BODY_BYTES)
     try:
         return CompletionBody.model_validate_json(body)
     except ValidationError as exc:
@@ -120,7 +120,7 @@ async def _parse(request: Request) -> CompletionBody:
         raise HTTPException(status, detail=validation_detail(exc)) from exc
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=json_body_openapi(CompletionBody))
 async def completions(
     request: Request, principal: CurrentPrincipal, service: CompletionServiceDep
 ) -> Any:

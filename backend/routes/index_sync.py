@@ -2,8 +2,9 @@
 
 The client (`indexer.sync`) sends only keyed identities (see `indexer.sync_keys`): keyed paths,
 keyed leaf and chunk hashes, line ranges and vectors. Every body is read against a size cap
-(optionally gzipped), validated field by field (hex of the right length, bounded lists, sane line
-ranges, finite vectors of one dimension) and refused with a 4xx that says what is wrong.
+(optionally gzipped) and a depth bound, validated field by field (hex of the right length,
+bounded lists, sane line ranges, finite vectors of one dimension) and refused with a 4xx that
+says what is wrong.
 
 - `POST /v1/index/root` `{workspace, model}` -> `{root}`
 - `POST /v1/index/children` `{workspace, model, dirs: [...]}` -> `{children: {dir: [[name,
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -32,7 +32,7 @@ from starlette.concurrency import run_in_threadpool
 
 from backend.auth import CurrentPrincipal
 from backend.deps import services_of
-from backend.routes.events import read_body
+from backend.routes.body import json_body_openapi, read_json
 from backend.sync.store import (
     FileUpsert,
     IndexSyncStore,
@@ -91,11 +91,7 @@ def _limits(request: Request) -> SyncLimits:
 
 
 async def _parse(request: Request, model: type[T]) -> T:
-    body = await read_body(request, _limits(request).max_body_bytes)
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HTTPException(400, detail=f"body is not JSON: {exc}") from exc
+    payload = await read_json(request, _limits(request).max_body_bytes)
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
@@ -114,7 +110,7 @@ def _bound(what: str, count: int, limit: int) -> None:
         raise HTTPException(413, detail=f"at most {limit} {what} a request, got {count}")
 
 
-@router.post(ROOT_PATH)
+@router.post(ROOT_PATH, openapi_extra=json_body_openapi(WorkspaceRef))
 async def root(request: Request, principal: CurrentPrincipal) -> RootAnswer:
     """The root hash the server holds for a keyed workspace."""
     ref = await _parse(request, WorkspaceRef)
@@ -124,7 +120,7 @@ async def root(request: Request, principal: CurrentPrincipal) -> RootAnswer:
     return RootAnswer(root=found)
 
 
-@router.post(CHILDREN_PATH)
+@router.post(CHILDREN_PATH, openapi_extra=json_body_openapi(ChildrenRequest))
 async def children(request: Request, principal: CurrentPrincipal) -> ChildrenAnswer:
     """Names and hashes of the children of a batch of directories (one tree level)."""
     ask = await _parse(request, ChildrenRequest)
@@ -135,7 +131,7 @@ async def children(request: Request, principal: CurrentPrincipal) -> ChildrenAns
     return ChildrenAnswer(children=found)
 
 
-@router.post(KNOWN_PATH)
+@router.post(KNOWN_PATH, openapi_extra=json_body_openapi(KeysRequest))
 async def known(request: Request, principal: CurrentPrincipal) -> KnownAnswer:
     """Which of the given chunk keys have a vector in the tenant's store."""
     ask = await _parse(request, KeysRequest)
@@ -144,7 +140,7 @@ async def known(request: Request, principal: CurrentPrincipal) -> KnownAnswer:
     return KnownAnswer(known=found)
 
 
-@router.post(VECTORS_PATH)
+@router.post(VECTORS_PATH, openapi_extra=json_body_openapi(KeysRequest))
 async def vectors(request: Request, principal: CurrentPrincipal) -> VectorsAnswer:
     """The tenant's vectors of the given chunk keys (a caller proves a key by knowing it)."""
     ask = await _parse(request, KeysRequest)
@@ -202,7 +198,7 @@ def _check_consistent(ask: ApplyRequest, limits: SyncLimits) -> None:
             raise HTTPException(422, detail=f"{path} is placed under another placed file")
 
 
-@router.post(APPLY_PATH)
+@router.post(APPLY_PATH, openapi_extra=json_body_openapi(ApplyRequest))
 async def apply(request: Request, principal: CurrentPrincipal) -> RootAnswer:
     """Store vectors, place and remove files; the server re-hashes and checks the root."""
     limits = _limits(request)

@@ -8,7 +8,7 @@ app. Tests replace one with FastAPI's `app.dependency_overrides` on its provider
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -17,6 +17,7 @@ from backend.policy.loop import TrainingScheduler
 from backend.policy.registry import PolicyRegistry
 from backend.policy.settings import TrainerSettings
 from backend.ratelimit import RateLimiter
+from backend.services.bodies import BodyLimits
 from backend.services.completions import CompletionService, RunnerLoader
 from backend.services.ingest import IngestLimits
 from backend.storage import Storage
@@ -38,6 +39,8 @@ class BackendServices:
     registry: PolicyRegistry
     completions: CompletionService
     index_sync: IndexSyncStore
+    bodies: BodyLimits = field(default_factory=BodyLimits)
+    """Depth and read-timeout bounds on every JSON request body."""
     trainer: TrainingScheduler | None = None
     """The scheduled trainer, when this process trains (one process of `--workers N` does)."""
     owns_storage: bool = False
@@ -54,6 +57,8 @@ class BackendServices:
         *,
         owns_storage: bool = False,
         limits: IngestLimits | None = None,
+        bodies: BodyLimits | None = None,
+        metrics_tenant_labels: bool = False,
         trainer: TrainerSettings | None = None,
         train: bool = False,
         completion: CompletionSettings | None = None,
@@ -66,7 +71,8 @@ class BackendServices:
         `trainer` settings give the built-in policy's floor, served until a version is promoted
         (the same in every worker, trained or not); with `train` this process also trains on
         their schedule. `completion` chooses the model of `/v1/completions` (default: the
-        bundled one, loaded on first use; `preload_model` loads it at start).
+        bundled one, loaded on first use; `preload_model` loads it at start). `bodies` bounds
+        request bodies; `metrics_tenant_labels` lets `/metrics` name tenants (off by default).
         """
         limits = limits or IngestLimits()
         trainer_settings = trainer or TrainerSettings.model_validate({})
@@ -78,12 +84,13 @@ class BackendServices:
             rate_limiter=RateLimiter(
                 limits.rate_events_per_s, max(limits.burst_events, limits.max_batch_events)
             ),
-            metrics=Metrics(),
+            metrics=Metrics(tenant_labels=metrics_tenant_labels),
             registry=registry,
             completions=CompletionService(
                 completion or CompletionSettings(), cache_dir or default_cache_dir(), runner_loader
             ),
             index_sync=IndexSyncStore(storage),
+            bodies=bodies or BodyLimits(),
             trainer=TrainingScheduler(storage, trainer_settings, registry) if train else None,
             owns_storage=owns_storage,
             preload_model=preload_model,
