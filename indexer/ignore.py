@@ -7,8 +7,10 @@ re-includes. `.git/info/exclude` and `IndexSettings.exclude` act as root-level f
 root's own. An ignored directory is never entered, so nothing inside it can be re-included (git
 behaves the same).
 
-The deny list is different: it is checked before any rule, on every path, and cannot be
-re-included. It keeps credentials out of the index whatever a `.gitignore` says.
+The deny list (`indexer.secrets`) is different: it is checked before any rule, on every path,
+and cannot be re-included. It keeps credentials out of the index whatever a `.gitignore` says.
+A symbolic link is judged by where it leads as well as by its own name: one whose target lies
+outside the workspace is never followed, and one whose target is denied is denied.
 """
 
 from __future__ import annotations
@@ -20,37 +22,12 @@ from pathlib import Path
 
 from pathspec import GitIgnoreSpec
 
+from indexer.secrets import is_denied
+
 IGNORE_FILES = (".gitignore", ".tabloopignore")
 """Per-directory ignore files, read at every level of the tree."""
 
 ALWAYS_SKIPPED_DIRS = frozenset({".git", ".hg", ".svn"})
-
-DENY_PATTERNS = (
-    ".env*",
-    "*.pem",
-    "*.key",
-    "*.p12",
-    "*.pfx",
-    "*.jks",
-    "*.keystore",
-    "id_rsa*",
-    "id_dsa*",
-    "id_ecdsa*",
-    "id_ed25519*",
-    "credentials",
-    "credentials.json",
-    "credentials.yaml",
-    "credentials.yml",
-    "service-account*.json",
-    ".netrc",
-    "_netrc",
-    ".pgpass",
-    ".pypirc",
-    ".npmrc",
-    ".git-credentials",
-    ".htpasswd",
-)
-"""Secrets that are never indexed, at any depth, whatever the ignore files say."""
 
 DEFAULT_EXCLUDES = (
     "node_modules/",
@@ -95,13 +72,6 @@ DEFAULT_EXCLUDES = (
     "uv.lock",
 )
 """Generated and binary files skipped by default; a `!pattern` in an ignore file re-includes."""
-
-_DENY = GitIgnoreSpec.from_lines(DENY_PATTERNS)
-
-
-def is_denied(name: str) -> bool:
-    """True when a file or directory name is on the secrets deny list."""
-    return _DENY.check_file(name).include is True
 
 
 @dataclass(frozen=True)
@@ -164,17 +134,51 @@ def rules_for(root: Path, rel_dir: str, extra: Sequence[str] = ()) -> IgnoreRule
     so_far = ""
     for part in rel_dir.split("/"):
         so_far = f"{so_far}/{part}" if so_far else part
-        if part in ALWAYS_SKIPPED_DIRS or is_denied(part) or rules.ignored(so_far, True):
+        if part in ALWAYS_SKIPPED_DIRS or is_denied(so_far, True) or rules.ignored(so_far, True):
             return None
         lines = read_ignore_lines(root / so_far / name for name in IGNORE_FILES)
         rules = rules.child(so_far, lines)
     return rules
 
 
-def is_excluded(root: Path, rel_path: str, extra: Sequence[str] = ()) -> bool:
-    """Whether file `rel_path` is kept out of the index by the deny list or any ignore rule."""
+def real_root(root: Path | str) -> str:
+    """The workspace root with every link resolved, as `inside` expects it."""
+    return os.path.realpath(root)
+
+
+def inside(root_real: str, path: str) -> str | None:
+    """Where `path` leads, relative to `root_real` with `/` separators (`""` for the root itself),
+    or None when its resolved target lies outside the workspace."""
+    target = os.path.realpath(path)
+    if target == root_real:
+        return ""
+    prefix = root_real.rstrip(os.sep) + os.sep
+    if not target.startswith(prefix):
+        return None
+    return target[len(prefix) :].replace(os.sep, "/")
+
+
+def denied_target(target_rel: str, is_dir: bool) -> bool:
+    """Whether the resolved target of a link (relative to the root) may not be indexed: it is on
+    the deny list, or inside `.git` and its kin."""
+    parts = target_rel.split("/")
+    return any(part in ALWAYS_SKIPPED_DIRS for part in parts) or is_denied(target_rel, is_dir)
+
+
+def is_excluded(
+    root: Path, rel_path: str, extra: Sequence[str] = (), follow_symlinks: bool = True
+) -> bool:
+    """Whether file `rel_path` is kept out of the index by the deny list, any ignore rule, or
+    where it leads: outside the workspace, to a denied file, or through a link when links are
+    not followed. The single-path check of the watcher and the editor's buffers."""
     name = rel_path.rsplit("/", 1)[-1]
-    if is_denied(name) or name in ALWAYS_SKIPPED_DIRS:
+    if is_denied(rel_path) or name in ALWAYS_SKIPPED_DIRS:
+        return True
+    target = inside(real_root(root), os.path.join(root, rel_path))
+    if target is None:
+        return True
+    # Compare against the path with only the root's own links resolved.
+    if target != rel_path and (not follow_symlinks or denied_target(target, False)):
         return True
     rules = rules_for(root, os.path.dirname(rel_path), extra)
     return rules is None or rules.ignored(rel_path, False)

@@ -10,7 +10,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from indexer.chunking import Chunker
@@ -18,6 +18,7 @@ from indexer.embed import CachedEmbedder, Embedder
 from indexer.ignore import is_excluded
 from indexer.merkle import MerkleTree
 from indexer.scan import FileContent, FileStat, Scanner, ScanResult, is_binary, leaf_hash, read_file
+from indexer.secrets import find_secret
 from indexer.settings import IndexSettings
 from indexer.store import FileUpdate, IndexStore
 from indexer.types import Chunk
@@ -51,6 +52,9 @@ class IndexStats:
     chunks_embedded: int = 0
     chunks_reused: int = 0
     seconds: float = 0.0
+    files_denied: int = 0  # names or link targets on the deny list (directories count once)
+    links_outside: int = 0  # links not followed: their target lies outside the workspace
+    files_skipped: dict[str, int] = field(default_factory=dict)  # read but not indexed, by why
 
 
 @dataclass
@@ -99,7 +103,11 @@ class Indexer:
         """Index what a scan found changed; embeds in batches and commits after each batch."""
         started = time.perf_counter()
         embedded, reused = self.embedder.embedded, self.embedder.reused
-        stats = IndexStats(files_scanned=result.files_seen)
+        stats = IndexStats(
+            files_scanned=result.files_seen,
+            files_denied=result.denied,
+            links_outside=result.links_outside,
+        )
         removed = [p for p in result.removed if p not in self.overlays]
         if removed:
             for path in removed:
@@ -116,6 +124,9 @@ class Indexer:
             progress("index", 0, len(changed))
         for done, path in enumerate(changed, 1):
             content = read_file(self.root, path, self.settings.max_file_bytes)
+            if content.stat.skip:
+                skip = content.stat.skip
+                stats.files_skipped[skip] = stats.files_skipped.get(skip, 0) + 1
             old = self.cache.files.get(path)
             if (
                 old is not None
@@ -180,10 +191,10 @@ class Indexer:
 
     def update_text(self, rel: str, text: str) -> bool:
         """Index an unsaved buffer's text for `rel`; False when the path is not indexable."""
-        if is_excluded(self.root, rel, self.settings.exclude):
+        if self._excluded(rel):
             return False
         data = text.encode("utf-8")
-        if len(data) > self.settings.max_file_bytes or is_binary(data):
+        if len(data) > self.settings.max_file_bytes or is_binary(data) or find_secret(data):
             return False
         self.overlays.add(rel)
         stat = FileStat(-1, len(data), 0, leaf_hash(data))
@@ -197,7 +208,7 @@ class Indexer:
         """Re-read `rel` from disk (dropping any unsaved buffer), or forget it when gone."""
         self.overlays.discard(rel)
         path = self.root / rel
-        if not path.is_file() or is_excluded(self.root, rel, self.settings.exclude):
+        if not path.is_file() or self._excluded(rel):
             self.remove(rel)
             return
         content = read_file(self.root, rel, self.settings.max_file_bytes)
@@ -207,6 +218,10 @@ class Indexer:
             self.store.update_stats({rel: content.stat})
             return
         self._commit([_Pending(rel, content.stat, self._chunks(content))])
+
+    def _excluded(self, rel: str) -> bool:
+        """The scan's rules for one path, links and deny list included."""
+        return is_excluded(self.root, rel, self.settings.exclude, self.settings.follow_symlinks)
 
     def remove(self, rel: str) -> None:
         """Drop a file from the index."""

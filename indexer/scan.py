@@ -6,6 +6,10 @@ its mtime and the names that passed the rules. A rescan re-lists only directorie
 moved (an entry was added, removed or renamed) or whose ignore files changed; elsewhere it only
 `stat`s the files it already knows. Only files whose stat changed are read and hashed.
 
+Links are followed (unless the settings say otherwise) only while their resolved target stays
+inside the workspace, and the deny list is applied to the target's path as well as the link's;
+a file's content is checked for credentials when it is read (`indexer.secrets`).
+
 Timestamps are coarse on many file systems, so a file or directory modified within `RACY_NS` of
 when it was examined is not trusted next time (the "racy git" rule): it is read again.
 """
@@ -13,14 +17,27 @@ when it was examined is not trusted next time (the "racy git" rule): it is read 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
 
-from indexer.ignore import ALWAYS_SKIPPED_DIRS, IGNORE_FILES, IgnoreRules, is_denied, rules_for
+from indexer.ignore import (
+    ALWAYS_SKIPPED_DIRS,
+    IGNORE_FILES,
+    IgnoreRules,
+    denied_target,
+    inside,
+    real_root,
+    rules_for,
+)
+from indexer.secrets import RULES_VERSION, find_secret, is_denied
+
+log = logging.getLogger(__name__)
 
 RACY_NS = 2_000_000_000
 BINARY_PROBE_BYTES = 8000
@@ -33,7 +50,8 @@ class FileStat:
     """What the last scan learnt about one file.
 
     `digest` is the file's Merkle leaf hash, None when the file is not indexed (`skip` says why:
-    `binary`, `too_large`, `unreadable`). `mtime_ns == -1` marks an entry not to be trusted.
+    `binary`, `too_large`, `unreadable`, `secret`). `mtime_ns == -1` marks an entry not to be
+    trusted.
     """
 
     mtime_ns: int
@@ -76,7 +94,9 @@ class ScanResult:
     files_seen: int = 0
     dirs_listed: int = 0
     dirs_reused: int = 0
-    denied: int = 0
+    denied: int = 0  # names (or link targets) on the deny list
+    links_outside: int = 0  # links not followed: their target lies outside the workspace
+    first_link_outside: str = ""  # one of them, for the log
 
 
 @dataclass(frozen=True)
@@ -119,6 +139,8 @@ def read_file(root: Path, rel_path: str, max_bytes: int) -> FileContent:
         return FileContent(rel_path, _stat_of(st, now, skip="too_large"), None)
     if is_binary(data):
         return FileContent(rel_path, _stat_of(st, now, skip="binary"), None)
+    if find_secret(data) is not None:
+        return FileContent(rel_path, _stat_of(st, now, skip="secret"), None)
     return FileContent(rel_path, _stat_of(st, now, digest=leaf_hash(data)), data)
 
 
@@ -136,25 +158,41 @@ class Scanner:
         self.root = root
         self.exclude = tuple(exclude)
         self.follow_symlinks = follow_symlinks
+        self._root_real = real_root(root)
 
     @property
     def fingerprint(self) -> str:
-        """Settings that decide the listing; a cache made under others is not reused."""
-        return repr(
-            (self.exclude, self.follow_symlinks, _stat_key(self.root / ".git/info/exclude"))
-        )
+        """Settings and rules that decide the listing; a cache made under others is not reused.
+
+        It starts with the secret rules' version, which also decides which contents are read.
+        """
+        settings = (self.exclude, self.follow_symlinks, _stat_key(self.root / ".git/info/exclude"))
+        return f"{RULES_VERSION} {settings!r}"
 
     def scan(self, cache: StatCache) -> ScanResult:
         """Walk the tree, updating `cache.dirs`; `cache.files` is updated by the caller."""
         result = ScanResult()
         force = cache.fingerprint != self.fingerprint
+        if cache.fingerprint.split(" ", 1)[0] != RULES_VERSION:
+            # Files indexed under older rules may hold what the current rules find: read every
+            # file again once (unchanged ones are hashed, not re-embedded).
+            for record in cache.files.values():
+                record.mtime_ns = -1
         cache.fingerprint = self.fingerprint
         dirs: dict[str, DirListing] = {}
         visited: set[tuple[int, int]] = set()
-        stack: list[tuple[str, IgnoreRules | None, bool]] = [("", None, force)]
+        stack: list[_ToVisit] = [("", None, force, None)]
         while stack:
-            rel_dir, parent_rules, forced = stack.pop()
-            self._visit(rel_dir, parent_rules, forced, cache, dirs, visited, stack, result)
+            rel_dir, parent_rules, forced, real_rel = stack.pop()
+            self._visit(
+                rel_dir, parent_rules, forced, real_rel, cache, dirs, visited, stack, result
+            )
+        if result.links_outside:
+            log.info(
+                "not following %d link(s) whose target lies outside the workspace, e.g. %s",
+                result.links_outside,
+                result.first_link_outside,
+            )
         if result.missing or dirs.keys() != cache.dirs.keys() or result.dirs_listed:
             seen = {
                 f"{rel_dir}/{name}" if rel_dir else name
@@ -174,14 +212,22 @@ class Scanner:
         rel_dir: str,
         parent_rules: IgnoreRules | None,
         forced: bool,
+        real_rel: str | None,
         cache: StatCache,
         dirs: dict[str, DirListing],
         visited: set[tuple[int, int]],
-        stack: list[tuple[str, IgnoreRules | None, bool]],
+        stack: list[_ToVisit],
         result: ScanResult,
     ) -> None:
+        """List (or reuse the listing of) one directory. `real_rel` is its path with links
+        resolved when a link leads to it, else None."""
         abs_dir = os.path.join(self.root, rel_dir) if rel_dir else str(self.root)
         try:
+            if rel_dir and self.follow_symlinks and stat.S_ISLNK(os.lstat(abs_dir).st_mode):
+                # Checked here as well as when listed: a cached listing may predate a new target.
+                real_rel = inside(self._root_real, abs_dir)
+                if real_rel is None or denied_target(real_rel, True):
+                    return
             st = os.stat(abs_dir)
         except OSError:
             return
@@ -200,7 +246,7 @@ class Scanner:
             rules = self._rules(rel_dir, parent_rules)
             if rules is None:
                 return
-            listing = self._list(rel_dir, abs_dir, st, rules, result)
+            listing = self._list(rel_dir, abs_dir, real_rel, st, rules, result)
             result.dirs_listed += 1
             result.touched_dirs.append(rel_dir)
         else:
@@ -214,7 +260,8 @@ class Scanner:
                 listing.keys = keys
                 result.touched_dirs.append(rel_dir)
         for name in listing.dirs:
-            stack.append((prefix + name, rules, forced))
+            child_real = None if real_rel is None else f"{real_rel}/{name}".lstrip("/")
+            stack.append((prefix + name, rules, forced, child_real))
 
     def _stat_all(self, abs_dir: str, names: list[str]) -> list[tuple[int, int, int]] | None:
         """(mtime_ns, size, inode) of every name, or None when one cannot be stat'ed."""
@@ -275,11 +322,13 @@ class Scanner:
         self,
         rel_dir: str,
         abs_dir: str,
+        real_rel: str | None,
         st: os.stat_result,
         rules: IgnoreRules,
         result: ScanResult,
     ) -> DirListing:
         prefix = f"{rel_dir}/" if rel_dir else ""
+        real_prefix = None if real_rel is None else f"{real_rel}/" if real_rel else ""
         files: list[str] = []
         subdirs: list[str] = []
         ignore_files: dict[str, tuple[int, int]] = {}
@@ -290,15 +339,29 @@ class Scanner:
                     name = entry.name
                     if name in ALWAYS_SKIPPED_DIRS:
                         continue
-                    if is_denied(name):
-                        result.denied += 1
-                        continue
                     try:
-                        if entry.is_symlink() and not follow:
+                        link = entry.is_symlink()
+                        if link and not follow:
                             continue
                         is_dir = entry.is_dir(follow_symlinks=follow)
                         is_file = not is_dir and entry.is_file(follow_symlinks=follow)
                     except OSError:
+                        continue
+                    target = None
+                    if link:
+                        target = inside(self._root_real, entry.path)
+                        if target is None:
+                            result.links_outside += 1
+                            if not result.first_link_outside:
+                                where = os.path.realpath(entry.path)
+                                result.first_link_outside = f"{prefix}{name} -> {where}"
+                            continue
+                    elif real_prefix is not None:
+                        target = real_prefix + name  # a link higher up led here
+                    if is_denied(prefix + name, is_dir) or (
+                        target is not None and denied_target(target, is_dir)
+                    ):
+                        result.denied += 1
                         continue
                     if name in IGNORE_FILES and is_file:
                         ignore_files[name] = _stat_key(os.path.join(abs_dir, name))
@@ -309,6 +372,11 @@ class Scanner:
             pass
         racy = st.st_mtime_ns >= time.time_ns() - RACY_NS
         return DirListing(-1 if racy else st.st_mtime_ns, files, subdirs, ignore_files)
+
+
+_ToVisit = tuple[str, IgnoreRules | None, bool, str | None]
+"""A directory still to visit: its path, its parent's rules, whether it must be listed again,
+and its path with links resolved (None when no link leads to it)."""
 
 
 def _stat_key(path: str | Path) -> tuple[int, int]:

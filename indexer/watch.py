@@ -19,6 +19,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from indexer.ignore import ALWAYS_SKIPPED_DIRS, IGNORE_FILES
+from indexer.secrets import is_denied
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,9 @@ class WorkspaceWatcher:
             return
         if is_directory or parts[-1] in IGNORE_FILES:
             self.on_rescan()
-        else:
+        elif not is_denied(rel):
+            # A secret is not even queued; the indexer applies the scan's full rules (links,
+            # ignore files, content) to whatever is.
             self.debouncer.touch(rel)
 
     def close(self) -> None:
