@@ -1,4 +1,8 @@
-"""Document events: supersede in-flight requests and tell the listening features."""
+"""Document events: keep the open documents' text, supersede requests, tell the features.
+
+pygls's workspace handles each event first; on `didOpen` its copy of the text is replaced by a
+`lsp_server.documents.Document`, which then takes every change incrementally (see there).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import logging
 
 from lsprotocol import types
 
+from lsp_server.documents import adopt
 from lsp_server.server import TabloopServer
 
 log = logging.getLogger(__name__)
@@ -16,6 +21,7 @@ def register(server: TabloopServer) -> None:
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: TabloopServer, params: types.DidOpenTextDocumentParams) -> None:
+        adopt(ls.workspace, params.text_document)
         for listener in ls.hooks.documents:
             _safely(listener.did_open, params.text_document.uri)
 

@@ -27,6 +27,7 @@ from indexer.sync_setup import syncer_for_index
 from indexer.types import SearchHit as IndexHit
 from indexer.types import SymbolHit
 from lsp_server.config import Settings
+from lsp_server.documents import open_document
 from lsp_server.protocol import (
     INDEX_PROGRESS_TITLE,
     INDEX_PROGRESS_TOKEN_PREFIX,
@@ -197,7 +198,7 @@ class IndexFeature:
     def _flush(self, uri: str) -> None:
         self._timers.pop(uri, None)
         index, path = self.index, _path(uri)
-        document = self.server.workspace.text_documents.get(uri)
+        document = open_document(self.server.workspace, uri)
         if index is not None and path is not None and document is not None:
             index.update_document(path, document.source)
 

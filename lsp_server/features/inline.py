@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
-from pygls.workspace import TextDocument
 
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
 from indexer.languages import language_of as language_of_path
+from lsp_server.documents import Document, open_document
 from lsp_server.protocol import ACCEPT_COMMAND
 from lsp_server.server import TabloopServer
 
@@ -54,17 +54,17 @@ class TypingTracker:
         return sum(recent) / TYPING_WINDOW_S
 
 
-def language_of(document: TextDocument) -> str:
+def language_of(document: Document) -> str:
     """The client's language id, else the language the index gives the file's extension."""
     return document.language_id or language_of_path(document.path)
 
 
 def build_request(
-    document: TextDocument, position: types.Position, trigger: TriggerKind
+    document: Document, position: types.Position, trigger: TriggerKind
 ) -> CompletionRequest:
     """The engine's view of a cursor in an LSP document."""
     source = document.source
-    offset = min(document.offset_at_position(position), len(source))
+    offset = document.offset_at_position(position)
     path = to_fs_path(document.uri)
     return CompletionRequest(
         prefix=source[:offset],
@@ -107,7 +107,9 @@ async def decide(
     engine = ls.engine
     if engine is None or not ls.settings.completion.enabled:
         return None  # before the model is ready: answer at once, empty
-    document = ls.workspace.get_text_document(uri)
+    document = open_document(ls.workspace, uri)
+    if document is None:
+        return None  # never opened: nothing of ours to complete, and the disk is not a buffer
     request = build_request(document, position, trigger)
     token = ls.begin_request(uri)
     loop = asyncio.get_running_loop()
@@ -126,8 +128,8 @@ async def decide(
         raise
     finally:
         ls.end_request(uri, token)
-    current = ls.workspace.get_text_document(uri)
-    if (current.version or 0) != request.version:
+    current = open_document(ls.workspace, uri)
+    if current is None or (current.version or 0) != request.version:
         ls.counters.stale += 1
         return None
     ls.remember(decision, request)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from indexer.service import WorkspaceIndex
+from lsp_server.documents import open_document
 from lsp_server.features.index import IndexFeature
 from lsp_server.retrieval import WorkspaceContext
 from lsp_server.server import TabloopServer
@@ -15,7 +16,7 @@ def register(server: TabloopServer) -> None:
         return feature.index if feature is not None else None
 
     def document_text(uri: str) -> str | None:
-        document = server.workspace.text_documents.get(uri)
+        document = open_document(server.workspace, uri)
         return document.source if document is not None else None
 
     context = WorkspaceContext(index, document_text, lambda: server.workspace_root)

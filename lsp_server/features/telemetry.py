@@ -19,10 +19,10 @@ from typing import Any
 
 from lsprotocol import types
 from pydantic import ValidationError
-from pygls.workspace import TextDocument
 
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
+from lsp_server.documents import Document, open_document
 from lsp_server.outcomes import OutcomeTracker, TextChange
 from lsp_server.protocol import (
     DID_DISMISS_NOTIFICATION,
@@ -118,7 +118,7 @@ class TelemetryFeature:
         self.server = server
         self.client: TelemetryClient | None = None
         self.tracker = OutcomeTracker(self.record, text_of=self._text_of)
-        self.shadow: dict[str, TextDocument] = {}
+        self.shadow: dict[str, Document] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._invalid_reported = False
@@ -224,17 +224,17 @@ class TelemetryFeature:
         document = self.shadow.get(uri)
         return document.source if document is not None else None
 
-    def _live(self, uri: str) -> str | None:
-        try:
-            return self.server.workspace.get_text_document(uri).source
-        except Exception:
-            return None
+    def _live(self, uri: str) -> Document | None:
+        return open_document(self.server.workspace, uri)
+
+    def _shadow_of(self, uri: str, text: str) -> Document:
+        document = Document(uri, text, position_codec=self.server.workspace.position_codec)
+        self.shadow[uri] = document
+        return document
 
     def did_open(self, uri: str) -> None:
-        source = self._live(uri) or ""
-        self.shadow[uri] = TextDocument(
-            uri, source, position_codec=self.server.workspace.position_codec
-        )
+        live = self._live(uri)
+        self._shadow_of(uri, live.source if live is not None else "")
         self.tracker.opened(uri)
 
     def did_change(
@@ -244,24 +244,27 @@ class TelemetryFeature:
         if document is None:
             self.did_open(uri)
             return
-        before = document.source
+        before = document.length
         edits: list[TextChange] = []
         for change in changes:
             if isinstance(change, types.TextDocumentContentChangePartial):
                 start = document.offset_at_position(change.range.start)
-                end = document.offset_at_position(change.range.end)
+                end = max(start, document.offset_at_position(change.range.end))
             else:
-                start, end = 0, len(document.source)
+                start, end = 0, document.length
             edits.append(TextChange(start, end, change.text))
             document.apply_change(change)
         live = self._live(uri)
-        if live is not None and live != document.source:
+        # Sizes, not texts: comparing two whole texts per keystroke would cost what the
+        # line-wise documents save, and a drifted copy shows in its size almost always.
+        if live is not None and (live.length, live.line_count) != (
+            document.length,
+            document.line_count,
+        ):
             # Our copy drifted (should not happen): trust the workspace and start over there.
             log.debug("shadow copy of %s drifted; resynchronising", uri)
-            self.shadow[uri] = TextDocument(
-                uri, live, position_codec=self.server.workspace.position_codec
-            )
-            edits = [TextChange(0, len(before), live)]
+            self._shadow_of(uri, live.source)
+            edits = [TextChange(0, before, live.source)]
         self.tracker.changed(uri, edits)
         self._schedule()
 

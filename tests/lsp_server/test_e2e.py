@@ -24,7 +24,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient
 from evaluation.lsp_client import plain
 from tests.lsp_server.conftest import PROFILES, load_profile
 from tests.support.completion_server import serve_completions
-from tests.support.scripted_model import ScriptedModel
+from tests.support.scripted_model import ScriptedModel, code_before_cursor
 
 # A real function, mid-typing: the cursor is after "    result = " on its line.
 SOURCE = '''\
@@ -230,6 +230,45 @@ async def test_cancelled_request_then_the_next_one_works(
     answer = await client.text_document_inline_completion_async(inline_params(uri, SLOW_CURSOR))
     assert isinstance(answer, types.InlineCompletionList) and len(answer.items) == 1
     assert answer.items[0].insert_text == SLOW_SUGGESTION
+
+
+# Form feed, U+2028 and U+0085 are not LSP line breaks; the cursor is past the end of the
+# unterminated last line, which LSP says means its end.
+ODD_BREAKS_SOURCE = "page = 1\f\nmark\u2028 = 2 \x85 # note\n    result = "
+ODD_BREAKS_CURSOR = types.Position(line=2, character=40)
+
+
+async def test_the_model_sees_the_text_before_the_lsp_position(
+    client: LanguageClient, server_workspace: Path, scripted_model: ScriptedModel
+) -> None:
+    await wait_until_ready(client)
+    uri = open_document(client, server_workspace / "breaks.py", ODD_BREAKS_SOURCE)
+    asked = len(scripted_model.prompts)
+    answer = await client.text_document_inline_completion_async(
+        inline_params(uri, ODD_BREAKS_CURSOR)
+    )
+    assert isinstance(answer, types.InlineCompletionList) and len(answer.items) == 1
+    assert answer.items[0].insert_text == SUGGESTION
+    prompt = scripted_model.prompts[asked:][-1]
+    assert code_before_cursor(prompt).endswith(ODD_BREAKS_SOURCE)
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "on-disk-only.py"])
+async def test_completion_on_an_unopened_file_answers_empty_and_reads_nothing(
+    client: LanguageClient, server_workspace: Path, scripted_model: ScriptedModel, path: str
+) -> None:
+    await wait_until_ready(client)
+    # A file the editor never opened, which the scripted model would complete if it were read.
+    on_disk = server_workspace / "on-disk-only.py"
+    on_disk.write_text("secret_marker = 42\n    result = ", encoding="utf-8")
+    target = Path(path) if path.startswith("/") else on_disk
+    asked = len(scripted_model.prompts)
+    answer = await client.text_document_inline_completion_async(
+        inline_params(target.as_uri(), types.Position(line=1, character=13))
+    )
+    assert isinstance(answer, types.InlineCompletionList) and not answer.items
+    sent = "".join(scripted_model.prompts[asked:])
+    assert "secret_marker" not in sent and "root:" not in sent
 
 
 @pytest_lsp.fixture(config=SERVER, scope="module")

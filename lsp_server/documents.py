@@ -1,0 +1,224 @@
+"""The text of open documents, as LSP counts lines and columns, edited in place.
+
+pygls keeps each open document as one string, splits it with `str.splitlines` (which also breaks
+at form feed, U+0085, U+2028 and other characters LSP does not count as line breaks) and rebuilds
+the whole string for every change. `Document` keeps the text as a list of lines split only at
+`\\n`, `\\r\\n` and `\\r`; a change rewrites the lines it touches, and the joined text and the line
+offsets are rebuilt only when read, and only as far as needed.
+
+pygls's workspace still owns the folders, the root and the negotiated position encoding, and its
+own `didOpen`/`didChange`/`didClose` handling runs as before: `adopt` puts a `Document` in the
+workspace in place of pygls's copy when a document opens, so the workspace applies each change
+through `Document.apply_change` and there is one copy of the text. Readers ask `open_document`,
+which answers None for a URI the editor has not opened (pygls would read the file from disk).
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import accumulate, islice
+
+from lsprotocol import types
+from pygls.workspace import TextDocument, Workspace
+from pygls.workspace.position_codec import PositionCodec, ServerTextPosition
+
+# What `str.splitlines` breaks at besides `\n` and `\r`; LSP does not.
+_OTHER_BREAKS = re.compile("[\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+_TERMINATED_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)")
+
+
+def split_lines(text: str) -> list[str]:
+    """`text` as LSP lines, each with its line break; the last line has none (it may be empty).
+
+    There is always one line more than there are line breaks, so a position's line number
+    indexes the list directly, and `"".join(split_lines(text)) == text`.
+    """
+    if _OTHER_BREAKS.search(text) is None:
+        lines = text.splitlines(keepends=True)  # C speed; the same answer without those breaks
+        if not lines or lines[-1].endswith(("\n", "\r")):
+            lines.append("")
+        return lines
+    lines = _TERMINATED_LINE.findall(text)
+    lines.append(text[sum(map(len, lines)) :])
+    return lines
+
+
+def content_length(line: str) -> int:
+    """The length of `line` without its line break."""
+    if line.endswith("\r\n"):
+        return len(line) - 2
+    if line.endswith(("\n", "\r")):
+        return len(line) - 1
+    return len(line)
+
+
+def column_index(line: str, character: int, encoding: str) -> int:
+    """The code-point index in `line` of an LSP column counted in `encoding`'s code units.
+
+    A column past the line's end means its end (LSP: it "defaults back to the line length"); a
+    column inside a character's code units (half of a UTF-16 surrogate pair) means before it.
+    """
+    length = content_length(line)
+    if encoding == types.PositionEncodingKind.Utf32 or line.isascii():
+        return min(character, length)
+    utf8 = encoding == types.PositionEncodingKind.Utf8
+    units = 0
+    for index in range(length):
+        point = ord(line[index])
+        if utf8:
+            width = 1 if point < 0x80 else 2 if point < 0x800 else 3 if point < 0x10000 else 4
+        else:
+            width = 2 if point > 0xFFFF else 1
+        units += width
+        if units > character:
+            return index
+    return length
+
+
+class Document(TextDocument):
+    """An open document's text as LSP lines, edited line by line.
+
+    A `TextDocument` so that pygls's workspace can hold it and apply changes to it; the pygls
+    helpers that read `lines` see LSP lines too.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        text: str,
+        *,
+        version: int | None = None,
+        language_id: str | None = None,
+        position_codec: PositionCodec | None = None,
+    ) -> None:
+        super().__init__(uri, None, version, language_id, position_codec=position_codec)
+        # The negotiated encoding (pygls's codec holds it); LSP's default is UTF-16.
+        self.encoding: str = self.position_codec.encoding or types.PositionEncodingKind.Utf16
+        self._reset(text)
+
+    def _reset(self, text: str) -> None:
+        self._lines = split_lines(text)
+        self._text: str | None = text
+        self._length = len(text)
+        # _starts[i] is the offset of line i for i <= _starts_valid; later entries are rebuilt
+        # on demand, so an edit near the cursor costs nothing at the far end of the document.
+        self._starts = [0]
+        self._starts_valid = 0
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def source(self) -> str:
+        """The whole text (joined once per version, when first asked for)."""
+        if self._text is None:
+            self._text = "".join(self._lines)
+        return self._text
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        return tuple(self._lines)
+
+    @property
+    def length(self) -> int:
+        """The text's length in code points, without joining it."""
+        return self._length
+
+    @property
+    def line_count(self) -> int:
+        return len(self._lines)
+
+    def line_start(self, line: int) -> int:
+        """The code-point offset where line `line` (an existing line) begins."""
+        if line > self._starts_valid:
+            starts, valid = self._starts, self._starts_valid
+            del starts[valid + 1 :]
+            offsets = accumulate(map(len, self._lines[valid:line]), initial=starts[valid])
+            starts.extend(islice(offsets, 1, None))  # the first is starts[valid] again
+            self._starts_valid = line
+        return self._starts[line]
+
+    def server_position(self, position: types.Position) -> ServerTextPosition:
+        """`position` in code points, clamped to the document as LSP says."""
+        if position.line >= len(self._lines):
+            # Past the last line: the end of the document.
+            last = len(self._lines) - 1
+            return ServerTextPosition(last, content_length(self._lines[last]))
+        line = self._lines[position.line]
+        return ServerTextPosition(
+            position.line, column_index(line, position.character, self.encoding)
+        )
+
+    def offset_at_position(self, client_position: types.Position) -> int:
+        """The code-point offset in `source` of an LSP position."""
+        return self.offset_at_server_position(self.server_position(client_position))
+
+    def offset_at_server_position(self, server_position: ServerTextPosition) -> int:
+        return self.line_start(server_position.line) + server_position.character
+
+    def position_from_client_units(self, position: types.Position) -> ServerTextPosition:
+        return self.server_position(position)
+
+    # -- editing ------------------------------------------------------------------------------
+
+    def apply_change(self, change: types.TextDocumentContentChangeEvent) -> None:
+        """Apply one `didChange` content change (a range edit or the whole text)."""
+        if isinstance(change, types.TextDocumentContentChangePartial):
+            self.replace(
+                self.server_position(change.range.start),
+                self.server_position(change.range.end),
+                change.text,
+            )
+        else:
+            self._reset(change.text)
+
+    def replace(self, start: ServerTextPosition, end: ServerTextPosition, text: str) -> None:
+        """Replace the text between two code-point positions; only the lines touched change."""
+        lines = self._lines
+        end = max(start, end)  # a reversed range replaces nothing
+        first, last = start.line, end.line
+        removed = sum(map(len, lines[first : last + 1]))
+        region = lines[first][: start.character] + text + lines[last][end.character :]
+        if first > 0 and region.startswith("\n") and lines[first - 1].endswith("\r"):
+            # The edit joins a `\r` ending the line above and a `\n` into one line break.
+            first -= 1
+            removed += len(lines[first])
+            region = lines[first] + region
+        replacement = split_lines(region)
+        if last + 1 < len(lines):
+            # The region ends with line `last`'s break, so its final (empty) line is the next
+            # line's start, which stays where it is.
+            replacement.pop()
+        lines[first : last + 1] = replacement
+        self._length += len(region) - removed
+        self._text = None
+        if first < self._starts_valid:
+            del self._starts[first + 1 :]
+            self._starts_valid = first
+
+
+def open_document(workspace: Workspace, uri: str) -> Document | None:
+    """The open document at `uri`, None when the editor has not opened it.
+
+    pygls's `get_text_document` answers a document backed by the file on disk for a URI the
+    editor never opened; that file must not reach a prompt, so only adopted documents count.
+    """
+    document = workspace.get_text_document(uri)  # reads nothing until `source` is asked for
+    return document if isinstance(document, Document) else None
+
+
+def adopt(workspace: Workspace, item: types.TextDocumentItem) -> Document:
+    """Put a `Document` for a just-opened `item` in the workspace in place of pygls's copy."""
+    document = Document(
+        item.uri,
+        item.text,
+        version=item.version,
+        language_id=item.language_id,
+        position_codec=workspace.position_codec,
+    )
+    placed = workspace.get_text_document(item.uri)
+    documents = workspace.text_documents
+    # Found by identity: the workspace keys documents by its own normalisation of the URI.
+    key = next((k for k, v in documents.items() if v is placed), None)
+    if key is not None:
+        documents[key] = document
+    return document
