@@ -3,7 +3,11 @@
 `record()` applies the privacy level and puts the event on a bounded in-memory queue: a few
 microseconds, no I/O, never blocks. A writer thread drains the queue into the durable spool,
 committing whatever has gathered as one transaction, and wakes the sender when a batch is full.
-An event is safe once the writer has committed it; `flush_to_spool()` waits for that.
+An event is safe once the writer has committed it; `flush_to_spool()` waits for that, and says
+False when a commit failed (disk full): those events are lost and counted in the spool's
+`dropped_events`, not kept to retry. A full disk rarely clears within the seconds a bounded
+retry buffer could cover, the in-memory queue already bounds what waits in memory, and a count
+kept now tells the truth at once instead of after the buffer gives up.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ class TelemetryClient:
         self.directory = Path(directory)
         self.session_id = uuid.uuid4().hex
         self._transport = transport
-        self._queue: queue.Queue[AnyEvent | threading.Event] = queue.Queue(
+        self._queue: queue.Queue[AnyEvent | _FlushMarker | threading.Event] = queue.Queue(
             settings.queue_max_events
         )
         self._overflow = 0
@@ -122,15 +126,19 @@ class TelemetryClient:
         return True
 
     def flush_to_spool(self, timeout: float = 5.0) -> bool:
-        """Wait until every event recorded so far is committed to the spool."""
+        """Wait until every event recorded so far is committed to the spool.
+
+        False when that takes longer than `timeout`, or when a commit since the last flush
+        failed: its events are lost (and counted in the spool's `dropped_events`).
+        """
         if self._writer is None or not self._writer.is_alive():
             return self._queue.empty()
-        marker = threading.Event()
+        marker = _FlushMarker()
         try:
             self._queue.put(marker, timeout=timeout)
         except queue.Full:
             return False
-        return marker.wait(timeout)
+        return marker.done.wait(timeout) and marker.committed
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -194,6 +202,7 @@ class TelemetryClient:
     def _write_loop(self) -> None:
         assert self.spool is not None
         stop = False
+        failed = False  # a commit failed since the last flush marker was answered
         while not stop:
             items = [self._queue.get()]
             while len(items) < WRITER_BATCH:
@@ -204,24 +213,39 @@ class TelemetryClient:
             rows = []
             markers = []
             for item in items:
-                if item is _STOP:
-                    stop = True
-                elif isinstance(item, threading.Event):
+                if isinstance(item, _FlushMarker):
                     markers.append(item)
+                elif isinstance(item, threading.Event):
+                    stop = True  # _STOP, the only other item that is not an event
                 else:
                     rows.append((str(item.event_id), item.model_dump_json().encode()))
             try:
                 self.spool.append(rows)
-                with self._overflow_lock:
-                    overflow, self._overflow = self._overflow, 0
-                self.spool.add_dropped(overflow)
             except Exception:
-                # Disk full or locked for long: these events are lost, say so loudly.
+                # Disk full or locked for long: these events are lost; the spool counted them.
+                failed = True
                 log.exception("telemetry: could not spool %d events", len(rows))
+            with self._overflow_lock:
+                overflow, self._overflow = self._overflow, 0
+            try:
+                self.spool.add_dropped(overflow)  # kept in memory by the spool if it cannot write
+            except Exception:
+                log.exception("telemetry: could not count %d dropped events", overflow)
             for marker in markers:
-                marker.set()
+                marker.committed = not failed
+                marker.done.set()
+            if markers:
+                failed = False
             if self.sender is not None and self.spool.stats().events >= self.settings.batch_size:
                 self.sender.wake()
+
+
+class _FlushMarker:
+    """A queue item the writer answers once everything queued before it was committed, or not."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.committed = True
 
 
 _STOP = threading.Event()  # a queue item that tells the writer to finish

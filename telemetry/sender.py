@@ -8,6 +8,11 @@ connection errors) are retried with jittered exponential backoff under a deadlin
 refusal is final: the batch goes to the spool's quarantine table and is counted (a 413 first
 splits the batch, so only an event too large on its own is quarantined).
 
+The spooled bodies are spliced into the request as they are, not re-encoded; so each is first
+checked to be an event of the shared schema whose id is the one it was spooled under. One that
+is not (a damaged row) would make the whole request invalid JSON and cost the whole batch: it
+is quarantined alone, counted in the spool's `invalid_events`, and the rest are sent.
+
 Every wait is on an `Event`, so `shutdown()` interrupts it and spends its remaining time on one
 last flush; what is still spooled then is sent by the next process. The retry rule itself is
 `common.http.RetryingClient`, the one every sender to the backend uses.
@@ -36,7 +41,7 @@ from common.http import (
     Unavailable,
     parse_retry_after,
 )
-from telemetry.events import IngestResponse
+from telemetry.events import EVENT_ADAPTER, IngestResponse
 from telemetry.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
@@ -50,6 +55,7 @@ __all__ = [
     "SenderStats",
     "encode_batch",
     "parse_retry_after",
+    "screen_batch",
 ]
 
 EVENTS_PATH = "/v1/events"
@@ -71,13 +77,40 @@ class SenderStats:
     sent_events: int = 0
     duplicate_events: int = 0
     quarantined_events: int = 0
+    invalid_events: int = 0  # of quarantined_events: not sendable as spooled
     retries: int = 0
     last_retry_delay_s: float = 0.0
     last_error: str = ""
 
 
+def screen_batch(batch: list[SpooledEvent]) -> tuple[list[SpooledEvent], dict[str, str]]:
+    """The events fit to splice into a request, and why each of the others is not.
+
+    A body must parse as one event of the shared schema, and carry the id it was spooled under
+    (the backend answers by that id; another would leave the row to be resent forever).
+    """
+    good: list[SpooledEvent] = []
+    bad: dict[str, str] = {}
+    for event in batch:
+        try:
+            parsed = EVENT_ADAPTER.validate_json(event.body)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(str(part) for part in error["loc"])
+            bad[event.event_id] = f"invalid spooled body: {where}: {error['msg']}"[:300]
+            continue
+        if str(parsed.event_id) != event.event_id:
+            bad[event.event_id] = f"spooled body has event_id {parsed.event_id}"
+            continue
+        good.append(event)
+    return good, bad
+
+
 def encode_batch(batch: list[SpooledEvent]) -> bytes:
-    """The gzipped request body for spooled events (already JSON: joined, not re-encoded)."""
+    """The gzipped request body for spooled events (already JSON: joined, not re-encoded).
+
+    Every body must have passed `screen_batch`.
+    """
     payload = b'{"events":[' + b",".join(event.body for event in batch) + b"]}"
     return gzip.compress(payload, compresslevel=5)
 
@@ -213,6 +246,13 @@ class Sender:
 
     def export(self, batch: list[SpooledEvent], deadline: float) -> Export:
         """Deliver one batch, retrying transient failures until `deadline`."""
+        batch, invalid = screen_batch(batch)
+        for event_id, reason in invalid.items():
+            moved = self.spool.quarantine([event_id], status=None, reason=reason, invalid=True)
+            self.stats.quarantined_events += moved
+            self.stats.invalid_events += moved
+        if not batch:
+            return Export.FINAL
         body = encode_batch(batch)
         # The final flush runs after `_stop` is set: its waits must not end at once, and its
         # deadline (the shutdown budget) already bounds them.

@@ -10,8 +10,18 @@ Bounds: at most `max_events` events and `max_bytes` bytes. When a new batch woul
 the oldest events are dropped and the persistent `dropped_events` counter grows by exactly the
 number dropped, in the same transaction.
 
-A spool that SQLite cannot read is moved aside (`spool.sqlite3.corrupt-<time>`) and a new one is
-started, so a damaged file costs its own contents and nothing after.
+Every loss is counted, in the spool itself (see `SpoolStats`):
+
+- A write that fails (disk full, file size limit, locked for longer than the busy timeout) raises
+  to the caller and counts its events in `dropped_events`. The count is held in memory until a
+  later transaction can store it, so a full disk is counted even while nothing can be written.
+- A spool that SQLite cannot read is moved aside (`spool.sqlite3.corrupt-<time>-<pid>`) and a new
+  one is started, so a damaged file costs its own contents and nothing after. The events it held
+  are counted in `corrupt_events` when the moved file can still be read at all, else its size
+  goes to `unknown_loss_bytes`.
+- A damaged WAL would make SQLite's recovery drop every transaction committed after the damage,
+  silently. It is checked at open (`telemetry/wal.py`); the transactions lost are counted in
+  `wal_lost_commits` and their bytes in `unknown_loss_bytes` (a WAL frame holds pages, not events).
 """
 
 from __future__ import annotations
@@ -21,10 +31,13 @@ import os
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from telemetry.wal import WalDamage, scan_wal
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +61,9 @@ CREATE TABLE IF NOT EXISTS quarantine (
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 INSERT OR IGNORE INTO counters VALUES
     ('events', 0), ('bytes', 0), ('dropped_events', 0), ('quarantined_events', 0),
-    ('quarantine_dropped', 0);
+    ('quarantine_dropped', 0), ('invalid_events', 0), ('corrupt_files', 0),
+    ('corrupt_events', 0), ('unknown_loss_bytes', 0), ('wal_damage', 0),
+    ('wal_lost_commits', 0), ('wal_damage_mark', 0);
 -- Triggers keep the totals exact whatever path inserts or deletes.
 CREATE TRIGGER IF NOT EXISTS events_in AFTER INSERT ON events BEGIN
     UPDATE counters SET value = value + 1 WHERE name = 'events';
@@ -72,13 +87,36 @@ class SpooledEvent:
 
 @dataclass(frozen=True)
 class SpoolStats:
-    """Counts of the spool, all persistent."""
+    """Counts of the spool: persistent, except the two about this process's failed writes."""
 
     events: int
     bytes: int
-    dropped_events: int
-    quarantined_events: int
+    dropped_events: int  # bounds, queue overflow, failed writes
+    quarantined_events: int  # refused by the backend, or invalid before sending
     quarantine_rows: int
+    invalid_events: int = 0  # of quarantined_events: spooled bodies that were not an event
+    corrupt_files: int = 0  # spool files moved aside as unreadable
+    corrupt_events: int = 0  # events those files held, where they could be counted
+    unknown_loss_bytes: int = 0  # uncountable losses: unreadable files, lost WAL frames
+    wal_damage: int = 0  # damaged WALs found at open
+    wal_lost_commits: int = 0  # committed transactions those WALs lost
+    write_errors: int = 0  # failed writes in this process
+    last_write_error: str = ""
+
+
+# Counters that only grow, and may be held in memory until the disk takes them again.
+LOSS_COUNTERS = (
+    "dropped_events",
+    "invalid_events",
+    "corrupt_files",
+    "corrupt_events",
+    "unknown_loss_bytes",
+    "wal_damage",
+    "wal_lost_commits",
+)
+# What a failed write looks like: a full disk or file size limit surfaces as SQLITE_FULL or
+# SQLITE_IOERR (both OperationalError), or as OSError from layers around SQLite.
+WRITE_ERRORS = (sqlite3.OperationalError, OSError)
 
 
 class SpoolCorrupt(Exception):
@@ -101,9 +139,15 @@ class Spool:
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.moved_aside: list[Path] = []
+        self.write_errors = 0
+        self.last_write_error = ""
+        # Loss counts not stored yet: a full disk cannot take them, but they must not be lost.
+        self._unsaved: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = self._open_or_replace()
+        with self._lock:
+            self._save_losses()
 
     # -- opening and recovery -------------------------------------------------------------
 
@@ -121,11 +165,49 @@ class Spool:
             row = conn.execute("PRAGMA quick_check").fetchone()
             if row is None or row[0] != "ok":
                 raise SpoolCorrupt(f"quick_check: {row[0] if row else 'no answer'}")
+            damage = self._check_wal(conn)
             conn.executescript(_SCHEMA)
+            if damage is not None:
+                self._note_wal_damage(conn, damage)
         except (sqlite3.DatabaseError, SpoolCorrupt):
             conn.close()
             raise
         return conn
+
+    def _check_wal(self, conn: sqlite3.Connection) -> WalDamage | None:
+        # Before anything is written: the next write overwrites the frames past the damage. The
+        # write lock keeps another process's writer off the log while it is read.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            return scan_wal(self.path.with_name(self.path.name + "-wal"))
+        finally:
+            conn.execute("COMMIT")  # nothing was written; this only lets go of the lock
+
+    def _note_wal_damage(self, conn: sqlite3.Connection, damage: WalDamage) -> None:
+        (mark,) = conn.execute(
+            "SELECT value FROM counters WHERE name = 'wal_damage_mark'"
+        ).fetchone()
+        if mark == damage.salts:
+            # Counted at an earlier open: the frames past the damage stay in the file, behind
+            # the new ones, until the log starts its next generation.
+            return
+        log.warning(
+            "telemetry spool %s: damaged WAL (frame %d) lost %d committed transactions",
+            self.path,
+            damage.first_bad_frame,
+            damage.lost_commits,
+        )
+        self._unsaved.update(
+            wal_damage=1,
+            wal_lost_commits=damage.lost_commits,
+            unknown_loss_bytes=damage.lost_bytes,
+        )
+        try:
+            conn.execute(
+                "UPDATE counters SET value = ? WHERE name = 'wal_damage_mark'", (damage.salts,)
+            )
+        except WRITE_ERRORS:
+            log.debug("could not mark the WAL damage as counted", exc_info=True)
 
     def _open_or_replace(self) -> sqlite3.Connection:
         try:
@@ -140,36 +222,78 @@ class Spool:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
         log.warning("telemetry spool %s is unreadable (%s); moved to %s", self.path, exc, target)
+        moved: list[Path] = []
         if self.path.exists():
             os.replace(self.path, target)
             self.moved_aside.append(target)
+            moved.append(target)
         for suffix in ("-wal", "-shm", "-journal"):
             side = self.path.with_name(self.path.name + suffix)
             if side.exists():
                 os.replace(side, target.with_name(target.name + suffix))
+                moved.append(target.with_name(target.name + suffix))
+        if not moved:
+            return
+        held = events_held(target) if target in moved else None
+        self._unsaved["corrupt_files"] += 1
+        if held is not None:
+            self._unsaved["corrupt_events"] += held
+        else:
+            self._unsaved["unknown_loss_bytes"] += sum(
+                path.stat().st_size for path in moved if not path.name.endswith("-shm")
+            )
+        log.warning(
+            "telemetry spool %s held %s events",
+            target,
+            "an unknown number of" if held is None else held,
+        )
 
     def _recover(self, exc: sqlite3.DatabaseError) -> None:
         # Called with the lock held, when the file went bad while open.
         self._conn.close()
         self._move_aside(exc)
         self._conn = self._connect()
+        self._save_losses()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         # Called with the lock held. IMMEDIATE takes the write lock up front, so a concurrent
         # writer (another editor window) waits on busy_timeout instead of failing mid-way.
+        # Loss counts held in memory ride along with whatever commits next.
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
+        saving = Counter(self._unsaved)
         try:
             yield conn
+            for name, value in saving.items():
+                conn.execute("UPDATE counters SET value = value + ? WHERE name = ?", (value, name))
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            # A failed COMMIT (disk full) may leave the transaction open, or SQLite may have
+            # rolled it back already; either way the connection must be usable afterwards.
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    log.debug("rollback failed", exc_info=True)
             raise
-        conn.execute("COMMIT")
+        self._unsaved -= saving
+
+    def _save_losses(self) -> None:
+        # Called with the lock held. When the disk still refuses, the counts stay in memory
+        # (and in stats()) for the next transaction.
+        if not self._unsaved:
+            return
+        try:
+            with self._transaction():
+                pass
+        except WRITE_ERRORS:
+            log.debug("telemetry spool: loss counts kept in memory for now", exc_info=True)
 
     def close(self) -> None:
         """Close the database; the spool must not be used afterwards."""
         with self._lock:
+            self._save_losses()
             self._conn.close()
 
     # -- writing ------------------------------------------------------------------------------
@@ -177,18 +301,27 @@ class Spool:
     def append(self, events: Sequence[tuple[str, bytes]]) -> int:
         """Store `(event_id, body)` pairs durably; returns how many were new.
 
-        An id already spooled is kept once. Events beyond the bounds push out the oldest.
+        An id already spooled is kept once. Events beyond the bounds push out the oldest. When
+        the write fails (disk full, locked too long) the events are counted in `dropped_events`
+        and the error is raised.
         """
         if not events:
             return 0
         with self._lock:
             try:
-                return self._append(events)
-            except sqlite3.OperationalError:
+                try:
+                    return self._append(events)
+                except sqlite3.OperationalError:
+                    raise
+                except sqlite3.DatabaseError as exc:
+                    self._recover(exc)
+                    return self._append(events)
+            except Exception as exc:
+                self.write_errors += 1
+                self.last_write_error = f"{type(exc).__name__}: {exc}"[:300]
+                self._unsaved["dropped_events"] += len(events)
+                log.warning("telemetry spool: %d events lost: %s", len(events), exc)
                 raise
-            except sqlite3.DatabaseError as exc:
-                self._recover(exc)
-                return self._append(events)
 
     def _append(self, events: Sequence[tuple[str, bytes]]) -> int:
         oversized = [(i, b) for i, b in events if len(b) > self.max_bytes]
@@ -256,8 +389,14 @@ class Spool:
         with self._lock, self._transaction() as conn:
             return int(conn.executemany("DELETE FROM events WHERE event_id = ?", ids).rowcount)
 
-    def quarantine(self, event_ids: Iterable[str], *, status: int | None, reason: str) -> int:
-        """Move events the backend refused for good into the quarantine table, and count them."""
+    def quarantine(
+        self, event_ids: Iterable[str], *, status: int | None, reason: str, invalid: bool = False
+    ) -> int:
+        """Move events refused for good into the quarantine table, and count them.
+
+        `invalid` marks events the sender found unsendable itself (status None): they are also
+        counted in `invalid_events`.
+        """
         ids = list(event_ids)
         if not ids:
             return 0
@@ -281,6 +420,11 @@ class Spool:
                 "UPDATE counters SET value = value + ? WHERE name = 'quarantined_events'",
                 (moved,),
             )
+            if invalid:
+                conn.execute(
+                    "UPDATE counters SET value = value + ? WHERE name = 'invalid_events'",
+                    (moved,),
+                )
             self._trim_quarantine()
         log.warning("telemetry: %d events quarantined (%s: %s)", moved, status, reason[:200])
         return moved
@@ -314,22 +458,61 @@ class Spool:
         if count <= 0:
             return
         with self._lock:
-            self._conn.execute(
-                "UPDATE counters SET value = value + ? WHERE name = 'dropped_events'", (count,)
-            )
+            self._unsaved["dropped_events"] += count
+            self._save_losses()
 
     def stats(self) -> SpoolStats:
-        """Current totals."""
+        """Current totals, with loss counts not yet stored included."""
         with self._lock:
             values = dict(self._conn.execute("SELECT name, value FROM counters").fetchall())
             (rows,) = self._conn.execute("SELECT count(*) FROM quarantine").fetchone()
+            for name, value in self._unsaved.items():
+                values[name] = values.get(name, 0) + value
         return SpoolStats(
             events=int(values["events"]),
             bytes=int(values["bytes"]),
             dropped_events=int(values["dropped_events"]),
             quarantined_events=int(values["quarantined_events"]),
             quarantine_rows=int(rows),
+            invalid_events=int(values["invalid_events"]),
+            corrupt_files=int(values["corrupt_files"]),
+            corrupt_events=int(values["corrupt_events"]),
+            unknown_loss_bytes=int(values["unknown_loss_bytes"]),
+            wal_damage=int(values["wal_damage"]),
+            wal_lost_commits=int(values["wal_lost_commits"]),
+            write_errors=self.write_errors,
+            last_write_error=self.last_write_error,
         )
 
     def __len__(self) -> int:
         return self.stats().events
+
+
+def events_held(path: Path) -> int | None:
+    """How many events the spool file at `path` holds, or None when SQLite cannot tell.
+
+    The trigger-kept counter comes first: it is one row, so it often survives damage that makes
+    a walk of the whole table fail. Opened read-only, so a file kept for inspection stays as it
+    was.
+    """
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        # Lets SQLite read a file shorter than its header says (a truncated spool) instead of
+        # refusing it whole; the connection is read-only, so nothing can be written through it.
+        conn.execute("PRAGMA writable_schema = ON")
+        for query in (
+            "SELECT value FROM counters WHERE name = 'events'",
+            "SELECT count(*) FROM events",
+        ):
+            try:
+                row = conn.execute(query).fetchone()
+            except sqlite3.Error:
+                continue
+            if row is not None and isinstance(row[0], int) and row[0] >= 0:
+                return int(row[0])
+        return None
+    finally:
+        conn.close()

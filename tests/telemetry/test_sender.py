@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import random
+import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
-from telemetry.events import OutcomeEvent
+from telemetry.events import DecisionEvent, OutcomeEvent
 from telemetry.sender import Export, Sender, encode_batch, parse_retry_after
 from telemetry.spool import Spool
 from tests.support.backend_server import BackendServer
@@ -142,12 +143,78 @@ def test_events_the_backend_rejects_are_quarantined_the_rest_delivered(
     tmp_path: Path, sqlite_backend: BackendServer
 ) -> None:
     spool, ids = spool_with(tmp_path, 3)
-    spool.append([("bogus", b'{"type":"outcome","kind":"gone"}')])
+    # Valid here, refused there: escaped control characters make it larger than the backend's
+    # per-event limit (128 KiB).
+    huge = DecisionEvent(
+        decision_id="d",
+        session_id="s",
+        install_id="i",
+        language="python",
+        trigger="automatic",
+        policy_version="p",
+        model_id="m",
+        action="show",
+        propensity=0.5,
+        prompt="\x01" * 32_768,
+    )
+    spool.append([(str(huge.event_id), huge.model_dump_json().encode())])
     sender = sender_for(spool, sqlite_backend)
     assert sender.drain(far())
     assert sorted(sqlite_backend.stored_ids()) == sorted(ids)
     (quarantined,) = spool.quarantined()
-    assert quarantined[0] == "bogus" and quarantined[1] == 200
+    assert quarantined == (str(huge.event_id), 200, "event too large")
+    assert (spool.stats().quarantined_events, spool.stats().invalid_events) == (1, 0)
+
+
+BAD_BODIES = [
+    pytest.param(b'{"type":"outcome","kind":"gone"', "invalid spooled body", id="not-json"),
+    pytest.param(b"\xff\xfe{}", "invalid spooled body", id="not-utf8"),
+    pytest.param(b"[1, 2]", "invalid spooled body", id="not-an-object"),
+    pytest.param(b'{"type":"outcome","kind":"gone"}', "invalid spooled body", id="not-an-event"),
+    pytest.param(
+        OutcomeEvent(decision_id="other", kind="ignored").model_dump_json().encode(),
+        "spooled body has event_id",
+        id="another-id",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "reason"), BAD_BODIES)
+def test_one_corrupt_body_among_100_costs_only_itself(
+    tmp_path: Path, sqlite_backend: BackendServer, body: bytes, reason: str
+) -> None:
+    spool, ids = spool_with(tmp_path, 100)
+    # Damage one row in place, in the middle of the batch, as a bad disk sector would.
+    bad_id = ids[40]
+    conn = sqlite3.connect(tmp_path / "spool.sqlite3")
+    with conn:
+        conn.execute("UPDATE events SET body = ? WHERE event_id = ?", (body, bad_id))
+    conn.close()
+    sender = sender_for(spool, sqlite_backend)
+    assert sender.drain(far())
+    assert sqlite_backend.statuses == [200]  # one request, not refused
+    assert sorted(sqlite_backend.stored_ids()) == sorted(set(ids) - {bad_id})
+    assert len(json.loads(sqlite_backend.bodies[0])["events"]) == 99
+    assert sender.stats.sent_events == 99
+    assert (sender.stats.quarantined_events, sender.stats.invalid_events) == (1, 1)
+    ((event_id, status, why),) = spool.quarantined()
+    assert (event_id, status) == (bad_id, None)
+    assert why.startswith(reason)
+    stats = spool.stats()
+    assert (stats.events, stats.quarantined_events, stats.invalid_events) == (0, 1, 1)
+    assert stats.dropped_events == 0
+
+
+def test_a_batch_of_nothing_but_corrupt_bodies_sends_nothing(
+    tmp_path: Path, sqlite_backend: BackendServer
+) -> None:
+    spool = Spool(tmp_path / "spool.sqlite3")
+    spool.append([(f"bad{i}", b"{") for i in range(3)])
+    sender = sender_for(spool, sqlite_backend)
+    assert sender.drain(far())
+    assert sqlite_backend.statuses == []
+    assert spool.stats().invalid_events == 3
+    assert len(spool) == 0
 
 
 def test_backend_down_keeps_events_until_deadline(tmp_path: Path) -> None:
