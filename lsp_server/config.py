@@ -43,6 +43,14 @@ class Settings(SharedSettings):
     log_level: Literal["error", "warning", "info", "debug"] = Field(
         "info", description="Least severe log level written to the log and the client."
     )
+    max_message_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=64 * 1024,
+        description=(
+            "Largest LSP message body the server reads; a longer one is answered with an error"
+            " and skipped."
+        ),
+    )
     completion: CompletionSettings = Field(default_factory=CompletionSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     index: IndexSettings = Field(default_factory=IndexSettings)

@@ -8,7 +8,10 @@ feature that needs another asks for it by its class: `server.feature_of(IndexFea
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -16,14 +19,17 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, Protocol, TypeVar, runtime_checkable
 
 from lsprotocol import types
+from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
 
 from completion.types import CancelToken, CompletionRequest, Decision
 from lsp_server import __version__, config
+from lsp_server.framing import CHUNK_BYTES, ChunkSource, serve_frames
 from lsp_server.protocol import RequestTiming, ServerStatus
+from lsp_server.rpc import TabloopProtocol
 
 if TYPE_CHECKING:
     from completion.engine import Engine
@@ -93,7 +99,7 @@ class TabloopServer(LanguageServer):
     """Language server state: settings, the engine, in-flight requests, recent decisions."""
 
     def __init__(self) -> None:
-        super().__init__("tabloop", __version__)
+        super().__init__("tabloop", __version__, protocol_cls=TabloopProtocol)
         self.resolved: config.Resolved = config.resolve(None)
         self.workspace_root: Path | None = None
         self.init_options: Any = None
@@ -117,9 +123,56 @@ class TabloopServer(LanguageServer):
         # Feature objects by class, in registration order (which is also their order in status).
         self._features: dict[type, object] = {}
 
+    protocol: TabloopProtocol
+
     @property
     def settings(self) -> config.Settings:
         return self.resolved.settings
+
+    def start_io(self, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+        """Serve one client over stdin/stdout with our frame reader (see `lsp_server.framing`)."""
+        self._stop_event = threading.Event()
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        try:
+            asyncio.run(self._serve_stdin(stdin or sys.stdin.buffer))
+        except BrokenPipeError:
+            log.error("the client's end of the connection closed; stopping")
+        except (KeyboardInterrupt, SystemExit):
+            pass  # `exit` ends the process this way, as under pygls's own start_io
+        finally:
+            self.shutdown()
+
+    def start_tcp(self, host: str, port: int) -> None:
+        """Serve one client at a time over TCP with our frame reader."""
+        self._stop_event = threading.Event()
+
+        async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.protocol.set_writer(writer)  # pygls passes the StreamWriter the same way
+            await self._serve(lambda: reader.read(CHUNK_BYTES))
+            self.shutdown()
+
+        async def listen() -> None:
+            self._server = await asyncio.start_server(connection, host, port)
+            async with self._server:
+                await self._server.serve_forever()
+
+        try:
+            asyncio.run(listen())
+        except asyncio.CancelledError:
+            log.debug("the TCP server was cancelled")
+
+    async def _serve_stdin(self, stdin: BinaryIO) -> None:
+        await self._serve(stdin_chunks(stdin))
+
+    async def _serve(self, read_chunk: ChunkSource) -> None:
+        stop = self._stop_event
+        await serve_frames(
+            read_chunk,
+            lambda: self.settings.max_message_bytes,
+            self.protocol.receive,
+            self.protocol.refuse,
+            lambda: stop is not None and stop.is_set(),
+        )
 
     def add_feature(self, feature: FeatureT) -> FeatureT:
         """Make a feature object findable by its class; one object per class."""
@@ -276,3 +329,37 @@ class TabloopServer(LanguageServer):
         engine, self.engine = self.engine, None
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(self.model_executor, engine.close)
+
+
+def stdin_chunks(stdin: BinaryIO) -> ChunkSource:
+    """Read stdin on a thread of its own; the returned coroutine function gives each chunk.
+
+    The queue is short, so the thread waits while the event loop is behind: a client that
+    floods the server is held back by the pipe instead of filling memory.
+    """
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[bytes] = asyncio.Queue(maxsize=16)
+    read: Callable[[int], bytes]
+    try:
+        fd = stdin.fileno()
+        # Unbuffered: a daemon thread blocked inside a BufferedReader holds its lock, and the
+        # interpreter aborts at exit when it cannot take that lock.
+        read = functools.partial(os.read, fd)
+    except (AttributeError, OSError, ValueError):
+        read = getattr(stdin, "read1", stdin.read)  # an in-memory stream, as tests pass
+
+    def pump() -> None:
+        while True:
+            try:
+                chunk = read(CHUNK_BYTES)
+            except (OSError, ValueError):
+                chunk = b""  # a closed stdin ends the stream like EOF
+            try:
+                asyncio.run_coroutine_threadsafe(chunks.put(chunk), loop).result()
+            except RuntimeError:
+                return  # the loop is gone
+            if not chunk:
+                return
+
+    threading.Thread(target=pump, name="tabloop-stdin", daemon=True).start()
+    return chunks.get
