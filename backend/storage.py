@@ -12,6 +12,7 @@ import hashlib
 import json
 import secrets
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +44,23 @@ def default_db_url() -> str:
     """A SQLite file in the platform's data directory (`common.paths.user_data_dir`)."""
     path = user_data_dir() / "backend.sqlite3"
     return f"sqlite:///{path}"
+
+
+def tenant_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a new tenant, or None.
+
+    A name is printed in logs, metrics labels and command lines, and typed back to select the
+    tenant: whitespace, control and invisible (format) characters would make two names look the
+    same, or split a log line, so they are refused.
+    """
+    if not name or len(name) > 128:
+        return "a tenant name is 1 to 128 characters"
+    for char in name:
+        category = unicodedata.category(char)
+        # C*: control, format, surrogate, private use, unassigned; Z*: every kind of space.
+        if char.isspace() or category[0] in ("C", "Z"):
+            return f"a tenant name has no whitespace or control characters (found {char!r})"
+    return None
 
 
 def hash_token(token: str) -> str:
@@ -121,13 +139,15 @@ class Storage:
     # -- tenants and tokens ---------------------------------------------------------------
 
     def ensure_tenant(self, name: str) -> int:
-        """The id of tenant `name`, created when missing."""
-        if not name or len(name) > 128:
-            raise ValueError("a tenant name is 1 to 128 characters")
+        """The id of tenant `name`, created when missing; ValueError for a name not allowed."""
         with self.sessions() as session:
             found = session.scalar(select(Tenant.id).where(Tenant.name == name))
             if found is not None:
+                # A tenant created before names were checked stays reachable by its name.
                 return found
+            problem = tenant_name_problem(name)
+            if problem is not None:
+                raise ValueError(problem)
             tenant = Tenant(name=name, created_at=datetime.now(UTC))
             session.add(tenant)
             try:

@@ -4,6 +4,12 @@ One versioned schema: every event carries `schema_version` and a `type` that sel
 Unknown fields are rejected on both sides, so a typo or a field that should not leave the machine
 fails loudly instead of being stored. Strings that could carry code (`prompt`, `suggestion`) exist
 only on decision events and are filled only at the opt-in privacy level `full`.
+
+Every number is finite and bounded, and every time carries its UTC offset: the trainer does
+arithmetic on these values (importance weights, shares, ages), so a value that no client makes
+is refused here rather than found later as an overflow, an infinity or a naive-time TypeError.
+How far a time may lie from the receiving server's clock is the backend's setting
+(`backend/services/ingest.py`), not the schema's.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
@@ -27,6 +34,12 @@ SCHEMA_VERSION: Literal[1] = 1
 RETENTION_CHECKPOINTS_S: tuple[int, ...] = (30, 120, 600)
 MAX_TEXT_CHARS = 32_768
 MAX_FEATURES = 128
+# Character and line counts: far above any suggestion or document a client sends, far below
+# where arithmetic on them loses precision or overflows a float.
+MAX_CHARS = 10_000_000
+# Numeric feature values (lengths, seconds, rates, log-probabilities): the feature space clips
+# each to a much smaller range; this only keeps squares and sums finite.
+MAX_FEATURE_MAGNITUDE = 1e9
 
 OutcomeKind = Literal["accepted", "partial", "ignored", "dismissed", "superseded"]
 IgnoredReason = Literal["diverged", "moved", "closed", "timeout"]
@@ -46,6 +59,10 @@ def _finite(value: float) -> float:
 
 FiniteFloat = Annotated[float, AfterValidator(_finite)]
 Millis = Annotated[float, Field(ge=0, le=86_400_000), AfterValidator(_finite)]
+Chars = Annotated[int, Field(ge=0, le=MAX_CHARS)]
+# The probability the logging policy gave to the action it took: positive, since it was taken
+# (a propensity of 0 would make the action's importance weight infinite).
+Propensity = Annotated[float, Field(gt=0.0, le=1.0)]
 
 
 def _features(value: dict[str, float | str]) -> dict[str, float | str]:
@@ -54,6 +71,8 @@ def _features(value: dict[str, float | str]) -> dict[str, float | str]:
     for key, item in value.items():
         if isinstance(item, float) and not math.isfinite(item):
             raise ValueError(f"feature {key!r} is not finite")
+        if isinstance(item, float) and abs(item) > MAX_FEATURE_MAGNITUDE:
+            raise ValueError(f"feature {key!r} is beyond ±{MAX_FEATURE_MAGNITUDE:g}")
     return value
 
 
@@ -74,7 +93,9 @@ class _Event(BaseModel):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     event_id: uuid.UUID = Field(default_factory=new_event_id)
-    time: datetime = Field(default_factory=utc_now)
+    # A naive time is refused, not read as UTC: the client always sends an offset, so a time
+    # without one comes from something else, whose clock we cannot interpret.
+    time: AwareDatetime = Field(default_factory=utc_now)
 
 
 class Latency(BaseModel):
@@ -99,10 +120,10 @@ class DecisionEvent(_Event):
     policy_version: Token
     model_id: Annotated[str, StringConstraints(max_length=200)]
     action: Literal["show", "silence"]
-    propensity: Annotated[float, Field(ge=0.0, le=1.0)]
+    propensity: Propensity
     features: Features = Field(default_factory=dict)
-    suggestion_chars: Annotated[int, Field(ge=0)] = 0
-    suggestion_lines: Annotated[int, Field(ge=0)] = 0
+    suggestion_chars: Chars = 0
+    suggestion_lines: Chars = 0
     latency: Latency = Field(default_factory=Latency)
     cache_hit: bool = False
     # Only at privacy level `full`.
@@ -116,7 +137,7 @@ class OutcomeEvent(_Event):
     type: Literal["outcome"] = "outcome"
     decision_id: Token
     kind: OutcomeKind
-    accepted_chars: Annotated[int, Field(ge=0)] | None = None
+    accepted_chars: Chars | None = None
     reason: IgnoredReason | None = None
     time_to_outcome_ms: Millis = 0.0
 
@@ -137,8 +158,8 @@ class RetentionEvent(_Event):
     type: Literal["retention"] = "retention"
     decision_id: Token
     after_s: Literal[30, 120, 600]
-    accepted_chars: Annotated[int, Field(ge=0)]
-    retained_chars: Annotated[int, Field(ge=0)]
+    accepted_chars: Chars
+    retained_chars: Chars
 
     @model_validator(mode="after")
     def _bounded(self) -> RetentionEvent:

@@ -1,20 +1,40 @@
-"""Logged decisions of a tenant, read from the event store and joined into rewards."""
+"""Logged decisions of a tenant, read from the event store and joined into rewards.
+
+Every stored body is validated again with the current schema: events stored before a rule was
+added (a naive time, a propensity of 0, an unbounded count) would otherwise reach the trainer's
+arithmetic. Such an event is skipped and counted by reason, so one bad event costs itself, not
+the tenant's training run.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from pydantic import ValidationError
 from sqlalchemy import func, select
 
 from backend.db.models import StoredEvent
-from backend.policy.rewards import LoggedDecision, join_rewards
+from backend.policy.rewards import LoggedDecision, as_utc, join_rewards
 from backend.policy.settings import RewardSettings
 from backend.storage import Storage
 from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent, parse_event
 
 ID_CHUNK = 500  # decision ids per IN (...) query: well under every database's limit
+# A decision newer than this ahead of the trainer's clock is skipped: a broken client clock (or an
+# event stored before ingestion bounded times) would otherwise always sit in the holdout.
+FUTURE_SLACK = timedelta(days=1)
+Parsed = DecisionEvent | OutcomeEvent | RetentionEvent
+
+
+@dataclass
+class LoggedData:
+    """A tenant's rewarded decisions, and the stored events left out for being invalid."""
+
+    decisions: list[LoggedDecision]
+    skipped: Counter[str] = field(default_factory=Counter)  # reason -> events
 
 
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
@@ -40,8 +60,10 @@ def load_logged(
     window: int,
     now: datetime,
     settings: RewardSettings,
-) -> list[LoggedDecision]:
+) -> LoggedData:
     """The tenant's newest `window` decisions with their rewards, oldest first."""
+    skipped: Counter[str] = Counter()
+    latest = as_utc(now) + FUTURE_SLACK
     with storage.session() as session:
         bodies = session.scalars(
             select(StoredEvent.body)
@@ -49,7 +71,14 @@ def load_logged(
             .order_by(StoredEvent.id.desc())
             .limit(window)
         ).all()
-        decisions = [event for event in map(_parse, bodies) if isinstance(event, DecisionEvent)]
+        decisions: list[DecisionEvent] = []
+        for event in _parse_all(bodies, skipped):
+            if not isinstance(event, DecisionEvent):
+                continue
+            if event.time > latest:
+                skipped["decision time: in the future"] += 1
+                continue
+            decisions.append(event)
         ids = [d.decision_id for d in decisions]
         outcomes: list[OutcomeEvent] = []
         retentions: list[RetentionEvent] = []
@@ -61,18 +90,27 @@ def load_logged(
                     StoredEvent.type.in_(("outcome", "retention")),
                 )
             ).all()
-            for event in map(_parse, rows):
+            for event in _parse_all(rows, skipped):
                 if isinstance(event, OutcomeEvent):
                     outcomes.append(event)
                 elif isinstance(event, RetentionEvent):
                     retentions.append(event)
-    return join_rewards(decisions, outcomes, retentions, now=now, settings=settings)
+    logged = join_rewards(decisions, outcomes, retentions, now=now, settings=settings)
+    return LoggedData(logged, skipped)
 
 
-def _parse(body: object) -> DecisionEvent | OutcomeEvent | RetentionEvent | None:
-    # Stored bodies were validated on ingestion; one that no longer parses (an older schema)
-    # is skipped rather than stopping training.
-    try:
-        return parse_event(body)
-    except ValidationError:
-        return None
+def _parse_all(bodies: Sequence[object], skipped: Counter[str]) -> Iterator[Parsed]:
+    """The bodies that the current schema accepts; the others counted in `skipped`."""
+    for body in bodies:
+        try:
+            yield parse_event(body)
+        except ValidationError as exc:
+            skipped[_reason(body, exc)] += 1
+
+
+def _reason(body: object, exc: ValidationError) -> str:
+    # Type, field and message, without the value: reasons are counted, so they must repeat.
+    kind = body.get("type") if isinstance(body, dict) else None
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"][1:])  # loc[0] is the type tag
+    return f"{kind if isinstance(kind, str) else 'event'} {where or 'body'}: {error['msg']}"

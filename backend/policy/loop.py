@@ -1,4 +1,10 @@
-"""One training run for a tenant, and the scheduler that runs them inside the backend."""
+"""One training run for a tenant, and the scheduler that runs them inside the backend.
+
+A run survives bad data: stored events the schema refuses are skipped and counted in the
+report's `skipped_events` (and logged), a holdout without evidence gives the verdict "not enough
+signal", and a candidate that cannot be stored is reported as the run's `error` instead of
+stopping the runs of other tenants.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from sqlalchemy import select
 
 from backend.db.models import Tenant
 from backend.policy.dataset import latest_event_id, load_logged
-from backend.policy.registry import PolicyRegistry
+from backend.policy.registry import PolicyRegistry, RegistryError
 from backend.policy.settings import TrainerSettings
 from backend.policy.trainer import train_and_judge
 from backend.storage import Storage
@@ -65,22 +71,36 @@ def run_training(
     if registry is None:
         registry = PolicyRegistry(storage, builtin_floor=settings.show_floor)
     serving = registry.serving_policy(tenant_id)
-    decisions = load_logged(
+    data = load_logged(
         storage,
         tenant_id,
         window=settings.window_events,
         now=now or datetime.now(UTC),
         settings=settings.rewards,
     )
+    decisions = data.decisions
     summary = RunSummary(tenant_id, started, started, len(decisions), serving.version)
+    skipped = dict(data.skipped.most_common())
+    if skipped:
+        log.warning("tenant %s: skipped invalid stored events %s", tenant_id, skipped)
     if len(decisions) < settings.min_events:
         summary.report = {"skipped": f"{len(decisions)} rewarded decisions < {settings.min_events}"}
+        if skipped:
+            summary.report["skipped_events"] = skipped
         summary.finished_at = time.time()
         return summary
 
     run = train_and_judge(serving, decisions, settings, "candidate")
     assert run is not None  # enough events was checked above
-    candidate = registry.add(tenant_id, run.candidate.derive, run.report)
+    if skipped:
+        run.report["skipped_events"] = skipped
+    try:
+        candidate = registry.add(tenant_id, run.candidate.derive, run.report)
+    except RegistryError as exc:
+        log.error("tenant %s: %s", tenant_id, exc)
+        summary.report = {**run.report, "promote": False, "error": str(exc)}
+        summary.finished_at = time.time()
+        return summary
     summary.candidate = candidate.version
     summary.report = run.report
     if run.verdict.promote:

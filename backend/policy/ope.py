@@ -13,6 +13,9 @@ information about r(x, show).
 
 Each estimator also returns its per-decision terms, so two policies evaluated on the same events
 can be compared pairwise (`compare`), which cancels most of the noise they share.
+
+An estimate without evidence (one decision, or no decision the target policy could have made)
+has an infinite standard error; `as_json` writes it as null, since JSON has no infinity.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ class LoggedBatch:
         return len(self.reward)
 
 
+def json_number(value: float) -> float | None:
+    """`value` for a JSON document: None (null) when it is not finite."""
+    return value if math.isfinite(value) else None
+
+
 @dataclass(frozen=True)
 class Estimate:
     """An estimated value per decision, its standard error and the evidence behind it."""
@@ -54,8 +62,17 @@ class Estimate:
     ess: float
     terms: np.ndarray
 
-    def as_json(self) -> dict[str, float]:
-        return {"value": self.value, "stderr": self.stderr, "ess": self.ess}
+    @property
+    def informative(self) -> bool:
+        """Whether the estimate rests on any evidence: finite, with a positive sample size."""
+        return math.isfinite(self.value) and math.isfinite(self.stderr) and self.ess > 0
+
+    def as_json(self) -> dict[str, float | None]:
+        return {
+            "value": json_number(self.value),
+            "stderr": json_number(self.stderr),
+            "ess": json_number(self.ess),
+        }
 
 
 def importance_weights(p_show: np.ndarray, batch: LoggedBatch) -> np.ndarray:

@@ -3,11 +3,16 @@
 The serving version of a tenant is the newest row of `policy_promotions`; no row (or a row with
 no version) means the built-in policy. A rollback marks the serving version as rolled back and
 serves the newest earlier promoted version that was not rolled back itself (else the built-in).
+
+Nothing stored here carries an infinity or a NaN: JSON has neither (PostgreSQL's JSONB and the
+artefact's canonical form refuse them), so a report's non-finite numbers are stored as null and
+a policy with non-finite weights is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -74,6 +79,17 @@ def _checksum(artifact: bytes) -> str:
     return "sha256:" + hashlib.sha256(artifact).hexdigest()
 
 
+def finite_json(value: Any) -> Any:
+    """`value` with every non-finite float (anywhere inside) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(item) for item in value]
+    return value
+
+
 class PolicyRegistry:
     """Policy versions of tenants, stored next to their events."""
 
@@ -89,7 +105,9 @@ class PolicyRegistry:
 
         The name (`v<n>`, n counting per tenant) is chosen here; two trainers racing for the
         same number are told apart by the unique constraint and the loser takes the next one.
+        Raises `RegistryError` for a policy that has no JSON form (a non-finite number).
         """
+        report = finite_json(report)
         for _ in range(5):
             with self.storage.session() as session:
                 number = (
@@ -101,7 +119,10 @@ class PolicyRegistry:
                     or 0
                 ) + 1
                 policy = make(f"v{number}")
-                artifact = to_artifact(policy)
+                try:
+                    artifact = to_artifact(policy)
+                except ValueError as exc:  # json's "Out of range float values ..."
+                    raise RegistryError(f"policy {policy.version} cannot be stored: {exc}") from exc
                 session.add(
                     PolicyVersionRow(
                         tenant_id=tenant_id,

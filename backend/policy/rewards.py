@@ -12,18 +12,27 @@ Reward of one decision (λ = `distraction_cost`):
 A decision still waiting for its outcome or retention is left out until the wait configured in
 `RewardSettings` has passed; then a missing outcome counts as ignored and a missing retention as
 fully retained.
+
+Events carry UTC offsets (the schema refuses naive times, and `backend/policy/dataset.py` skips
+stored events the schema refuses); a naive `now`, or an event built without validation, is read
+as UTC so that comparing it with an aware time cannot fail.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from backend.policy.settings import RewardSettings
 from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
 
 Reward = float
+
+
+def as_utc(time: datetime) -> datetime:
+    """`time` with an offset: a naive time is taken to be UTC."""
+    return time.replace(tzinfo=UTC) if time.tzinfo is None else time
 
 
 @dataclass(frozen=True)
@@ -72,12 +81,13 @@ def join_rewards(
     settings: RewardSettings,
 ) -> list[LoggedDecision]:
     """Rewarded decisions, oldest first; decisions still waiting for evidence are left out."""
+    now = as_utc(now)
     outcome_by_id: dict[str, OutcomeEvent] = {}
     for outcome in outcomes:
         # Several outcomes for one decision (a retry, a later partial): the first one counts,
         # since it is what the user did when the suggestion was in front of them.
         held = outcome_by_id.get(outcome.decision_id)
-        if held is None or outcome.time < held.time:
+        if held is None or as_utc(outcome.time) < as_utc(held.time):
             outcome_by_id[outcome.decision_id] = outcome
     retention_by_id: dict[str, RetentionEvent] = {}
     for retention in retentions:
@@ -86,7 +96,7 @@ def join_rewards(
 
     logged: list[LoggedDecision] = []
     for decision in decisions:
-        age_s = (now - decision.time).total_seconds()
+        age_s = (now - as_utc(decision.time)).total_seconds()
         features = dict(decision.features)
         chars = int(decision.suggestion_chars or features.get("suggestion_chars", 0) or 0)
         if decision.action == "silence":
@@ -112,7 +122,7 @@ def join_rewards(
                     else 0.0
                 )
                 retained = checkpoint.retained_chars
-            elif (now - outcome.time).total_seconds() < settings.retention_wait_s:
+            elif (now - as_utc(outcome.time)).total_seconds() < settings.retention_wait_s:
                 continue
             else:
                 retained = accepted
@@ -129,7 +139,7 @@ def _logged(
 ) -> LoggedDecision:
     return LoggedDecision(
         decision_id=decision.decision_id,
-        time=decision.time,
+        time=as_utc(decision.time),
         policy_version=decision.policy_version,
         action=decision.action,
         propensity=decision.propensity,

@@ -13,11 +13,14 @@ objective is the clipped IPS one.
 
 The newest events are held out; the candidate is promoted only when the paired doubly robust gain
 over the serving policy on them clears the margin and its confidence bound, with enough effective
-sample size, and without its shown rate collapsing.
+sample size, and without its shown rate collapsing. A holdout that carries no evidence about
+either policy (say every held-out suggestion was empty, so neither policy could show one) gives
+the verdict "not enough signal" and a report whose unknown numbers are null, never infinite.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +64,7 @@ class Verdict:
     reasons: list[str]
     gain: float
     gain_stderr: float
+    enough_signal: bool = True  # False: the holdout says nothing about either policy
 
 
 @dataclass
@@ -172,11 +176,27 @@ def evaluate(policy: Policy, holdout: Sequence[LoggedDecision], q: RewardModel) 
     )
 
 
+NOT_ENOUGH_SIGNAL = "not enough signal"
+
+
+def comparison_finite(comparison: ope.Comparison) -> bool:
+    """Whether a paired comparison has a finite gain and standard error."""
+    return math.isfinite(comparison.gain) and math.isfinite(comparison.stderr)
+
+
 def judge(
     candidate: PolicyEvaluation, serving: PolicyEvaluation, settings: TrainerSettings
 ) -> Verdict:
     """The promotion rules (see docs/learning.md)."""
     comparison = ope.compare(candidate.dr, serving.dr)
+    if not (candidate.dr.informative and serving.dr.informative and comparison_finite(comparison)):
+        # The other rules would compare numbers that mean nothing here; say what is missing.
+        ess = min(candidate.dr.ess, serving.dr.ess)
+        reason = (
+            f"{NOT_ENOUGH_SIGNAL}: {len(candidate.dr.terms)} held-out decisions, "
+            f"effective sample size {ess:.1f}"
+        )
+        return Verdict(False, [reason], comparison.gain, comparison.stderr, enough_signal=False)
     reasons: list[str] = []
     if comparison.gain < settings.margin:
         reasons.append(f"gain {comparison.gain:+.4f} below the margin {settings.margin}")
@@ -213,8 +233,9 @@ def train_and_judge(
         "holdout_events": len(holdout),
         "candidate": candidate_eval.as_json(),
         "serving": {"version": serving.version, **serving_eval.as_json()},
-        "gain": verdict.gain,
-        "gain_stderr": verdict.gain_stderr,
+        "gain": ope.json_number(verdict.gain),
+        "gain_stderr": ope.json_number(verdict.gain_stderr),
+        "enough_signal": verdict.enough_signal,
         "promote": verdict.promote,
         "reasons": verdict.reasons,
     }

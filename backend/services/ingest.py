@@ -4,6 +4,11 @@ The route (`backend/routes/events.py`) reads the body against the size cap; ever
 that runs here, in a worker thread. Each event is validated on its own, so the answer can say
 which were stored now (`accepted`), which were stored before (`duplicate`) and which were
 refused and why (`rejected`, by index).
+
+An event is refused when the shared schema (`telemetry/events.py`) refuses it (a naive time, a
+propensity outside (0, 1], a count or feature value out of bounds, ...) or when its time lies
+outside the window `IngestLimits` allows around this server's clock. Nothing of a refused event
+is stored; the valid events of the same batch are.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -29,6 +35,34 @@ class IngestLimits:
     max_event_bytes: int = 128 * 1024
     rate_events_per_s: float = 2000.0
     burst_events: float = 20000.0
+    # The window around the server's clock an event's time must fall in. Back: a client spools
+    # events while offline and sends them later; forward: clocks drift. Anything outside is a
+    # broken clock or a forged event, and would sit at the wrong end of the trainer's holdout.
+    max_event_age_s: float = 30 * 86_400.0
+    max_event_lead_s: float = 86_400.0
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """The times an event may carry, fixed once per batch."""
+
+    earliest: datetime
+    latest: datetime
+
+    @classmethod
+    def around(cls, now: datetime, limits: IngestLimits) -> TimeWindow:
+        return cls(
+            now - timedelta(seconds=limits.max_event_age_s),
+            now + timedelta(seconds=limits.max_event_lead_s),
+        )
+
+    def problem(self, time: datetime) -> str | None:
+        """Why `time` is refused, or None when it lies in the window."""
+        if time < self.earliest:
+            return f"time: before {self.earliest.isoformat(timespec='seconds')} (too old)"
+        if time > self.latest:
+            return f"time: after {self.latest.isoformat(timespec='seconds')} (in the future)"
+        return None
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -48,18 +82,30 @@ class EventBatch(BaseModel):
 Valid = list[tuple[int, AnyEvent, str, str]]  # index in the batch, event, its id, its JSON
 
 
-def _sized(
-    index: int, event: AnyEvent, limit: int, valid: Valid, rejected: list[Rejection]
+def _admit(
+    index: int,
+    event: AnyEvent,
+    limit: int,
+    window: TimeWindow,
+    valid: Valid,
+    rejected: list[Rejection],
 ) -> None:
-    text = event.model_dump_json()  # also what is stored
+    """File a schema-valid event as valid, or as rejected for its time or size."""
     event_id = str(event.event_id)  # once: formatting a UUID is not free at 10k events/s
+    late = window.problem(event.time)
+    if late is not None:
+        rejected.append(Rejection(index=index, event_id=event_id, error=late))
+        return
+    text = event.model_dump_json()  # also what is stored
     if len(text) > limit:
         rejected.append(Rejection(index=index, event_id=event_id, error="event too large"))
     else:
         valid.append((index, event, event_id, text))
 
 
-def validate_batch(items: list[Any], max_event_bytes: int) -> tuple[Valid, list[Rejection]]:
+def validate_batch(
+    items: list[Any], max_event_bytes: int, window: TimeWindow
+) -> tuple[Valid, list[Rejection]]:
     """Valid events with their index and JSON, and a rejection for every invalid one."""
     valid: Valid = []
     rejected: list[Rejection] = []
@@ -71,7 +117,7 @@ def validate_batch(items: list[Any], max_event_bytes: int) -> tuple[Valid, list[
             event_id = raw_id if isinstance(raw_id, str) and len(raw_id) <= 64 else None
             rejected.append(Rejection(index=index, event_id=event_id, error=_first_error(exc)))
             continue
-        _sized(index, event, max_event_bytes, valid, rejected)
+        _admit(index, event, max_event_bytes, window, valid, rejected)
     return valid, rejected
 
 
@@ -122,13 +168,14 @@ def ingest_body(
     wait = limiter.take(principal.tenant_id, count)
     if wait > 0:
         return Refusal(429, "rate_limited", "rate limit exceeded", count, max(1, math.ceil(wait)))
+    window = TimeWindow.around(datetime.now(UTC), limits)
     if items is None:
         valid: Valid = []
         rejected: list[Rejection] = []
         for index, event in enumerate(events):
-            _sized(index, event, limits.max_event_bytes, valid, rejected)
+            _admit(index, event, limits.max_event_bytes, window, valid, rejected)
     else:
-        valid, rejected = validate_batch(items, limits.max_event_bytes)
+        valid, rejected = validate_batch(items, limits.max_event_bytes, window)
     inserted = storage.insert_events(
         principal.tenant_id,
         [event for _, event, _, _ in valid],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -140,6 +141,60 @@ def test_retention_cannot_exceed_accepted(backend: BackendServer) -> None:
     assert len(answer["accepted"]) == 1
     assert answer["rejected"][0]["index"] == 1
     assert backend.summary()["retention"] == 1
+
+
+def _ago(**delta: float) -> str:
+    return (datetime.now(UTC) - timedelta(**delta)).isoformat()
+
+
+# Values no client makes, each of which once went in and then broke the tenant's training.
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        pytest.param(
+            {"time": "2026-11-30T10:00:00"}, "time: Input should have timezone", id="naive-time"
+        ),
+        pytest.param({"time": -86_400}, "time: before", id="negative-unix-time"),
+        pytest.param({"time": "0001-01-01T00:00:00Z"}, "time: before", id="year-1"),
+        pytest.param({"time": "9999-12-31T23:59:59Z"}, "time: after", id="year-9999"),
+        pytest.param({"time": _ago(days=31)}, "too old", id="older-than-the-window"),
+        pytest.param({"time": _ago(days=-2)}, "in the future", id="ahead-of-the-window"),
+        pytest.param({"propensity": 0}, "propensity", id="propensity-zero"),
+        pytest.param({"suggestion_chars": 10**30}, "suggestion_chars", id="chars-1e30"),
+        pytest.param({"suggestion_chars": 10**400}, "suggestion_chars", id="chars-1e400"),
+        pytest.param({"suggestion_lines": 10**30}, "suggestion_lines", id="lines-1e30"),
+        pytest.param({"features": {"prefix_len": 1e308}}, "beyond", id="feature-1e308"),
+    ],
+)
+def test_out_of_bounds_values_are_rejected_alone(
+    backend: BackendServer, fields: dict[str, Any], error: str
+) -> None:
+    good = [outcome(), decision(time=_ago(days=29))]  # inside the window, however old
+    bad = decision(**fields)
+    answer = post(backend, batch(good[0], bad, good[1])).json()
+    assert answer["accepted"] == [good[0]["event_id"], good[1]["event_id"]]
+    (rejection,) = answer["rejected"]
+    assert rejection["index"] == 1 and rejection["event_id"] == bad["event_id"]
+    assert error in rejection["error"]
+    assert sorted(backend.stored_ids()) == sorted(e["event_id"] for e in good)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        pytest.param({"accepted_chars": 10**30}, "accepted_chars", id="accepted-chars-1e30"),
+        pytest.param({"time": "2026-11-30T10:00:00"}, "time", id="naive-time"),
+    ],
+)
+def test_out_of_bounds_outcomes_are_rejected_alone(
+    backend: BackendServer, fields: dict[str, Any], error: str
+) -> None:
+    good = outcome()
+    bad = outcome(**fields)
+    answer = post(backend, batch(bad, good)).json()
+    assert answer["accepted"] == [good["event_id"]]
+    assert error in answer["rejected"][0]["error"]
+    assert backend.stored_ids() == [good["event_id"]]
 
 
 SMALL = IngestLimits(

@@ -61,6 +61,33 @@ def test_token_create_refuses_an_empty_tenant(tmp_path: Path) -> None:
     assert backend_main(["token", "create", "--tenant", "", "--db", url]) == 2
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("acme corp", id="space"),
+        pytest.param("acme\tcorp", id="tab"),
+        pytest.param("acme\n", id="newline"),
+        pytest.param("acme\x00", id="nul"),
+        pytest.param("acme\x7f", id="del"),
+        pytest.param("acme\u00a0corp", id="no-break-space"),
+        pytest.param("ac\u200bme", id="zero-width-space"),
+        pytest.param("acme\u2028", id="line-separator"),
+    ],
+)
+def test_token_create_refuses_whitespace_and_control_characters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'b.sqlite3'}"
+    assert backend_main(["token", "create", "--tenant", name, "--db", url]) == 2
+    assert "whitespace or control" in capsys.readouterr().err
+    storage = Storage(url)
+    try:
+        with storage.engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT count(*) FROM tenants").scalar() == 0
+    finally:
+        storage.close()
+
+
 def test_serve_runs_migrates_and_stops_on_sigterm(tmp_path: Path) -> None:
     with bind_loopback() as probe:
         port = probe.getsockname()[1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -80,3 +82,24 @@ def test_paired_comparison_sees_a_difference_the_separate_errors_hide(world) -> 
     comparison = ope.compare(a, b)
     assert comparison.gain == pytest.approx(a.value - b.value)
     assert comparison.stderr < max(a.stderr, b.stderr)
+
+
+@pytest.mark.parametrize(
+    ("shown", "p_show"),
+    [
+        pytest.param([True, True, True], [0.0, 0.0, 0.0], id="no-weight"),
+        pytest.param([True], [0.5], id="one-decision"),
+    ],
+)
+def test_estimates_without_evidence_write_null_not_infinity(
+    shown: list[bool], p_show: list[float]
+) -> None:
+    batch = ope.LoggedBatch(
+        shown=np.array(shown),
+        propensity=np.full(len(shown), 0.8),
+        reward=np.full(len(shown), -LAMBDA),
+    )
+    for estimate in (ope.ips(np.array(p_show), batch), ope.snips(np.array(p_show), batch)):
+        assert not estimate.informative
+        json.dumps(estimate.as_json(), allow_nan=False)  # raises on an infinity
+    assert ope.snips(np.array(p_show), batch).as_json()["stderr"] is None

@@ -115,7 +115,8 @@ def test_rollback_restores_the_previous_version(backend: BackendServer) -> None:
 
 
 def test_too_few_events_train_nothing(sqlite_backend: BackendServer) -> None:
-    logged = Logger(builtin_policy(), seed=1).log(contexts(30, seed=1))
+    start = datetime.now(UTC) - timedelta(hours=1)  # inside the backend's time window
+    logged = Logger(builtin_policy(), seed=1).log(contexts(30, seed=1), start=start)
     post_events(sqlite_backend, to_events(logged))
     summary = run_training(sqlite_backend.storage, sqlite_backend.tenant_id, SETTINGS)
     assert summary.candidate is None and not summary.promoted
