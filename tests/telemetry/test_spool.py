@@ -83,27 +83,38 @@ def test_event_larger_than_the_spool_is_dropped_not_the_rest(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(
-    "damage",
+    ("damage", "held"),
     [
-        pytest.param(lambda p: p.write_bytes(b"this is not a database at all" * 100), id="garbage"),
-        pytest.param(lambda p: p.write_bytes(p.read_bytes()[:1500]), id="truncated"),
+        pytest.param(
+            lambda p: p.write_bytes(b"this is not a database at all" * 100), None, id="garbage"
+        ),
+        pytest.param(lambda p: p.write_bytes(p.read_bytes()[:1500]), None, id="truncated"),
         pytest.param(
             lambda p: p.write_bytes(p.read_bytes()[:100] + b"\xff" * 4000 + p.read_bytes()[4100:]),
+            None,
             id="overwritten-pages",
         ),
     ],
 )
-def test_corrupt_spool_is_moved_aside(tmp_path: Path, damage: object) -> None:
+def test_corrupt_spool_is_moved_aside_and_its_loss_counted(
+    tmp_path: Path, damage: object, held: int | None
+) -> None:
     path = tmp_path / "s.sqlite3"
     spool = Spool(path)
     spool.append(rows(200, size=50))
     spool.close()
     damage(path)  # type: ignore[operator]
+    damaged_size = path.stat().st_size
     fresh = Spool(path)
     assert len(fresh.moved_aside) == 1
     assert fresh.moved_aside[0].exists()
     assert fresh.moved_aside[0].name.startswith("s.sqlite3.corrupt-")
-    assert fresh.stats().events == 0
+    stats = fresh.stats()
+    assert (stats.events, stats.corrupt_files) == (0, 1)
+    if held is None:  # unreadable: its size is what we know
+        assert (stats.corrupt_events, stats.unknown_loss_bytes) == (0, damaged_size)
+    else:  # counted from what it still holds (test_spool_faults.py cuts one after a page)
+        assert (stats.corrupt_events, stats.unknown_loss_bytes) == (held, 0)
     assert fresh.append(rows(2)) == 2
     assert [e.event_id for e in fresh.peek(5)] == ["e0", "e1"]
 
