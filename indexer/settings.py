@@ -29,7 +29,9 @@ class IndexSettings(BaseModel):
         "never indexed.",
     )
     follow_symlinks: bool = Field(
-        True, description="Follow symbolic links to files and directories (loops are skipped)."
+        True,
+        description="Follow symbolic links to files and directories inside the workspace "
+        "(links that lead outside it, and loops, are skipped).",
     )
     chunk_max_tokens: int = Field(
         128,
