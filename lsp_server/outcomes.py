@@ -209,11 +209,12 @@ class OutcomeTracker:
             pending = self.pending.get(uri)
             if pending is not None:
                 self._pending_change(pending, change, now)
-        text = self.text_of(uri)
+        retained = [r for r in self.retention.values() if r.uri == uri]
+        # Only then: the text of a big document is joined anew after each change.
+        text = self.text_of(uri) if retained else None
         if text is not None:
-            for retention in self.retention.values():
-                if retention.uri == uri:
-                    retention.snapshot = text[retention.start : retention.end]
+            for retention in retained:
+                retention.snapshot = text[retention.start : retention.end]
 
     # -- time ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from completion import gate
 from completion.engine import Engine
 from completion.settings import CompletionSettings
 from completion.types import CancelToken, Generation, StopRule
+from lsp_server.documents import adopt
 from lsp_server.features.inline import TypingTracker, decide
 from lsp_server.server import TabloopServer
 from tests.support.scripted_model import ScriptedModel
@@ -91,9 +92,10 @@ def server() -> tuple[TabloopServer, HeldRunner]:
     always = gate.builtin_policy().with_floor(1.0)
     ls.engine = Engine(settings, runner, policy_source=lambda: always)
     ls.model_state = "ready"
-    ls.workspace.put_text_document(
-        types.TextDocumentItem(uri=URI, language_id="python", version=1, text=TEXT)
-    )
+    # What `didOpen` does: pygls's workspace takes the document, then our `Document` replaces it.
+    item = types.TextDocumentItem(uri=URI, language_id="python", version=1, text=TEXT)
+    ls.workspace.put_text_document(item)
+    adopt(ls.workspace, item)
     return ls, runner
 
 
