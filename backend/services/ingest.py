@@ -157,7 +157,7 @@ def ingest_body(
         # Something is wrong somewhere: decode it ourselves to say which events, or why not.
         try:
             payload = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except ValueError as exc:  # not UTF-8, not JSON, or an integer past Python's digit limit
             return Refusal(400, "malformed", f"body is not JSON: {exc}")
         items = payload.get("events") if isinstance(payload, dict) else None
         if not isinstance(items, list) or set(payload) != {"events"}:

@@ -166,9 +166,17 @@ def test_nesting_within_the_limit_is_parsed(served: BackendServer) -> None:
     assert answer.status_code == 422
 
 
-def test_an_integer_past_pythons_digit_limit_is_400(served: BackendServer) -> None:
-    body = b'{"workspace": ' + b"7" * 5000 + b', "model": "m"}'
-    answer = httpx.post(served.url + ROOT_PATH, content=body, headers=_auth(served), timeout=30)
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        pytest.param(ROOT_PATH, b'{"workspace": ' + b"7" * 5000 + b', "model": "m"}', id="index"),
+        pytest.param("/v1/events", b'{"events": [{"time": ' + b"7" * 5000 + b"}]}", id="events"),
+    ],
+)
+def test_an_integer_past_pythons_digit_limit_is_400(
+    served: BackendServer, path: str, body: bytes
+) -> None:
+    answer = httpx.post(served.url + path, content=body, headers=_auth(served), timeout=30)
     assert answer.status_code == 400
 
 
