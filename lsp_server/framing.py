@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -181,7 +182,8 @@ class FrameReader:
             shown = "missing" if length_text is None else repr(length_text.decode("latin-1"))
             log.warning("refused a frame: Content-Length is %s", shown)
             return Refusal(PARSE_ERROR, f"a frame's Content-Length is {shown}")
-        length = int(length_text)
+        # Past 18 digits the number only matters as "too long" (and int() refuses 4300+).
+        length = int(length_text) if len(length_text) <= 18 else sys.maxsize
         limit = self._max_bytes()
         if length > limit:
             log.warning("skipping a %d-byte message (maxMessageBytes is %d)", length, limit)
@@ -231,7 +233,9 @@ class FrameReader:
         """Discard `length` bytes, keeping none of them; stop early at a length header."""
         left = length
         while True:
-            interrupt = LENGTH_LINE.search(self._buffer, 0, left + HEADER_TAIL)
+            interrupt = LENGTH_LINE.search(
+                self._buffer, 0, min(left, sys.maxsize - HEADER_TAIL) + HEADER_TAIL
+            )
             if interrupt is not None and interrupt.start() < left:
                 del self._buffer[: interrupt.start()]
                 return

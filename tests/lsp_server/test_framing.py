@@ -138,6 +138,18 @@ FRAMING = [
         False,
         id="length-100GB-then-next-frame",
     ),
+    pytest.param(
+        b"Content-Length: %d\r\n\r\n" % 2**64,
+        [(INVALID_REQUEST, None)],
+        False,
+        id="length-past-int64",
+    ),
+    pytest.param(
+        b"Content-Length: " + b"9" * 5000 + b"\r\n\r\n",
+        [(INVALID_REQUEST, None)],
+        False,
+        id="length-5000-digits",
+    ),
     # Accepted: LF-only line ends, lower-case header names, Content-Type, blank lines.
     pytest.param(b"Content-Length: %d\n\n%s" % (len(ok), ok), [], False, id="lf-line-ends"),
     pytest.param(
