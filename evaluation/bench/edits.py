@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import time
+from typing import Any, cast
 
 from lsprotocol import types
 from pygls.workspace import TextDocument, Workspace
@@ -57,19 +58,27 @@ async def server_ms(text: str, line: int, edits: int) -> float:
     protocol._workspace = Workspace(None)  # what `initialize` makes; no client here
     uri = "file:///bench.py"
     item = types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+    # pygls's RPCMessage protocol types `method` as plain str; lsprotocol's is a Literal.
     protocol.handle_message(
-        types.DidOpenTextDocumentNotification(params=types.DidOpenTextDocumentParams(item))
+        cast(
+            Any, types.DidOpenTextDocumentNotification(params=types.DidOpenTextDocumentParams(item))
+        )
     )
     for _ in range(3):
         await asyncio.sleep(0)  # let the open finish before the clock starts
     started = time.perf_counter()
     for column in range(edits):
         protocol.handle_message(
-            types.DidChangeTextDocumentNotification(
-                params=types.DidChangeTextDocumentParams(
-                    text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=column),
-                    content_changes=[insertion(line, column)],
-                )
+            cast(
+                Any,
+                types.DidChangeTextDocumentNotification(
+                    params=types.DidChangeTextDocumentParams(
+                        text_document=types.VersionedTextDocumentIdentifier(
+                            uri=uri, version=column
+                        ),
+                        content_changes=[insertion(line, column)],
+                    )
+                ),
             )
         )
     elapsed = time.perf_counter() - started
