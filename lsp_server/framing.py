@@ -274,9 +274,14 @@ async def serve_frames(
     """
     reader = FrameReader(read_chunk, max_bytes)
     async for frame in reader.frames():
-        if isinstance(frame, Refusal):
-            refuse(frame)
-        elif not receive(frame.data):
+        try:
+            if isinstance(frame, Refusal):
+                refuse(frame)
+            elif not receive(frame.data):
+                reader.refused()
+        except Exception:
+            # One message must never end the connection; `receive` answers what it can.
+            log.exception("could not handle a message")
             reader.refused()
         if stopped():
             return

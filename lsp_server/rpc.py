@@ -38,6 +38,7 @@ from lsp_server.framing import INVALID_REQUEST, PARSE_ERROR, Refusal, readable_i
 log = logging.getLogger(__name__)
 
 INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
 SERVER_NOT_INITIALIZED = types.ErrorCodes.ServerNotInitialized.value
 
 
@@ -122,7 +123,15 @@ class TabloopProtocol(LanguageServerProtocol):
             self.initialize_received = True
         elif is_request and method == types.SHUTDOWN:
             self.shutdown_received = True
-        self.handle_message(message)
+        try:
+            self.handle_message(message)
+        except Exception as exc:
+            # lsprotocol lets some wrong types through (a list as `$/cancelRequest`'s id), and
+            # pygls then fails outside any handler: the caller still gets its one answer.
+            log.error("could not handle %s", method, exc_info=True)
+            if is_request:
+                self.send_error(msg_id, INTERNAL_ERROR, f"could not handle {method}: {exc}")
+            return False
         return True
 
     def _structure_call(self, data: dict[str, Any], method: str, is_request: bool) -> Any:
@@ -162,7 +171,11 @@ class TabloopProtocol(LanguageServerProtocol):
         except Exception:
             log.warning("dropped a response the server cannot read: %.200r", data, exc_info=True)
             return False
-        self.handle_message(message)
+        try:
+            self.handle_message(message)
+        except Exception:
+            log.error("could not handle a response: %.200r", data, exc_info=True)
+            return False
         return True
 
 

@@ -269,6 +269,11 @@ MESSAGES = [
         id="request-with-stray-error-field",
     ),
     pytest.param(
+        json.dumps(notification("$/cancelRequest", {"id": [1, 2]})).encode(),
+        [],
+        id="cancel-with-a-list-id",
+    ),
+    pytest.param(
         json.dumps(notification("textDocument/didOpen", {"bad": 1})).encode(),
         [],
         id="notification-bad-params-dropped",
