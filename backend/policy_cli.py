@@ -26,7 +26,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _tenant(storage: Storage, name: str | None) -> int:
     if name is not None:
-        return storage.ensure_tenant(name)
+        try:
+            return storage.ensure_tenant(name)
+        except ValueError as exc:  # a name a new tenant may not have
+            raise SystemExit(f"--tenant {name!r}: {exc}") from None
     ids = tenant_ids(storage)
     if len(ids) != 1:
         raise SystemExit(f"{len(ids)} tenants in the database: name one with --tenant")

@@ -62,3 +62,12 @@ def test_backend_command_line_sets_the_scheduled_trainer() -> None:
     for bad in (["--lambda", "-1"], ["--lambda", "nan"], ["--train-interval", "0"]):
         with pytest.raises(SystemExit):
             _serve_parser().parse_args(bad)
+
+
+@pytest.mark.parametrize(
+    "command", [pytest.param("train", id="train"), pytest.param("list", id="list")]
+)
+def test_a_tenant_name_a_new_tenant_may_not_have_is_refused_cleanly(db: str, command: str) -> None:
+    argv = ["--tenant", "bad name", "--db", db]
+    with pytest.raises(SystemExit, match="no whitespace"):
+        train_main(argv) if command == "train" else policy_main(["list", *argv])
