@@ -34,11 +34,20 @@ from lsp_server.protocol import (
 )
 from lsp_server.server import TabloopServer
 from telemetry.client import TelemetryClient
-from telemetry.events import MAX_TEXT_CHARS, DecisionEvent, Latency, OutcomeEvent, RetentionEvent
+from telemetry.events import (
+    MAX_FEATURE_MAGNITUDE,
+    MAX_TEXT_CHARS,
+    DecisionEvent,
+    Latency,
+    OutcomeEvent,
+    RetentionEvent,
+)
 from telemetry.privacy import scrub_features
 from telemetry.settings import Level, TelemetrySettings
 
 log = logging.getLogger(__name__)
+
+MIN_PROPENSITY = 1e-6
 
 # Settings whose change needs a new client (a new spool or sender).
 CLIENT_FIELDS = (
@@ -59,9 +68,10 @@ _TOKEN = re.compile(r"^[A-Za-z0-9_.:+#/-]{1,128}$")
 
 
 def event_features(features: dict[str, float | str]) -> dict[str, float | str]:
-    """Features as the schema accepts them: sane names, finite numbers, categories only."""
+    """Features as the schema accepts them: sane names, finite numbers within the schema's bound
+    (clipped: a count past it still says "very large"), categories only."""
     named = {k: v for k, v in features.items() if _NAME.match(k)}
-    return {k: v for k, v in scrub_features(named).items() if _finite(v)}
+    return {k: _bounded(v) for k, v in scrub_features(named).items() if _finite(v)}
 
 
 def decision_event(
@@ -88,7 +98,9 @@ def decision_event(
         else "unknown",
         model_id=decision.model_id[:200],
         action=decision.action,
-        propensity=min(1.0, max(0.0, decision.propensity)),
+        # The schema refuses 0: a policy's propensity is never below its exploration floor, and a
+        # rounding to 0 must not cost the event.
+        propensity=min(1.0, max(MIN_PROPENSITY, decision.propensity)),
         features=event_features(decision.features),
         suggestion_chars=len(text),
         suggestion_lines=text.count("\n") + 1 if text else 0,
@@ -105,6 +117,12 @@ def decision_event(
 
 def _finite(value: float | str) -> bool:
     return isinstance(value, str) or math.isfinite(value)
+
+
+def _bounded(value: float | str) -> float | str:
+    if isinstance(value, str):
+        return value
+    return min(MAX_FEATURE_MAGNITUDE, max(-MAX_FEATURE_MAGNITUDE, value))
 
 
 def _millis(value: float) -> float:

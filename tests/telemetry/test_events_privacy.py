@@ -65,14 +65,18 @@ def test_decision_event_carries_text_only_at_full(level: str, has_text: bool) ->
         pytest.param({"token": "Has Capitals And Spaces"}, id="not-a-category"),
         pytest.param({"flag": True}, id="bool"),
         pytest.param({f"f{i}": 1.0 for i in range(100)}, id="many"),
+        pytest.param({"huge": 1e12, "tiny": -1e300}, id="beyond-the-schema-bound"),
     ],
 )
-def test_decision_event_never_fails_on_odd_features(features: dict[str, Any]) -> None:
+@pytest.mark.parametrize("propensity", [pytest.param(1.7, id="above-1"), pytest.param(0.0, id="0")])
+def test_decision_event_never_fails_on_odd_features(
+    features: dict[str, Any], propensity: float
+) -> None:
     decision, request = engine_decision(
-        features=features, propensity=1.7, timings=Timings(model_ms=math.nan)
+        features=features, propensity=propensity, timings=Timings(model_ms=math.nan)
     )
     event = decision_event(decision, request, session_id="s", install_id="i", level="metrics")
-    assert 0.0 <= event.propensity <= 1.0
+    assert 0.0 < event.propensity <= 1.0
     assert all(isinstance(v, str) or math.isfinite(v) for v in event.features.values())
     assert "bad name with spaces" not in event.features
     parse_event(event.model_dump(mode="json"))  # what the backend will accept
