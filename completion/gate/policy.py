@@ -44,12 +44,18 @@ class Normaliser:
 
     @classmethod
     def fit(cls, matrix: np.ndarray) -> Normaliser:
-        """Mean and standard deviation per column (scale 1 for constant columns)."""
-        mean = np.nan_to_num(np.nanmean(matrix, axis=0), nan=0.0) if len(matrix) else None
-        if mean is None:
+        """Mean and standard deviation per column (scale 1 for constant or all-missing columns)."""
+        if not len(matrix):
             return cls.identity(matrix.shape[1])
-        std = np.nan_to_num(np.nanstd(matrix, axis=0), nan=0.0)
-        std = np.where(std < 1e-6, 1.0, std)
+        present = ~np.isnan(matrix)
+        counts = present.sum(axis=0)
+        values = np.where(present, matrix, 0.0)
+        # Computed from counts rather than nanmean/nanstd: a column no event carries is normal
+        # (an older client), not a numerical warning.
+        mean = values.sum(axis=0) / np.maximum(counts, 1)
+        spread = np.where(present, matrix - mean, 0.0)
+        std = np.sqrt((spread**2).sum(axis=0) / np.maximum(counts, 1))
+        std = np.where((counts == 0) | (std < 1e-6), 1.0, std)
         return cls(tuple(float(m) for m in mean), tuple(float(s) for s in std))
 
     def apply(self, matrix: np.ndarray) -> np.ndarray:

@@ -102,9 +102,11 @@ def test_serve_writes_nothing_but_json_rpc_to_stdout(isolated_env: dict[str, str
         env={**os.environ, **isolated_env},
         check=False,
     )
-    # Exactly one framed JSON-RPC message (the shutdown answer), and nothing else.
+    # Exactly one framed JSON-RPC message, and nothing else: the answer to `shutdown`, which
+    # before `initialize` is ServerNotInitialized (-32002), as the LSP specification says.
     header, body = result.stdout.split(b"\r\n\r\n", 1)
     fields = dict(line.split(b": ", 1) for line in header.split(b"\r\n"))
     assert int(fields[b"Content-Length"]) == len(body)
-    assert json.loads(body) == {"jsonrpc": "2.0", "id": 1, "result": None}
+    answer = json.loads(body)
+    assert answer["id"] == 1 and answer["error"]["code"] == -32002
     assert b"listening" in result.stderr  # the logs went to stderr

@@ -85,7 +85,7 @@ def _naive(body: Body) -> Body:
 def test_a_bad_stored_event_is_skipped_and_reported(
     storage: Storage, change: Callable[[Body], Body], reason: str
 ) -> None:
-    tenant = storage.ensure_tenant("acme")
+    tenant = storage.ensure_tenant(f"acme-{uuid.uuid4().hex[:8]}")  # PostgreSQL is shared
     start = datetime.now(UTC) - timedelta(hours=1)
     logged = Logger(builtin_policy(), seed=4).log(contexts(300, seed=3), start=start)
     storage.insert_events(tenant, [parse_event(e) for e in to_events(logged)])
@@ -140,7 +140,7 @@ def _ignored_shows(n: int, *, start: datetime) -> list[DecisionEvent | OutcomeEv
 def test_a_tenant_without_signal_gets_a_finite_not_enough_signal_report(
     storage: Storage, decisions: int, settings: TrainerSettings
 ) -> None:
-    tenant = storage.ensure_tenant("acme")
+    tenant = storage.ensure_tenant(f"acme-{uuid.uuid4().hex[:8]}")  # PostgreSQL is shared
     storage.insert_events(
         tenant, _ignored_shows(decisions, start=datetime.now(UTC) - timedelta(hours=1))
     )
