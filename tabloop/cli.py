@@ -111,10 +111,14 @@ def _bench(name: str) -> Command:
         from evaluation.bench import gate
 
         return gate.main
+    if name == "edits":
+        from evaluation.bench import edits
+
+        return edits.main
     raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
 
 
-BENCHES = "lsp, complete, index, telemetry, sync, dtype, threads, gate"
+BENCHES = "lsp, complete, index, telemetry, sync, dtype, threads, gate, edits"
 
 
 def complete(args: argparse.Namespace) -> int:

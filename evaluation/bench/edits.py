@@ -89,7 +89,8 @@ async def server_ms(text: str, line: int, edits: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure both and print one JSON report."""
-    parser = argparse.ArgumentParser(prog="python -m evaluation.bench.edits", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tabloop bench edits", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
     parser.add_argument("--lines", type=int, default=100_000)
     parser.add_argument("--edits", type=int, default=200)
     parser.add_argument("--baseline-edits", type=int, default=10)

@@ -110,3 +110,13 @@ def test_serve_writes_nothing_but_json_rpc_to_stdout(isolated_env: dict[str, str
     answer = json.loads(body)
     assert answer["id"] == 1 and answer["error"]["code"] == -32002
     assert b"listening" in result.stderr  # the logs went to stderr
+
+
+def test_every_benchmark_module_is_a_bench_command() -> None:
+    from tabloop.cli import BENCHES, _bench
+
+    bench_dir = Path(__file__).parents[2] / "evaluation" / "bench"
+    modules = {p.stem for p in bench_dir.glob("*.py") if p.stem != "__init__"}
+    assert modules == {name.strip() for name in BENCHES.split(",")}
+    for name in sorted(modules):
+        assert _bench(name).__module__ == f"evaluation.bench.{name}"
