@@ -16,6 +16,7 @@ which answers None for a URI the editor has not opened (pygls would read the fil
 from __future__ import annotations
 
 import re
+import threading
 from itertools import accumulate, islice
 
 from lsprotocol import types
@@ -94,9 +95,16 @@ class Document(TextDocument):
         super().__init__(uri, None, version, language_id, position_codec=position_codec)
         # The negotiated encoding (pygls's codec holds it); LSP's default is UTF-16.
         self.encoding: str = self.position_codec.encoding or types.PositionEncodingKind.Utf16
+        # Edits come from the event loop while the model thread may read `source` (retrieval's
+        # recent edits): without the lock, a text joined before an edit could be cached after it.
+        self._lock = threading.Lock()
         self._reset(text)
 
     def _reset(self, text: str) -> None:
+        with self._lock:
+            self._reset_locked(text)
+
+    def _reset_locked(self, text: str) -> None:
         self._lines = split_lines(text)
         self._text: str | None = text
         self._length = len(text)
@@ -110,9 +118,10 @@ class Document(TextDocument):
     @property
     def source(self) -> str:
         """The whole text (joined once per version, when first asked for)."""
-        if self._text is None:
-            self._text = "".join(self._lines)
-        return self._text
+        with self._lock:
+            if self._text is None:
+                self._text = "".join(self._lines)
+            return self._text
 
     @property
     def lines(self) -> tuple[str, ...]:
@@ -129,13 +138,14 @@ class Document(TextDocument):
 
     def line_start(self, line: int) -> int:
         """The code-point offset where line `line` (an existing line) begins."""
-        if line > self._starts_valid:
-            starts, valid = self._starts, self._starts_valid
-            del starts[valid + 1 :]
-            offsets = accumulate(map(len, self._lines[valid:line]), initial=starts[valid])
-            starts.extend(islice(offsets, 1, None))  # the first is starts[valid] again
-            self._starts_valid = line
-        return self._starts[line]
+        with self._lock:
+            if line > self._starts_valid:
+                starts, valid = self._starts, self._starts_valid
+                del starts[valid + 1 :]
+                offsets = accumulate(map(len, self._lines[valid:line]), initial=starts[valid])
+                starts.extend(islice(offsets, 1, None))  # the first is starts[valid] again
+                self._starts_valid = line
+            return self._starts[line]
 
     def server_position(self, position: types.Position) -> ServerTextPosition:
         """`position` in code points, clamped to the document as LSP says."""
@@ -173,6 +183,12 @@ class Document(TextDocument):
 
     def replace(self, start: ServerTextPosition, end: ServerTextPosition, text: str) -> None:
         """Replace the text between two code-point positions; only the lines touched change."""
+        with self._lock:
+            self._replace_locked(start, end, text)
+
+    def _replace_locked(
+        self, start: ServerTextPosition, end: ServerTextPosition, text: str
+    ) -> None:
         lines = self._lines
         end = max(start, end)  # a reversed range replaces nothing
         first, last = start.line, end.line

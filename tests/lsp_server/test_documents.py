@@ -210,3 +210,37 @@ def test_adopted_documents_take_the_workspace_changes_and_unopened_ones_are_none
     assert open_document(workspace, uri) is adopted
     assert (adopted.source, adopted.version) == ("a\fb\ncd", 2)
     assert open_document(workspace, "file:///etc/passwd") is None
+
+
+def test_a_reader_thread_never_caches_a_text_from_before_an_edit() -> None:
+    # Retrieval reads `source` on the model thread while the event loop applies edits.
+    import sys
+    import threading
+
+    from pygls.workspace.position_codec import ServerTextPosition
+
+    lines = [f"line {i} = {i}\n" for i in range(2000)]
+    doc = Document("file:///w/a.py", "".join(lines), version=1)
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            _ = doc.source
+
+    reader = threading.Thread(target=read)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, so the race window is hit
+    reader.start()
+    stale = 0
+    try:
+        for i in range(3000):
+            row = i % len(lines)
+            where = ServerTextPosition(row, 0)
+            doc.replace(where, where, "x")
+            lines[row] = "x" + lines[row]
+            stale += doc.source != "".join(lines)
+    finally:
+        done.set()
+        reader.join()
+        sys.setswitchinterval(switch)
+    assert stale == 0
