@@ -1,14 +1,19 @@
 """One retrying HTTP client for everything that sends to the backend.
 
-The rule (OpenTelemetry's OTLP exporters follow the same one):
+The rule (OpenTelemetry's OTLP exporters', widened to 408 and 500):
 
-- 429, 502, 503 and 504 and connection errors and timeouts are transient: retried with jittered
-  exponential backoff, honouring `Retry-After` (delta-seconds or an HTTP date, capped);
+- 408, 429, 500, 502, 503 and 504 and connection errors and timeouts are transient: retried
+  with jittered exponential backoff, honouring `Retry-After` (delta-seconds or an HTTP date,
+  capped) as a lower bound on the wait, never a shorter one (`Retry-After: 0` must not turn the
+  retries into a tight loop). The backend answers 408 for a stalled upload and 500 for a
+  database timeout, both of which pass (the backend deduplicates events by id, so resending a
+  batch it may have stored is safe);
 - every retry and every wait stays under one overall deadline; a wait that would end past it is
   not started, and the call gives up with `Unavailable`;
-- any other answer that is not 2xx is final and raised as `Refused` (a 4xx other than 429 says
-  the request itself is wrong; a 500 would fail the same way again), so a caller can quarantine
-  what it sent instead of resending it forever;
+- any other answer that is not 2xx is raised as `Refused` with its status, and the caller
+  decides what it means: an answer about what was sent (400, 413, 422) may justify dropping or
+  quarantining it, while one about the client (401, 403, 404: a rotated token, a wrong URL, a
+  proxy) says nothing against the data, which should be kept for a later try;
 - waits are on a `threading.Event`, so shutting down interrupts them at once.
 
 Clock and sleep are parameters, so tests can run the rule on a fake clock.
@@ -21,11 +26,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 
 import httpx
 
-RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 3600.0
 
 Sleep = Callable[[float, "threading.Event | None"], bool]
@@ -59,6 +65,10 @@ def parse_retry_after(
             when = parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError):
             return None
+        if when.tzinfo is None:
+            # The asctime form and a `-0000` zone parse as naive; HTTP dates are always GMT, and
+            # `.timestamp()` would read a naive one as local time.
+            when = when.replace(tzinfo=UTC)
         seconds = when.timestamp() - (time.time() if now is None else now)
     if seconds != seconds:  # NaN
         return None
@@ -97,8 +107,10 @@ class HttpFailure(Exception):
 
 
 class Refused(HttpFailure):
-    """A final answer (a 4xx other than 429, or a 5xx other than 502, 503, 504): sending the
-    same request again will not help, so the caller should drop or quarantine it."""
+    """A non-2xx answer that is not retried (any status outside `RETRYABLE_STATUS`): sending
+    the same request again at once will not help. Whether the request itself is at fault (and
+    may be dropped) or the client is (a 401, 403 or 404: keep the data) is the caller's call,
+    made on `status`."""
 
     def __init__(self, response: httpx.Response) -> None:
         self.response = response
@@ -245,11 +257,12 @@ class RetryingClient:
                     now=self._wall_clock(),
                     cap=self.policy.max_retry_after_s,
                 )
+            delay = self.policy.backoff.delay(attempt, self._rng)
             if retry_after is not None:
-                delay = retry_after
+                # A floor, not a replacement: `Retry-After: 0` (or a date already past) would
+                # otherwise retry back to back until the deadline.
+                delay = max(delay, retry_after)
                 not_before = self._clock() + retry_after
-            else:
-                delay = self.policy.backoff.delay(attempt, self._rng)
             self.stats.last_retry_delay_s = delay
             if self._clock() + delay > deadline:
                 raise Unavailable(problem, status=status, not_before=not_before)

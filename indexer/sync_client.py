@@ -3,9 +3,11 @@
 Request bodies are JSON, gzipped; they hold keyed identities only (`indexer.sync_keys`). Every
 message and answer is a model of `indexer.sync_protocol`, the schema the server uses too; an
 answer that does not fit it is a failure, not a `KeyError` further on. Retries are the shared
-rule of `common.http`: 429, 502, 503, 504 and connection errors are retried with jittered
-exponential backoff under one deadline, honouring `Retry-After` (seconds or an HTTP date);
-other 4xx are final (`SyncRejected`).
+rule of `common.http`: 408, 429, 500, 502, 503, 504 and connection errors are retried with
+jittered exponential backoff under one deadline, honouring `Retry-After` (seconds or an HTTP
+date); any other status is `SyncRejected`. A rejection deletes nothing, here or on the server:
+the sync loop records it (a 401 after a token rotation, a 404 from a wrong URL) and tries again
+after its backoff.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ class SyncFailed(RuntimeError):
 
 
 class SyncRejected(RuntimeError):
-    """The server refused a message (4xx other than 429): retrying the same will not help."""
+    """The server refused a message (a status that is not retried): sending the same again at
+    once will not help; `status` tells a bad message (400, 409, 413, 422) from a refused
+    client (401, 403, 404)."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"HTTP {status}: {detail}")

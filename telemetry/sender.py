@@ -2,11 +2,18 @@
 
 It wakes when a full batch is waiting or every `flush_interval_s`, posts up to `batch_size`
 events gzipped with the tenant's bearer token, and deletes from the spool only the events the
-backend answered as accepted or already stored. Throttling and outages (429, 502, 503, 504,
-connection errors) are retried with jittered exponential backoff under a deadline, honouring
-`Retry-After`; after the deadline the events simply stay spooled for the next round. Any other
-refusal is final: the batch goes to the spool's quarantine table and is counted (a 413 first
-splits the batch, so only an event too large on its own is quarantined).
+backend answered as accepted or already stored. Throttling, outages and transient server errors
+(408, 429, 500, 502, 503, 504, connection errors) are retried with jittered exponential backoff
+under a deadline, honouring `Retry-After`; after the deadline the events simply stay spooled for
+the next round.
+
+Only an answer about the events themselves quarantines them: 400 and 422 (the batch is
+malformed), 413 for a single event (a larger batch is split first), and the per-event
+rejections of a 2xx answer. Any other refusal (401, 403, 404, 405, 410, ...) is about the client:
+a rotated token, a wrong URL, a proxy in the way. The events are kept, the error is recorded in
+`stats.last_error`, and the sender rests `refused_rest_s` (doubling per refusal up to
+`refused_rest_max_s`) before it tries again; quarantining there would empty a user's whole spool
+within seconds of a token expiring.
 
 The spooled bodies are spliced into the request as they are, not re-encoded; so each is first
 checked to be an event of the shared schema whose id is the one it was spooled under. One that
@@ -49,6 +56,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "EVENTS_PATH",
     "MAX_RETRY_AFTER_S",
+    "QUARANTINE_STATUS",
     "RETRYABLE_STATUS",
     "Export",
     "Sender",
@@ -60,13 +68,18 @@ __all__ = [
 
 EVENTS_PATH = "/v1/events"
 
+# Refusals that judge the events sent, not the client sending them: only these quarantine a
+# batch (413 only once the batch is down to one event).
+QUARANTINE_STATUS = frozenset({400, 413, 422})
+
 
 class Export(enum.Enum):
     """How one attempt to deliver a batch ended."""
 
     DELIVERED = "delivered"  # 2xx: the answered events left the spool
-    FINAL = "final"  # refused for good: quarantined
+    FINAL = "final"  # the events were refused for good: quarantined
     PENDING = "pending"  # not delivered yet: still spooled, try later
+    HELD = "held"  # the client was refused (401, 404...): still spooled, rest long, try later
 
 
 @dataclass
@@ -79,6 +92,7 @@ class SenderStats:
     quarantined_events: int = 0
     invalid_events: int = 0  # of quarantined_events: not sendable as spooled
     retries: int = 0
+    refusals: int = 0  # batches kept after a refusal about the client (401, 403, 404...)
     last_retry_delay_s: float = 0.0
     last_error: str = ""
 
@@ -130,6 +144,8 @@ class Sender:
         retry_deadline_s: float = 30.0,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        refused_rest_s: float = 300.0,
+        refused_rest_max_s: float = 3600.0,
         transport: httpx.BaseTransport | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -144,6 +160,9 @@ class Sender:
         self.stats = SenderStats()
         self._rng = rng or random.Random()
         self._backoff = Backoff(backoff_initial_s, backoff_max_s)
+        # Long: a refused token or URL is fixed by a person, not by the next few seconds.
+        self._refused_backoff = Backoff(refused_rest_s, refused_rest_max_s)
+        self._refusals = 0  # consecutive refusals about the client, for that resting backoff
         self._stop = threading.Event()
         # The stop event interrupts the client's waits: shutdown never waits out a Retry-After.
         self._http = RetryingClient(
@@ -231,14 +250,15 @@ class Sender:
     # -- sending ------------------------------------------------------------------------------
 
     def drain(self, deadline: float) -> bool:
-        """Send batches until the spool is empty (True) or a batch stays pending (False)."""
+        """Send batches until the spool is empty (True) or a batch stays spooled (False: pending
+        or held after a refusal about the client)."""
         while time.monotonic() < deadline:
             if not self._enabled.is_set():
                 return False
             batch = self.spool.peek(self._batch_limit)
             if not batch:
                 return True
-            if self.export(batch, deadline) is Export.PENDING:
+            if self.export(batch, deadline) in (Export.PENDING, Export.HELD):
                 return False
             if self._stop.is_set() and time.monotonic() >= self._final_deadline:
                 return False
@@ -275,7 +295,9 @@ class Sender:
                 # Too large together: halve the batch and let drain() go on with it.
                 self._batch_limit = max(1, len(batch) // 2)
                 return Export.DELIVERED
-            return self._final(batch, exc.status, exc.response.text)
+            if exc.status in QUARANTINE_STATUS:
+                return self._final(batch, exc.status, exc.response.text)
+            return self._held()
         self._copy_stats()
         return self._delivered(batch, response)
 
@@ -315,7 +337,19 @@ class Sender:
         if self._batch_limit < self.batch_size:
             self._batch_limit = min(self.batch_size, self._batch_limit * 2)
         self._not_before = 0.0
+        self._refusals = 0
         return Export.DELIVERED
+
+    def _held(self) -> Export:
+        """Keep the batch after a refusal about the client, and rest long before the next try
+        (the background loop honours `_not_before`)."""
+        rest = self._refused_backoff.delay(self._refusals, self._rng)
+        self._refusals += 1
+        self.stats.refusals += 1
+        self._not_before = max(self._not_before, time.monotonic() + rest)
+        self.stats.last_error += f" (events kept; next try in {rest:.0f} s)"
+        log.warning("telemetry refused: %s", self.stats.last_error)
+        return Export.HELD
 
     def _final(self, batch: list[SpooledEvent], status: int, text: str) -> Export:
         moved = self.spool.quarantine(

@@ -99,9 +99,7 @@ def test_transient_statuses_are_retried_with_jittered_doubling_backoff(
     ("header", "expected"),
     [
         pytest.param("7", 7.0, id="delta-seconds"),
-        pytest.param("0", 0.0, id="zero"),
         pytest.param(formatdate(WALL_NOW + 12, usegmt=True), 12.0, id="http-date"),
-        pytest.param(formatdate(WALL_NOW - 600, usegmt=True), 0.0, id="http-date-in-the-past"),
         pytest.param("999999", 45.0, id="capped"),
         pytest.param(formatdate(WALL_NOW + 86400, usegmt=True), 45.0, id="http-date-capped"),
     ],
@@ -115,6 +113,28 @@ def test_retry_after_is_honoured_in_both_forms(
     assert client.post("/x", content=b"b").status_code == 200
     assert clock.slept == [expected]
     assert client.stats.last_retry_delay_s == expected
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        pytest.param("0", id="zero"),
+        pytest.param(formatdate(WALL_NOW - 600, usegmt=True), id="http-date-in-the-past"),
+    ],
+)
+def test_a_retry_after_shorter_than_the_backoff_does_not_shorten_it(
+    server: ScriptedServer, header: str
+) -> None:
+    # `Retry-After: 0` on every answer must not become back-to-back requests until the deadline.
+    server.script = [Answer(503, {"Retry-After": header}) for _ in range(30)]
+    clock = FakeClock()
+    client = client_of(server.url, clock, deadline_s=20.0, initial_s=1.0, max_s=4.0)
+    with pytest.raises(Unavailable):
+        client.post("/x", content=b"b")
+    # Half to all of 1, 2, 4, 4, ... seconds: a few requests in 20 s, not 30.
+    assert clock.slept and clock.slept[0] >= 0.5
+    assert all(slept >= 1.0 for slept in clock.slept[1:])
+    assert len(server.bodies) <= 12
 
 
 def test_connection_errors_are_retried_until_the_deadline() -> None:
@@ -174,18 +194,36 @@ def test_a_timeout_is_retried(server: ScriptedServer) -> None:
 @pytest.mark.parametrize(
     "status",
     [
+        pytest.param(408, id="408-stalled-upload"),
+        pytest.param(500, id="500-database-timeout"),
+    ],
+)
+def test_408_and_500_are_retried(server: ScriptedServer, status: int) -> None:
+    # The backend answers 408 for a stalled upload and 500 for a database timeout: both pass.
+    server.script = [Answer(status), Answer(status)]
+    clock = FakeClock()
+    client = client_of(server.url, clock)
+    assert client.post("/x", content=b"b").status_code == 200
+    assert len(server.bodies) == 3 and client.stats.retries == 2
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
         pytest.param(400, id="400"),
         pytest.param(401, id="401"),
+        pytest.param(403, id="403"),
         pytest.param(404, id="404"),
         pytest.param(409, id="409"),
         pytest.param(413, id="413"),
         pytest.param(422, id="422"),
-        pytest.param(500, id="500"),
     ],
 )
-def test_a_final_answer_is_refused_for_quarantine_without_retry(
+def test_an_answer_not_retried_is_refused_with_its_status(
     server: ScriptedServer, status: int
 ) -> None:
+    # Whether to drop what was sent (a 422) or keep it (a 401) is the caller's decision, made
+    # on the status.
     server.script = [Answer(status, body=json.dumps({"detail": "not like this"}).encode())]
     clock = FakeClock()
     client = client_of(server.url, clock)
@@ -246,6 +284,30 @@ def test_a_stopped_client_retries_when_told_the_wait_is_not_interruptible(
 )
 def test_parse_retry_after(header: str | None, expected: float | None) -> None:
     assert parse_retry_after(header, now=WALL_NOW) == expected
+
+
+@pytest.fixture
+def local_time_not_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A process whose local time is five hours behind UTC, as a developer's laptop may be."""
+    monkeypatch.setenv("TZ", "EST+05")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        pytest.param("Tue Nov 14 22:13:27 2023", id="asctime"),
+        pytest.param("Tue, 14 Nov 2023 22:13:27 -0000", id="minus-zero-zone"),
+        pytest.param("Tue, 14 Nov 2023 22:13:27 GMT", id="gmt"),
+    ],
+)
+@pytest.mark.usefixtures("local_time_not_utc")
+def test_an_http_date_without_a_zone_is_utc_not_local_time(header: str) -> None:
+    # Read as local time, the date would be five hours later: capped at an hour, not 7 s.
+    assert parse_retry_after(header, now=WALL_NOW) == pytest.approx(7.0)
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,9 @@ def test_replayed_events_count_as_delivered(tmp_path: Path, sqlite_backend: Back
         pytest.param([429], "1", 1.0, id="429-retry-after-seconds"),
         pytest.param([429], None, None, id="429-without-retry-after"),
         pytest.param([503, 502, 504], None, None, id="5xx-transient"),
-        pytest.param([503], "0", 0.0, id="503-retry-after-zero"),
+        pytest.param([408, 500], None, None, id="408-stalled-upload-500-database-timeout"),
+        # A floor, not a replacement: zero leaves the jittered backoff in place.
+        pytest.param([503], "0", None, id="503-retry-after-zero"),
     ],
 )
 def test_transient_failures_are_retried(
@@ -104,14 +106,11 @@ def test_transient_failures_are_retried(
     "status",
     [
         pytest.param(400, id="400"),
-        pytest.param(401, id="401"),
-        pytest.param(403, id="403"),
-        pytest.param(404, id="404"),
         pytest.param(413, id="413-single-event"),
-        pytest.param(500, id="500"),
+        pytest.param(422, id="422"),
     ],
 )
-def test_final_failures_are_quarantined_not_retried(
+def test_refusals_of_the_events_are_quarantined_not_retried(
     tmp_path: Path, sqlite_backend: BackendServer, status: int
 ) -> None:
     spool, ids = spool_with(tmp_path, 1)
@@ -124,6 +123,77 @@ def test_final_failures_are_quarantined_not_retried(
     assert [row[0] for row in spool.quarantined()] == ids
     assert spool.stats().quarantined_events == 1
     assert sqlite_backend.stored_ids() == []
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        pytest.param(401, id="401-rotated-token"),
+        pytest.param(403, id="403"),
+        pytest.param(404, id="404-proxy-or-wrong-url"),
+        pytest.param(405, id="405"),
+        pytest.param(410, id="410"),
+    ],
+)
+def test_refusals_of_the_client_keep_the_whole_spool(
+    tmp_path: Path, sqlite_backend: BackendServer, status: int
+) -> None:
+    spool, ids = spool_with(tmp_path, 500)
+    sqlite_backend.faults.add(status)
+    sender = sender_for(spool, sqlite_backend)
+    before = time.monotonic()
+    assert not sender.drain(far())  # not "emptied"
+    # One request, no retry, no next batch (bodies are recorded before the answer is sent;
+    # statuses after, so they may lag the client).
+    assert len(sqlite_backend.bodies) == 1
+    assert len(spool) == 500
+    assert spool.quarantined() == []
+    assert (spool.stats().quarantined_events, sender.stats.quarantined_events) == (0, 0)
+    assert sender.stats.last_error.startswith(f"HTTP {status}: ")
+    assert sender.stats.refusals == 1
+    # The background loop rests for minutes (half to all of refused_rest_s), not seconds.
+    assert sender._not_before >= before + 150
+    # Once the backend takes the requests again, every event is delivered.
+    assert sender.drain(far())
+    assert sqlite_backend.statuses == [status] + [200] * 5
+    assert sorted(sqlite_backend.stored_ids()) == sorted(ids)
+    assert spool.quarantined() == []
+
+
+def test_a_rotated_token_loses_nothing_and_a_working_token_sends_it_all(
+    tmp_path: Path, sqlite_backend: BackendServer
+) -> None:
+    spool, ids = spool_with(tmp_path, 500)
+    # The real backend's own 401, not a scripted one.
+    stale = Sender(spool, url=sqlite_backend.url, token="tl_revoked", retry_deadline_s=5.0)
+    try:
+        assert not stale.drain(far())
+    finally:
+        stale.shutdown(0)
+    assert len(sqlite_backend.bodies) == 1
+    assert "HTTP 401" in stale.stats.last_error
+    assert (len(spool), spool.stats().quarantined_events) == (500, 0)
+    sender = sender_for(spool, sqlite_backend)
+    assert sender.drain(far())
+    assert sorted(sqlite_backend.stored_ids()) == sorted(ids)
+    assert spool.stats().quarantined_events == 0
+
+
+def test_the_background_sender_rests_after_a_refusal_of_the_client(
+    tmp_path: Path, sqlite_backend: BackendServer
+) -> None:
+    spool, ids = spool_with(tmp_path, 5)
+    sqlite_backend.faults.add(401)
+    sender = sender_for(spool, sqlite_backend, refused_rest_s=60.0)
+    sender.start()
+    while not sqlite_backend.statuses:
+        time.sleep(0.01)
+    time.sleep(0.5)  # ten flush intervals: a sender that did not rest would have sent again
+    assert sqlite_backend.statuses == [401] and len(sqlite_backend.bodies) == 1
+    assert len(spool) == 5 and spool.quarantined() == []
+    # Shutdown's final flush still tries (and here succeeds); it is not held to the rest.
+    assert sender.shutdown(timeout=5.0)
+    assert sorted(sqlite_backend.stored_ids()) == sorted(ids)
 
 
 def test_413_splits_the_batch_before_giving_up(

@@ -62,6 +62,34 @@ def test_a_final_refusal_carries_the_servers_detail(server: ScriptedServer) -> N
         client.close()
 
 
+@pytest.mark.parametrize("status", [401, 404])
+def test_a_refused_client_is_rejected_at_once_with_its_status(
+    server: ScriptedServer, status: int
+) -> None:
+    # A rotated token or a wrong URL: no retries within the call; the sync loop records the
+    # error and tries again after its backoff, deleting nothing.
+    server.script = [Answer(status, body=b'{"detail": "no"}')]
+    client = client_of(server)
+    try:
+        with pytest.raises(SyncRejected) as refused:
+            client.root(K, K)
+        assert refused.value.status == status
+        assert len(server.bodies) == 1
+    finally:
+        client.close()
+
+
+def test_a_500_is_retried(server: ScriptedServer) -> None:
+    # The backend answers 500 for a database timeout, which passes.
+    server.script = [Answer(500), Answer(200, body=ROOT)]
+    client = client_of(server)
+    try:
+        assert client.root(K, K) == "c" * 64
+        assert len(server.bodies) == 2
+    finally:
+        client.close()
+
+
 def test_the_request_is_the_protocols_gzipped_json(server: ScriptedServer) -> None:
     import gzip
 
