@@ -10,12 +10,14 @@ behaves the same).
 The deny list (`indexer.secrets`) is different: it is checked before any rule, on every path,
 and cannot be re-included. It keeps credentials out of the index whatever a `.gitignore` says.
 A symbolic link is judged by where it leads as well as by its own name: one whose target lies
-outside the workspace is never followed, and one whose target is denied is denied.
+outside the workspace is never followed, one whose target is denied is denied, and one whose
+target the ignore rules exclude (`docs -> private` with `private/` in `.gitignore`) is excluded.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,12 +167,34 @@ def denied_target(target_rel: str, is_dir: bool) -> bool:
     return any(part in ALWAYS_SKIPPED_DIRS for part in parts) or is_denied(target_rel, is_dir)
 
 
+def ignored_target(
+    root: Path,
+    target_rel: str,
+    is_dir: bool,
+    extra: Sequence[str] = (),
+    rules: dict[str, IgnoreRules | None] | None = None,
+) -> bool:
+    """Whether the ignore rules exclude the resolved target of a link (relative to the root):
+    a link must not lead the index into what `.gitignore` keeps out. `rules` caches
+    `rules_for` by directory across calls (the entries of one linked directory share it)."""
+    if not target_rel:
+        return False  # the root itself
+    parent = posixpath.dirname(target_rel)
+    if rules is None:
+        in_force = rules_for(root, parent, extra)
+    else:
+        if parent not in rules:
+            rules[parent] = rules_for(root, parent, extra)
+        in_force = rules[parent]
+    return in_force is None or in_force.ignored(target_rel, is_dir)
+
+
 def is_excluded(
     root: Path, rel_path: str, extra: Sequence[str] = (), follow_symlinks: bool = True
 ) -> bool:
     """Whether file `rel_path` is kept out of the index by the deny list, any ignore rule, or
     where it leads: outside the workspace, to a denied file, or through a link when links are
-    not followed. The single-path check of the watcher and the editor's buffers."""
+    not followed, or ignored. The single-path check of the watcher and the editor's buffers."""
     name = rel_path.rsplit("/", 1)[-1]
     if is_denied(rel_path) or name in ALWAYS_SKIPPED_DIRS:
         return True
@@ -178,7 +202,11 @@ def is_excluded(
     if target is None:
         return True
     # Compare against the path with only the root's own links resolved.
-    if target != rel_path and (not follow_symlinks or denied_target(target, False)):
+    if target != rel_path and (
+        not follow_symlinks
+        or denied_target(target, False)
+        or ignored_target(root, target, False, extra)
+    ):
         return True
     rules = rules_for(root, os.path.dirname(rel_path), extra)
     return rules is None or rules.ignored(rel_path, False)

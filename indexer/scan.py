@@ -7,7 +7,8 @@ moved (an entry was added, removed or renamed) or whose ignore files changed; el
 `stat`s the files it already knows. Only files whose stat changed are read and hashed.
 
 Links are followed (unless the settings say otherwise) only while their resolved target stays
-inside the workspace, and the deny list is applied to the target's path as well as the link's;
+inside the workspace, and the deny list and the ignore rules are applied to the target's path as
+well as the link's;
 a file's content is checked for credentials when it is read (`indexer.secrets`).
 
 Timestamps are coarse on many file systems, so a file or directory modified within `RACY_NS` of
@@ -31,11 +32,12 @@ from indexer.ignore import (
     IGNORE_FILES,
     IgnoreRules,
     denied_target,
+    ignored_target,
     inside,
     real_root,
     rules_for,
 )
-from indexer.secrets import RULES_VERSION, find_secret, is_denied
+from indexer.secrets import RULES_VERSION, find_secret, is_denied_entry
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +161,8 @@ class Scanner:
         self.exclude = tuple(exclude)
         self.follow_symlinks = follow_symlinks
         self._root_real = real_root(root)
+        # Rules in force in the directories links lead to, by path; emptied by every scan.
+        self._target_rules: dict[str, IgnoreRules | None] = {}
 
     @property
     def fingerprint(self) -> str:
@@ -172,6 +176,7 @@ class Scanner:
     def scan(self, cache: StatCache) -> ScanResult:
         """Walk the tree, updating `cache.dirs`; `cache.files` is updated by the caller."""
         result = ScanResult()
+        self._target_rules = {}
         force = cache.fingerprint != self.fingerprint
         if cache.fingerprint.split(" ", 1)[0] != RULES_VERSION:
             # Files indexed under older rules may hold what the current rules find: read every
@@ -226,7 +231,11 @@ class Scanner:
             if rel_dir and self.follow_symlinks and stat.S_ISLNK(os.lstat(abs_dir).st_mode):
                 # Checked here as well as when listed: a cached listing may predate a new target.
                 real_rel = inside(self._root_real, abs_dir)
-                if real_rel is None or denied_target(real_rel, True):
+                if (
+                    real_rel is None
+                    or denied_target(real_rel, True)
+                    or self._target_ignored(real_rel, True)
+                ):
                     return
             st = os.stat(abs_dir)
         except OSError:
@@ -306,6 +315,11 @@ class Scanner:
                 clean = False
         return current if clean else None
 
+    def _target_ignored(self, target: str, is_dir: bool) -> bool:
+        """Whether the ignore rules exclude where a link leads (`docs -> private`, `private/`
+        ignored): a link is no way around `.gitignore`."""
+        return ignored_target(self.root, target, is_dir, self.exclude, self._target_rules)
+
     def _rules(self, rel_dir: str, parent_rules: IgnoreRules | None) -> IgnoreRules | None:
         if parent_rules is None:
             return rules_for(self.root, rel_dir, self.exclude)
@@ -358,7 +372,8 @@ class Scanner:
                             continue
                     elif real_prefix is not None:
                         target = real_prefix + name  # a link higher up led here
-                    if is_denied(prefix + name, is_dir) or (
+                    # The ancestors passed when they were listed: only the name is new here.
+                    if is_denied_entry(rel_dir, name, is_dir) or (
                         target is not None and denied_target(target, is_dir)
                     ):
                         result.denied += 1
@@ -366,6 +381,8 @@ class Scanner:
                     if name in IGNORE_FILES and is_file:
                         ignore_files[name] = _stat_key(os.path.join(abs_dir, name))
                     if not (is_dir or is_file) or rules.ignored(prefix + name, is_dir):
+                        continue
+                    if target is not None and self._target_ignored(target, is_dir):
                         continue
                     (subdirs if is_dir else files).append(name)
         except OSError:

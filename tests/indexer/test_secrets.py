@@ -8,6 +8,7 @@ this file for a leak and no real key is ever written down.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 import random
@@ -19,6 +20,7 @@ import pytest
 
 from indexer.ignore import is_denied, is_excluded
 from indexer.scan import FileStat, Scanner, StatCache, read_file
+from indexer.secrets import is_denied_entry
 from indexer.service import WorkspaceIndex
 from indexer.watch import WorkspaceWatcher
 from tests.indexer.test_scan import write
@@ -84,10 +86,74 @@ SHADOW_LINE = "root:$6$leakedhashLEAKEDHASH:19000:0:99999:7:::\n"
         pytest.param("keys.py", False, id="keys-module"),
         pytest.param("monkey.txt", False, id="key-substring"),
         pytest.param("environment.py", False, id="not-dotenv"),
+        # File patterns name files, not the source directories that share their name.
+        pytest.param("src/shadow/index.ts", False, id="dir-shadow"),
+        pytest.param("openedx/core/djangoapps/credentials/models.py", False, id="dir-credentials"),
+        pytest.param("src/passwd/main.c", False, id="dir-passwd"),
+        pytest.param("lib/kubeconfig/loader.go", False, id="dir-kubeconfig"),
+        pytest.param("tests/fixtures/credentials/x.py", False, id="dir-credentials-fixtures"),
+        pytest.param("crypto/test_rsa/vectors.go", False, id="dir-rsa-suffix"),
+        # Directory patterns deny all they hold, at any depth.
+        pytest.param("home/.aws/config", True, id="aws-dir"),
+        pytest.param("deploy/.gnupg/pubring.kbx", True, id="gnupg-dir"),
+        pytest.param("infra/.terraform/terraform.tfstate", True, id="terraform-dir"),
+        pytest.param("infra/terraform.tfstate.d/prod/notes.txt", True, id="tf-workspaces"),
+        pytest.param("home/.aws/credentials", True, id="aws-credentials-file"),
+        # `*.env.*` and `*.key.*` deny copies, not source files named after what they handle.
+        pytest.param("config.env.ts", False, id="env-ts"),
+        pytest.param("vite.env.d.ts", False, id="env-dts"),
+        pytest.param("src/app.key.ts", False, id="key-ts"),
+        pytest.param("api.key.test.ts", False, id="key-test-ts"),
+        pytest.param("secrets.env.bak", True, id="env-copy"),
+        pytest.param("prod.env.yaml", True, id="env-yaml"),
+        pytest.param("deploy.env.sh", True, id="env-shell"),
+        pytest.param("tls.key.old", True, id="key-copy"),
+        pytest.param(".env.local.ts", True, id="dotenv-ts"),
     ],
 )
 def test_deny_list_is_case_insensitive_and_covers_near_misses(name: str, denied: bool) -> None:
     assert is_denied(name) is denied
+    if "/" in name:
+        # The walk checks only an entry's own name once its directories passed: it agrees.
+        parent, _, base = name.rpartition("/")
+        dirs = parent.split("/")
+        if not any(is_denied("/".join(dirs[: i + 1]), True) for i in range(len(dirs))):
+            assert is_denied_entry(parent, base, False) is denied
+
+
+@pytest.mark.parametrize(
+    ("name", "denied"),
+    [
+        pytest.param(".ssh", True, id="ssh"),
+        pytest.param("Home/.AWS", True, id="aws-upper"),
+        pytest.param("credentials", False, id="credentials"),
+        pytest.param("src/shadow", False, id="shadow"),
+        pytest.param("lib/kubeconfig", False, id="kubeconfig"),
+        pytest.param("crypto/test_rsa", False, id="rsa-suffix"),
+    ],
+)
+def test_directories_are_denied_by_directory_patterns_only(name: str, denied: bool) -> None:
+    assert is_denied(name, is_dir=True) is denied
+
+
+def test_scan_indexes_source_directories_named_like_secrets(tmp_path: Path) -> None:
+    legit = [
+        "src/shadow/index.ts",
+        "openedx/core/djangoapps/credentials/models.py",
+        "src/passwd/main.c",
+        "lib/kubeconfig/loader.go",
+        "crypto/test_rsa/vectors.go",
+        "vite.env.d.ts",
+        "src/app.key.ts",
+    ]
+    secrets = ["lib/kubeconfig/kubeconfig", "src/shadow/shadow", ".aws/credentials", "a.key.old"]
+    for rel in legit + secrets:
+        write(tmp_path, rel, "TOKEN = 'value'\n")
+    result = Scanner(tmp_path).scan(StatCache())
+    assert set(result.changed) == set(legit)
+    assert result.denied == len(secrets)
+    for rel in legit:
+        assert not is_excluded(tmp_path, rel), rel
 
 
 def test_scan_skips_near_miss_names(tmp_path: Path) -> None:
@@ -172,6 +238,24 @@ LinkCase = Callable[[Path, Path], None]
             id="into-dot-git",
         ),
         pytest.param(
+            lambda ws, out: os.symlink(ws / "private", ws / "docs"),
+            ["docs/prod.py"],
+            set(),
+            id="dir-to-ignored-dir",
+        ),
+        pytest.param(
+            lambda ws, out: os.symlink(ws / "private/prod.py", ws / "prod_alias.py"),
+            ["prod_alias.py"],
+            set(),
+            id="file-to-ignored-file",
+        ),
+        pytest.param(
+            lambda ws, out: os.symlink(ws / "build/out.py", ws / "out_alias.py"),
+            ["out_alias.py"],
+            set(),
+            id="file-to-ignored-pattern",
+        ),
+        pytest.param(
             lambda ws, out: os.symlink(ws / "src", ws / "src_link"),
             ["src_link/app.py"],
             {"src_link/app.py"},
@@ -194,9 +278,12 @@ def test_links_are_followed_only_inside_and_judged_by_target(
     write(ws, ".env", "API_TOKEN=abc\n")
     write(ws, ".docker/config.json", '{"auths": {}}\n')
     write(ws, ".git/config", "[core]\n")
+    write(ws, ".gitignore", "private/\nbuild/out.py\n")
+    write(ws, "private/prod.py", "DSN = 'postgres://prod'\n")
+    write(ws, "build/out.py", "x = 1\n")
     make_links(ws, outside)
     found = set(Scanner(ws).scan(StatCache()).changed)
-    assert found - {"src/app.py"} == indexed
+    assert found - {"src/app.py", ".gitignore"} == indexed
     # The single-path check (the watcher's and the editor's) agrees with the walk.
     for rel in link_paths:
         assert is_excluded(ws, rel) is (rel not in indexed), rel
@@ -227,6 +314,32 @@ def test_links_are_not_followed_when_disabled(tmp_path: Path) -> None:
     assert is_excluded(tmp_path, "alias.py", follow_symlinks=False)
 
 
+def _indented_key(label: str) -> str:
+    """A key in a YAML or Helm block scalar: every line indented."""
+    lines = pem_block(label).splitlines()
+    return "tls:\n  key: |\n" + "".join(f"    {line}\n" for line in lines)
+
+
+def _service_account_json() -> str:
+    """A GCP service-account file: the key's line breaks escaped as `\\n`."""
+    fields = {"type": "service_account", "private_key": pem_block("PRIVATE KEY")}
+    return json.dumps(fields, indent=2) + "\n"
+
+
+def _string_literals(label: str, joiner: str = "") -> str:
+    """A key built from Python string literals, one line each, with escaped line breaks."""
+    lines = pem_block(label).splitlines()
+    parts = [f'    "{line}\\n"' for line in lines]
+    return "KEY = (\n" + f"{joiner}\n".join(parts) + "\n)\n"
+
+
+def _header_template() -> str:
+    """A template that names the header and footer around a placeholder: no key."""
+    dashes = "-" * 5
+    begin, end = f"{dashes}BEGIN PRIVATE KEY{dashes}", f"{dashes}END PRIVATE KEY{dashes}"
+    return f'PEM = "{begin}\\n{{body}}\\n{end}\\n"\n'
+
+
 def _aws_example_key() -> str:
     return "AKIA" + "IOSFODNN7" + "EXAMPLE"  # AWS's documented example id
 
@@ -247,6 +360,19 @@ def _aws_example_key() -> str:
             pem_block("PGP PRIVATE KEY BLOCK", "Version: GnuPG v2\n"), True, id="pgp-private"
         ),
         pytest.param("# deploy key\n" * 3 + PRIVATE_KEY, True, id="pem-after-comments"),
+        pytest.param(_indented_key("RSA PRIVATE KEY"), True, id="yaml-indented"),
+        pytest.param(_indented_key("OPENSSH PRIVATE KEY"), True, id="yaml-indented-openssh"),
+        pytest.param(_service_account_json(), True, id="json-escaped"),
+        pytest.param(_string_literals("RSA PRIVATE KEY"), True, id="python-literals"),
+        pytest.param(_string_literals("EC PRIVATE KEY", " +"), True, id="literals-concatenated"),
+        pytest.param(
+            PRIVATE_KEY.replace("\n", "\r\n").replace("\r\n", "\\r\\n"),
+            True,
+            id="escaped-crlf",
+        ),
+        pytest.param(
+            "KEY=" + " ".join(PRIVATE_KEY.splitlines()) + "\n", True, id="space-separated"
+        ),
         pytest.param(f'AWS_ACCESS_KEY_ID = "{AWS_KEY_ID}"\n', True, id="aws-key-id"),
         pytest.param(f"token: {GITHUB_TOKEN}\n", True, id="github-classic"),
         pytest.param(f"GH={'github_pat_' + _chars(ALNUM + '_', 82)}\n", True, id="github-pat"),
@@ -263,6 +389,18 @@ def _aws_example_key() -> str:
             False,
             id="parser-constant",
         ),
+        pytest.param(
+            'headers:\n  begin: "-----BEGIN RSA PRIVATE KEY-----"\n  end: "-----END RSA"\n',
+            False,
+            id="yaml-header-constant",
+        ),
+        pytest.param(_header_template(), False, id="escaped-header-template"),
+        pytest.param(
+            json.dumps({"marker": "-----BEGIN PRIVATE KEY-----\n"}) + "\n",
+            False,
+            id="json-header-constant",
+        ),
+        pytest.param(_indented_key("PUBLIC KEY"), False, id="yaml-indented-public"),
         pytest.param(f'EXAMPLE_ID = "{_aws_example_key()}"\n', False, id="aws-doc-example"),
         pytest.param('SLACK_TOKEN = "xoxb-your-token-here"\n', False, id="slack-placeholder"),
         pytest.param(
