@@ -128,7 +128,11 @@ def tenant_ids(storage: Storage) -> list[int]:
 
 
 class TrainingScheduler:
-    """Trains every tenant with new events every `interval_s`, in one background thread."""
+    """Trains every tenant with new events every `interval_s`, in one background thread.
+
+    `stop` lets the tenant in training finish its run, promotion included, and ends the pass
+    there: a version is never stored without its verdict being applied.
+    """
 
     def __init__(
         self,
@@ -141,32 +145,64 @@ class TrainingScheduler:
         self.registry = registry or PolicyRegistry(storage, builtin_floor=settings.show_floor)
         self.runs: list[RunSummary] = []
         self._seen: dict[int, int] = {}  # tenant -> newest event id at its last run
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the running thread's own flag (a new one per start)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
+    @property
+    def stopping(self) -> bool:
+        """Whether `stop` was called since the last `start`."""
+        return self._stop.is_set()
+
     def start(self) -> None:
+        """Start the thread; after `stop` this starts training again."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="tabloop-trainer", daemon=True)
+            # A fresh flag rather than clearing the old one: a thread that outlived its `stop`
+            # keeps its own flag set, so it still ends after its tenant instead of resuming.
+            self._stop = threading.Event()
+            self._wake.clear()  # `stop` set it; the new thread waits for its first tick
+            self._thread = threading.Thread(
+                target=self._loop, args=(self._stop,), name="tabloop-trainer", daemon=True
+            )
             self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Ask the thread to stop after the tenant it is training, and wait up to `timeout` s.
+
+        True when the thread has ended. False when it is still training: it stops on its own
+        after that tenant, and the caller must leave the storage it uses open until then.
+        """
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return True
+        thread.join(timeout)
+        if thread.is_alive():
+            log.error(
+                "the trainer is still training %g s after stop; it ends after its current tenant",
+                timeout,
+            )
+            return False
+        return True
 
     def trigger(self) -> None:
         """Run now instead of at the next tick."""
         self._wake.set()
 
-    def run_once(self) -> list[RunSummary]:
-        """Train each tenant that has events newer than its last run."""
+    def run_once(self, stop: threading.Event | None = None) -> list[RunSummary]:
+        """Train each tenant that has events newer than its last run.
+
+        Once `stop` is set (the thread passes its stop flag) the pass ends before the next
+        tenant: the one in progress finishes, so none is left stored but not judged.
+        """
         done: list[RunSummary] = []
         with self._lock:  # one pass at a time, whoever calls
             for tenant_id in tenant_ids(self.storage):
+                if stop is not None and stop.is_set():
+                    log.info("trainer stopping: tenants from %s wait for the next start", tenant_id)
+                    break
                 newest = latest_event_id(self.storage, tenant_id)
                 if newest <= self._seen.get(tenant_id, 0):
                     continue
@@ -183,10 +219,10 @@ class TrainingScheduler:
                 self.runs.append(summary)
         return done
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             self._wake.wait(self.settings.interval_s)
             self._wake.clear()
-            if self._stop.is_set():
+            if stop.is_set():
                 break
-            self.run_once()
+            self.run_once(stop)

@@ -105,10 +105,16 @@ class BackendServices:
 
     def stop(self) -> None:
         """Stop the background work and release what the app holds (blocking: joins the
-        trainer's thread)."""
-        if self.trainer is not None:
-            self.trainer.stop()
+        trainer's thread).
+
+        A trainer that does not end in time keeps what it uses: the storage stays open (and this
+        worker keeps the training lock) for its daemon thread, which stops after its tenant.
+        """
+        trainer_done = self.trainer is None or self.trainer.stop()
         self.completions.close()
+        if not trainer_done:
+            log.error("leaving the storage open for the trainer thread that is still running")
+            return
         if self.owns_storage:
             self.storage.close()
         if self.training_lock is not None:
