@@ -4,7 +4,9 @@
 refused with 413 after at most the cap in memory) and answers 408 when the client stops sending
 before its `Content-Length` is reached. `read_json_body` adds the depth bound
 (`backend.services.bodies`), checked on the raw bytes before any parser recurses into them, and
-`read_json` decodes. `json_body_openapi` documents such a body in the OpenAPI schema, since these
+`read_json` decodes. Inflating, scanning and decoding are CPU work on bodies of up to the cap
+(megabytes): beyond a small size they run in the thread pool, so other requests keep being
+served meanwhile. `json_body_openapi` documents such a body in the OpenAPI schema, since these
 routes read the request themselves instead of declaring a body parameter.
 """
 
@@ -13,13 +15,29 @@ from __future__ import annotations
 import asyncio
 import json
 import zlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 from fastapi import HTTPException, Request
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from backend.deps import services_of
 from backend.services.bodies import exceeds_depth
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+INLINE_BYTES = 64 * 1024
+"""Bodies up to this size are scanned and decoded on the event loop: a thread hop would cost
+more than the work."""
+
+
+async def _off_loop(size: int, func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`func(*args, **kwargs)`, in the thread pool when it works on more than `INLINE_BYTES`."""
+    if size <= INLINE_BYTES:
+        return func(*args, **kwargs)
+    return await run_in_threadpool(func, *args, **kwargs)
 
 
 def _refuse(
@@ -70,8 +88,9 @@ async def read_body(request: Request, limit: int) -> bytes:
             out += chunk
             continue
         try:
-            # Never more output than the cap allows: a bomb stops here, not in memory.
-            out += inflater.decompress(chunk, limit + 1 - len(out))
+            # Never more output than the cap allows: a bomb stops here, not in memory. Always in
+            # the pool: a small compressed chunk can inflate to megabytes.
+            out += await run_in_threadpool(inflater.decompress, chunk, limit + 1 - len(out))
         except zlib.error as exc:
             raise _refuse(request, 400, "malformed", f"bad gzip data: {exc}") from exc
         if len(out) > limit or inflater.unconsumed_tail:
@@ -85,7 +104,7 @@ async def read_json_body(request: Request, limit: int) -> bytes:
     """`read_body`, refused with 400 when arrays and objects nest deeper than the app allows."""
     body = await read_body(request, limit)
     max_depth = services_of(request).bodies.max_depth
-    if exceeds_depth(body, max_depth):
+    if await _off_loop(len(body), exceeds_depth, body, max_depth):
         raise _refuse(request, 400, "too_deep", f"JSON nested deeper than {max_depth} levels")
     return body
 
@@ -94,7 +113,7 @@ async def read_json(request: Request, limit: int) -> Any:
     """The decoded JSON body (bounded as `read_json_body`), or 400 when it is not JSON."""
     body = await read_json_body(request, limit)
     try:
-        return json.loads(body)
+        return await _off_loop(len(body), json.loads, body)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         # ValueError covers JSONDecodeError and integers past Python's digit limit.
         raise HTTPException(400, detail=f"body is not JSON: {exc}") from exc
