@@ -29,6 +29,7 @@ from backend.services.completions import RunnerLoader
 from backend.services.container import BackendServices
 from backend.services.ingest import IngestLimits
 from backend.storage import Storage, default_db_url
+from common.config import configured_cache_dir
 from completion.settings import CompletionSettings
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,8 @@ class BackendApp(FastAPI):
 
 @asynccontextmanager
 async def lifespan(app: BackendApp) -> AsyncIterator[None]:
-    """Start the app's services, serve, then stop them (the trainer finishes its run first)."""
+    """Start the app's services, serve, then stop them (the trainer first finishes the tenant it
+    is training, promotion included, and trains no other)."""
     services = app.services
     services.start()
     try:
@@ -82,7 +84,8 @@ def create_app(
     `trainer` sets the policy loop (default settings otherwise); with `train` this process runs
     the scheduled trainer while serving. `completion` chooses the model of `/v1/completions`
     (default: the bundled one, loaded on first use; `preload_model` starts loading it at start;
-    `cache_dir` and `runner_loader` replace where and how it is loaded). `bodies` bounds JSON
+    `cache_dir` and `runner_loader` replace where and how it is loaded; the cache directory
+    defaults to the configured one, as every command finds it). `bodies` bounds JSON
     request bodies (depth, read timeout); with `metrics_tenant_labels` the per-tenant counters of
     `/metrics` carry a `tenant` label (off by default: the endpoint is open).
     """
@@ -97,7 +100,9 @@ def create_app(
         train=train,
         completion=completion,
         preload_model=preload_model,
-        cache_dir=cache_dir,
+        # `cacheDir` from config.toml or the workspace, or $TABLOOP_CACHE_DIR: where every other
+        # command keeps the model's weights (common.config).
+        cache_dir=cache_dir if cache_dir is not None else configured_cache_dir(),
         runner_loader=runner_loader,
     )
     app = BackendApp(services, title="tabloop backend", version=_version(), lifespan=lifespan)

@@ -14,8 +14,10 @@ CACHE_DIR_VARIABLE = "TABLOOP_CACHE_DIR"
 def default_cache_dir() -> Path:
     """`$TABLOOP_CACHE_DIR` when set, else the platform's cache directory for tabloop.
 
-    Models, indexes, converted weights and output caches live here. A configured `cache_dir`
-    setting (any configuration layer) takes precedence; see `resolve_cache_dir`.
+    Models, indexes, converted weights and output caches live here. This is the fallback once
+    the configuration layers (`common.config`) name no `cache_dir`: there a `cacheDir` in the
+    user's or the workspace's file gives way to the variable (the environment layer sits above
+    the files), and a client's option or a command's flag beats both; see `resolve_cache_dir`.
     """
     configured = os.environ.get(CACHE_DIR_VARIABLE, "")
     return Path(configured).expanduser() if configured else platformdirs.user_cache_path(APP_NAME)

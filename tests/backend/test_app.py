@@ -125,3 +125,25 @@ def test_a_process_that_does_not_train_serves_without_a_trainer(
     with TestClient(app) as client:
         assert client.get("/healthz").json() == {"status": "ok", "database": "sqlite"}
         assert not _trainer_running()
+
+
+def test_the_app_finds_the_model_where_every_command_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without `cache_dir`, the app reads `cacheDir` through the configuration layers, like
+    `tabloop backend`: the user's config.toml, with $TABLOOP_CACHE_DIR above it."""
+    monkeypatch.delenv("TABLOOP_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    user_file = tmp_path / "xdg" / "tabloop" / "config.toml"
+    user_file.parent.mkdir(parents=True)
+    user_file.write_text(f'cacheDir = "{tmp_path / "configured"}"\n', encoding="utf-8")
+    db_url = f"sqlite:///{tmp_path / 'backend.sqlite3'}"
+
+    app = create_app(db_url)
+    assert app.services.completions.cache_dir == tmp_path / "configured"
+    app.services.stop()
+
+    monkeypatch.setenv("TABLOOP_CACHE_DIR", str(tmp_path / "from-env"))
+    app = create_app(db_url)
+    assert app.services.completions.cache_dir == tmp_path / "from-env"  # the environment wins
+    app.services.stop()
