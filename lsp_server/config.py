@@ -29,8 +29,6 @@ from pydantic.alias_generators import to_camel
 
 from common import config as layered
 from common.config import Layer, SharedSettings
-from common.paths import default_cache_dir as default_cache_dir
-from common.paths import user_config_path as user_config_path
 from completion.policy_settings import PolicySettings
 from completion.settings import CompletionSettings
 from indexer.settings import IndexSettings
