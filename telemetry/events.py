@@ -30,7 +30,11 @@ from pydantic import (
     model_validator,
 )
 
-SCHEMA_VERSION: Literal[1] = 1
+# Version 2 added why a decision stayed silent, the client's name and version, and candidates
+# (several suggestions for one request, each its own decision). Version 1 events are still accepted:
+# every field version 2 added is optional and means "not known" when absent.
+SCHEMA_VERSION: Literal[2] = 2
+SUPPORTED_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
 RETENTION_CHECKPOINTS_S: tuple[int, ...] = (30, 120, 600)
 MAX_TEXT_CHARS = 32_768
 MAX_FEATURES = 128
@@ -41,8 +45,13 @@ MAX_CHARS = 10_000_000
 # each to a much smaller range; this only keeps squares and sums finite.
 MAX_FEATURE_MAGNITUDE = 1e9
 
-OutcomeKind = Literal["accepted", "partial", "ignored", "dismissed", "superseded"]
+# `not_viewed`: a candidate the user never cycled to; it was not seen, so it was not ignored.
+OutcomeKind = Literal["accepted", "partial", "ignored", "dismissed", "superseded", "not_viewed"]
 IgnoredReason = Literal["diverged", "moved", "closed", "timeout"]
+# Why a decision stayed silent: the policy chose to; the cleaned suggestion was empty; the
+# suggestion could not arrive before the user's likely next keystroke (latency-aware skipping).
+SilenceReason = Literal["policy", "empty", "latency"]
+MAX_CANDIDATES = 10
 
 # Identifiers we make ourselves (uuid hex, policy versions): short and free of spaces.
 Token = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:+#/-]{1,128}$")]
@@ -91,7 +100,7 @@ def utc_now() -> datetime:
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     event_id: uuid.UUID = Field(default_factory=new_event_id)
     # A naive time is refused, not read as UTC: the client always sends an offset, so a time
     # without one comes from something else, whose clock we cannot interpret.
@@ -129,6 +138,23 @@ class DecisionEvent(_Event):
     # Only at privacy level `full`.
     prompt: Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)] | None = None
     suggestion: Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)] | None = None
+    # Since version 2.
+    silence_reason: SilenceReason | None = None
+    client_name: Annotated[str, StringConstraints(max_length=64)] | None = None
+    client_version: Annotated[str, StringConstraints(max_length=64)] | None = None
+    # Several candidates for one request: each is a decision of its own, sharing `request_id`,
+    # with its place in the ranking (0 is the one shown first) and the count offered.
+    request_id: Token | None = None
+    rank: Annotated[int, Field(ge=0, lt=MAX_CANDIDATES)] = 0
+    candidates: Annotated[int, Field(ge=1, le=MAX_CANDIDATES)] = 1
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DecisionEvent:
+        if self.silence_reason is not None and self.action != "silence":
+            raise ValueError("silence_reason is only for 'silence'")
+        if self.rank >= self.candidates:
+            raise ValueError("rank must be below candidates")
+        return self
 
 
 class OutcomeEvent(_Event):

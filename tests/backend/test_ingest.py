@@ -103,8 +103,12 @@ def test_same_id_twice_in_one_batch_is_stored_once(backend: BackendServer) -> No
         pytest.param(
             lambda e: {**e, "features": {"x": "Has Spaces"}}, "features", id="feature-not-category"
         ),
-        pytest.param(lambda e: {**e, "schema_version": 2}, "schema_version", id="future-schema"),
+        pytest.param(lambda e: {**e, "schema_version": 3}, "schema_version", id="future-schema"),
         pytest.param(lambda e: "not an object", "", id="not-an-object"),
+        pytest.param(
+            lambda e: {**e, "silence_reason": "latency"}, "silence_reason", id="reason-on-show"
+        ),
+        pytest.param(lambda e: {**e, "rank": 3, "candidates": 3}, "rank", id="rank-past-count"),
         pytest.param(lambda e: {**e, "event_id": "nope"}, "event_id", id="bad-event-id"),
     ],
 )
@@ -132,6 +136,28 @@ def test_outcome_rules(backend: BackendServer, kind: str, fields: dict[str, Any]
     event = {**outcome("ignored"), "kind": kind, **fields}
     answer = post(backend, batch(event)).json()
     assert bool(answer["accepted"]) is ok, answer
+
+
+def test_both_schema_versions_are_accepted(backend: BackendServer) -> None:
+    v1 = {
+        k: v
+        for k, v in decision(schema_version=1).items()
+        if k not in ("silence_reason", "client_name", "client_version", "request_id")
+        and k not in ("rank", "candidates")
+    }
+    v2 = decision(
+        action="silence",
+        silence_reason="latency",
+        client_name="Visual Studio Code",
+        client_version="1.96.0",
+        request_id="r1",
+        rank=1,
+        candidates=3,
+    )
+    not_viewed = outcome("not_viewed")
+    answer = post(backend, batch(v1, v2, not_viewed)).json()
+    assert answer["rejected"] == []
+    assert len(answer["accepted"]) == 3
 
 
 def test_retention_cannot_exceed_accepted(backend: BackendServer) -> None:
