@@ -109,7 +109,7 @@ def file_sha256(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """An exclusive inter-process lock held while the block runs."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+b") as handle:
@@ -173,7 +173,7 @@ def bundled_model_path(cache_dir: Path) -> Path:
     target = model_file(cache_dir)
     if _marker_matches(target, BUNDLED_SHA256, BUNDLED_SIZE):
         return target
-    with _file_lock(target.with_name(target.name + ".lock")):
+    with file_lock(target.with_name(target.name + ".lock")):
         # Another process may have finished while this one waited for the lock.
         if _marker_matches(target, BUNDLED_SHA256, BUNDLED_SIZE):
             return target

@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from completion.types import CompletionRequest
+from completion.types import CompletionRequest, Generation
 
 
 def _digest(text: str) -> bytes:
@@ -26,6 +26,19 @@ class _Entry:
     prefix_digest: bytes
     suffix_digest: bytes
     suggestion: str
+    # "typing": a suggestion shown at this cursor; "prefetch": computed ahead for the cursor an
+    # acceptance leads to, with the model's output (its log-probabilities are gate features).
+    source: str = "typing"
+    generation: Generation | None = None
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A cached answer: the rest of the suggestion, where it came from, and its generation."""
+
+    text: str
+    source: str
+    generation: Generation | None
 
 
 class TypingThroughCache:
@@ -39,12 +52,24 @@ class TypingThroughCache:
         self.hits = 0
         self.misses = 0
 
-    def store(self, request: CompletionRequest, suggestion: str) -> None:
+    def store(
+        self,
+        request: CompletionRequest,
+        suggestion: str,
+        *,
+        source: str = "typing",
+        generation: Generation | None = None,
+    ) -> None:
         """Remember `suggestion` as the answer at `request`'s cursor."""
         if not self.enabled or not suggestion:
             return
         entry = _Entry(
-            len(request.prefix), _digest(request.prefix), _digest(request.suffix), suggestion
+            len(request.prefix),
+            _digest(request.prefix),
+            _digest(request.suffix),
+            suggestion,
+            source,
+            generation,
         )
         key = (entry.prefix_len, entry.prefix_digest, entry.suffix_digest)
         with self._lock:
@@ -55,6 +80,11 @@ class TypingThroughCache:
 
     def lookup(self, request: CompletionRequest) -> str | None:
         """The rest of a cached suggestion the user is typing through, or None."""
+        hit = self.find(request)
+        return hit.text if hit is not None else None
+
+    def find(self, request: CompletionRequest) -> Hit | None:
+        """The cached answer at `request`'s cursor, or None."""
         if not self.enabled:
             return None
         suffix_digest = _digest(request.suffix)
@@ -75,6 +105,7 @@ class TypingThroughCache:
                 digest = prefix_digests[entry.prefix_len] = _digest(prefix[: entry.prefix_len])
             if digest == entry.prefix_digest:
                 self.hits += 1
-                return entry.suggestion[typed_len:]
+                generation = entry.generation if typed_len == 0 else None
+                return Hit(entry.suggestion[typed_len:], entry.source, generation)
         self.misses += 1
         return None

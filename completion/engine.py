@@ -16,9 +16,11 @@ from pathlib import Path
 from completion import fim, gate, postprocess
 from completion.cache import TypingThroughCache
 from completion.context import ContextBudget, ContextSource, LineTokenCounter, assemble
+from completion.latency import LatencyModel
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
 from completion.types import (
+    LATENCY_SKIP,
     CancelToken,
     CompletionRequest,
     Decision,
@@ -56,8 +58,11 @@ class Engine:
         self._rng = random.Random(seed)
         # One model call at a time: runners keep a KV cache that is not thread-safe.
         self._model_lock = threading.Lock()
+        self.latency = LatencyModel()
         self.model_calls = 0
         self.prefill_tokens = 0  # prompt tokens computed (not served from the KV cache), all calls
+        self.prefetched = 0  # prefetches that cached a suggestion
+        self.latency_skips = 0
 
     @classmethod
     def load(
@@ -81,9 +86,14 @@ class Engine:
         request: CompletionRequest,
         cancel: CancelToken | None = None,
         signals: gate.Signals | None = None,
+        *,
+        pause_ms: float | None = None,
     ) -> Decision:
         """A suggestion for `request` and whether to show it.
 
+        `pause_ms` is how long the user will probably pause after this edit (None: unknown); with
+        `latency_skip` on, an automatic request whose first token cannot come sooner is answered
+        silent at once. An explicit request (`invoked`) gets up to `candidates` suggestions.
         Raises `Cancelled` when `cancel` is set before the answer is ready.
         """
         cancel = cancel or CancelToken()
@@ -91,76 +101,213 @@ class Engine:
         started = time.perf_counter()
         timings = Timings()
 
-        cached = self.cache.lookup(request)
-        generation: Generation | None = None
+        hit = self.cache.find(request)
+        generations: list[Generation | None] = [None]
+        texts: list[str] = []
         empty_reason = ""
-        if cached is not None:
-            text = cached
+        if hit is not None:
+            texts = [hit.text]
+            generations = [hit.generation]
             signals = gate.Signals(**{**signals.__dict__, "cache_hit": True})
         else:
-            context_started = time.perf_counter()
-            budget = ContextBudget.from_settings(self.settings)
-            prompt_parts = assemble(
-                request,
-                budget,
-                count_tokens=self.token_counter,
-                source=self.context_source,
-                deadline_s=self.settings.context_timeout_ms / 1000,
-            )
-            prompt = self.template.build(
-                prompt_parts.prefix, prompt_parts.suffix, prompt_parts.snippets, request.path
-            )
-            timings.context_ms = (time.perf_counter() - context_started) * 1000
-            signals = gate.Signals(
-                **{
-                    **signals.__dict__,
-                    "retrieval_found": bool(prompt_parts.snippets),
-                    "retrieval_similarity": max(
-                        (s.score for s in prompt_parts.snippets), default=0.0
-                    ),
-                }
-            )
-            cancel.raise_if_cancelled()
-            model_started = time.perf_counter()
-            with self._model_lock:
-                cancel.raise_if_cancelled()
-                generation = self.runner.generate(
-                    prompt,
-                    max_new_tokens=self.settings.max_new_tokens,
-                    stop=postprocess.stop_rule(request),
-                    cancel=cancel,
-                    temperature=self.settings.temperature,
+            prompt, signals = self._prompt(request, signals, timings)
+            if self._too_late(request, prompt, pause_ms, timings):
+                timings.total_ms = (time.perf_counter() - started) * 1000
+                return self._skipped(timings)
+            found = self._run_model(request, prompt, cancel, timings, self._wanted(request))
+            generations = list(found)
+            for index, generation in enumerate(found):
+                text, reason = postprocess.clean_with_reason(
+                    generation.text, request, self.settings.min_chars
                 )
-                self.model_calls += 1
-                self.prefill_tokens += generation.prompt_tokens - generation.reused_tokens
-            timings.model_ms = (time.perf_counter() - model_started) * 1000
-            cancel.raise_if_cancelled()
-            text, empty_reason = postprocess.clean_with_reason(
-                generation.text, request, self.settings.min_chars
-            )
-            if text:
-                self.cache.store(request, text)
+                if index == 0:
+                    empty_reason = reason
+                texts.append(text)
+            if texts[0]:
+                self.cache.store(request, texts[0])
 
-        features = gate.extract_features(request, text, generation, signals)
         policy = self.policy_source()
-        if text:
+        features = gate.extract_features(request, texts[0], generations[0], signals)
+        if texts[0]:
             action, propensity = policy.decide(features, self._rng)
         else:
             action, propensity = "silence", 1.0
         timings.total_ms = (time.perf_counter() - started) * 1000
-        return Decision(
+        decision = Decision(
             decision_id=Decision.new_id(),
             action=action,
-            text=text,
+            text=texts[0],
             propensity=propensity,
             policy_version=policy.version,
             model_id=self.model_id,
             features=features,
             timings=timings,
-            cache_hit=cached is not None,
-            reason=empty_reason if not text else action,
-            generation=generation,
+            cache_hit=hit is not None,
+            cache_source=hit.source if hit is not None else "",
+            reason=empty_reason if not texts[0] else action,
+            generation=generations[0],
         )
+        if texts[0]:
+            decision.alternatives = self._alternatives(
+                decision, request, texts, generations, signals
+            )
+        decision.request_id = decision.decision_id
+        return decision
+
+    def prefetch(
+        self, request: CompletionRequest, suggestion: str, cancel: CancelToken | None = None
+    ) -> bool:
+        """Compute and cache the answer at the cursor that accepting `suggestion` leads to.
+
+        Returns whether a suggestion was cached. Raises `Cancelled` when `cancel` is set first.
+        """
+        cancel = cancel or CancelToken()
+        after = request.after_inserting(suggestion)
+        if self.cache.find(after) is not None:
+            return False
+        prompt, _ = self._prompt(after, gate.Signals(), Timings())
+        (generation,) = self._run_model(after, prompt, cancel, Timings(), 1)
+        text = postprocess.clean(generation.text, after, self.settings.min_chars)
+        if not text:
+            return False
+        self.cache.store(after, text, source="prefetch", generation=generation)
+        self.prefetched += 1
+        return True
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _prompt(
+        self, request: CompletionRequest, signals: gate.Signals, timings: Timings
+    ) -> tuple[str, gate.Signals]:
+        context_started = time.perf_counter()
+        budget = ContextBudget.from_settings(self.settings)
+        prompt_parts = assemble(
+            request,
+            budget,
+            count_tokens=self.token_counter,
+            source=self.context_source,
+            deadline_s=self.settings.context_timeout_ms / 1000,
+        )
+        prompt = self.template.build(
+            prompt_parts.prefix, prompt_parts.suffix, prompt_parts.snippets, request.path
+        )
+        timings.context_ms = (time.perf_counter() - context_started) * 1000
+        signals = gate.Signals(
+            **{
+                **signals.__dict__,
+                "retrieval_found": bool(prompt_parts.snippets),
+                "retrieval_similarity": max((s.score for s in prompt_parts.snippets), default=0.0),
+            }
+        )
+        return prompt, signals
+
+    def _wanted(self, request: CompletionRequest) -> int:
+        """How many candidates to compute: several only when the user asked explicitly."""
+        if request.trigger != "invoked" or not hasattr(self.runner, "generate_candidates"):
+            return 1
+        return self.settings.candidates
+
+    def _run_model(
+        self,
+        request: CompletionRequest,
+        prompt: str,
+        cancel: CancelToken,
+        timings: Timings,
+        count: int,
+    ) -> list[Generation]:
+        cancel.raise_if_cancelled()
+        model_started = time.perf_counter()
+        stop = postprocess.stop_rule(request)
+        with self._model_lock:
+            cancel.raise_if_cancelled()
+            generations: list[Generation]
+            if count > 1:
+                generations = self.runner.generate_candidates(  # type: ignore[attr-defined]
+                    prompt,
+                    count=count,
+                    max_new_tokens=self.settings.max_new_tokens,
+                    stop=stop,
+                    cancel=cancel,
+                )
+            else:
+                generations = [
+                    self.runner.generate(
+                        prompt,
+                        max_new_tokens=self.settings.max_new_tokens,
+                        stop=stop,
+                        cancel=cancel,
+                        temperature=self.settings.temperature,
+                    )
+                ]
+            self.model_calls += 1
+            first = generations[0]
+            read = first.prompt_tokens - first.reused_tokens
+            self.prefill_tokens += read
+            if first.stop_reason != "cancelled" and first.new_tokens:
+                self.latency.observe(read, first.prefill_ms)
+        timings.model_ms = (time.perf_counter() - model_started) * 1000
+        cancel.raise_if_cancelled()
+        return generations
+
+    def _too_late(
+        self,
+        request: CompletionRequest,
+        prompt: str,
+        pause_ms: float | None,
+        timings: Timings,
+    ) -> bool:
+        if not self.settings.latency_skip or request.trigger != "automatic" or pause_ms is None:
+            return False
+        predicted = self.latency.predict(self.runner.count_tokens(prompt), timings.context_ms)
+        return predicted is not None and predicted > pause_ms
+
+    def _skipped(self, timings: Timings) -> Decision:
+        self.latency_skips += 1
+        policy = self.policy_source()
+        decision = Decision(
+            decision_id=Decision.new_id(),
+            action="silence",
+            propensity=1.0,
+            policy_version=policy.version,
+            model_id=self.model_id,
+            timings=timings,
+            reason=LATENCY_SKIP,
+        )
+        decision.request_id = decision.decision_id
+        return decision
+
+    def _alternatives(
+        self,
+        first: Decision,
+        request: CompletionRequest,
+        texts: list[str],
+        generations: list[Generation | None],
+        signals: gate.Signals,
+    ) -> list[Decision]:
+        """The other candidates, distinct and non-empty, sharing the request's action."""
+        seen = {first.text}
+        found: list[Decision] = []
+        for text, generation in zip(texts[1:], generations[1:], strict=True):
+            if not text or text in seen:
+                continue
+            seen.add(text)
+            found.append(
+                Decision(
+                    decision_id=Decision.new_id(),
+                    action=first.action,
+                    text=text,
+                    propensity=first.propensity,
+                    policy_version=first.policy_version,
+                    model_id=first.model_id,
+                    features=gate.extract_features(request, text, generation, signals),
+                    timings=first.timings,
+                    reason=first.reason,
+                    generation=generation,
+                    rank=len(found) + 1,
+                    request_id=first.decision_id,
+                )
+            )
+        return found
 
     def close(self) -> None:
         self.runner.close()

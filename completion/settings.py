@@ -44,16 +44,24 @@ class CompletionSettings(BaseModel):
     fim_template: Literal["auto", "qwen", "starcoder", "codellama", "deepseek"] = Field(
         "auto", description="Fill-in-the-middle prompt format; `auto` infers it from the model."
     )
+    engine: Literal["auto", "ctranslate2", "torch"] = Field(
+        "auto",
+        description="Inference engine of the local runner. `auto` is CTranslate2 (int8 weights, "
+        "about 3x faster than torch float32 at a quarter of the memory on a 2-core CPU: "
+        "`tabloop bench engines`, docs/models.md), converted once at first use, and torch when "
+        "CTranslate2 cannot be used; `torch` is the reference, and what adapter training uses.",
+    )
     dtype: Literal["auto", "bfloat16", "float32", "int8"] = Field(
         "auto",
-        description="Weights of the local runner on the CPU. `auto` is always `float32`, chosen "
-        "by `tabloop bench dtype` on a 2-core AVX2 CPU (same output as the reference, fastest "
-        "load; docs/models.md); it is not measured on your machine: run the bench to compare.",
+        description="Weights of the local runner on the CPU. `auto` is `int8` in CTranslate2 and "
+        "`float32` in torch, chosen by `tabloop bench engines` and `tabloop bench dtype` on a "
+        "2-core CPU (docs/models.md); run the benches to compare on your machine.",
     )
     threads: int = Field(
         0,
         ge=0,
-        description="torch threads for the local runner; 0 uses every core but one.",
+        description="Threads of the local runner; 0 uses every core in CTranslate2 and every "
+        "core but one in torch.",
     )
     max_new_tokens: int = Field(
         64, ge=1, le=1024, description="Most tokens generated for one suggestion."
@@ -75,4 +83,21 @@ class CompletionSettings(BaseModel):
     )
     cache: bool = Field(
         True, description="Reuse KV prefixes and typed-through suggestions (off only to measure)."
+    )
+    candidates: int = Field(
+        3,
+        ge=1,
+        le=10,
+        description="Suggestions offered when the user asks explicitly (cycle them with "
+        "Alt+] / Alt+[); typing gets one.",
+    )
+    prefetch: bool = Field(
+        True,
+        description="After showing a suggestion, compute the next one as if it were accepted, "
+        "so that the request after Tab is answered at once; dropped at any other edit.",
+    )
+    latency_skip: bool = Field(
+        True,
+        description="Answer empty at once when the suggestion would arrive after the user's "
+        "likely next keystroke (predicted from this engine's speed and the typing rhythm).",
     )

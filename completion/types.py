@@ -5,6 +5,7 @@ These types know nothing about LSP; `lsp_server` translates to and from them.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from collections.abc import Callable
@@ -60,6 +61,17 @@ class CompletionRequest:
     line: int = 0
     character: int = 0
 
+    def after_inserting(self, text: str) -> CompletionRequest:
+        """The request at the cursor after `text` is inserted there (an accepted suggestion)."""
+        lines = text.split("\n")
+        last = len(lines[-1].encode("utf-16-le")) // 2  # LSP counts UTF-16 code units
+        return dataclasses.replace(
+            self,
+            prefix=self.prefix + text,
+            line=self.line + len(lines) - 1,
+            character=last if len(lines) > 1 else self.character + last,
+        )
+
     @property
     def line_prefix(self) -> str:
         """Text of the cursor's line before the cursor."""
@@ -109,6 +121,9 @@ class Timings:
     total_ms: float = 0.0
 
 
+LATENCY_SKIP = "the suggestion could not arrive before the next keystroke"
+
+
 @dataclass
 class Decision:
     """The engine's answer: a suggestion and whether to show it.
@@ -129,13 +144,29 @@ class Decision:
     features: dict[str, float | str] = field(default_factory=dict)
     timings: Timings = field(default_factory=Timings)
     cache_hit: bool = False
-    # The action taken, or why the suggestion is empty (`postprocess.clean_with_reason`).
+    # The action taken, or why the suggestion is empty (`postprocess.clean_with_reason`), or
+    # LATENCY_SKIP.
     reason: str = ""
     generation: Generation | None = None
+    # Where a cached answer came from: "typing" (typed through) or "prefetch"; "" for none.
+    cache_source: str = ""
+    # Several candidates (an explicit request): the others, ranked after this one (rank 0).
+    alternatives: list[Decision] = field(default_factory=list)
+    rank: int = 0
+    request_id: str = ""
 
     @property
     def shown(self) -> bool:
         return self.action == "show" and bool(self.text)
+
+    @property
+    def silence_reason(self) -> Literal["policy", "empty", "latency"] | None:
+        """Why nothing is shown: the gate chose silence, nothing worth showing, or too late."""
+        if self.shown:
+            return None
+        if self.reason == LATENCY_SKIP:
+            return "latency"
+        return "empty" if not self.text else "policy"
 
     @staticmethod
     def new_id() -> str:

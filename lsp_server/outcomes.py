@@ -19,6 +19,11 @@ The rules, for a shown suggestion of text T inserted at offset P:
   **ignored** (`closed`); no reaction for `ignore_after_s`: **ignored** (`timeout`);
 * `tabloop/didDismiss`: **dismissed**; a newer request in the same document: **superseded**.
 
+An explicit request may offer several candidates. The outcome belongs to the candidate on screen
+when it happens (the first one, until `tabloop/didShow` or the accept command names another);
+when it is decided, every other candidate the user saw is **ignored**, and one never cycled to is
+**not_viewed** (it was not seen, so it was not turned down).
+
 Accepted text is then followed through later edits (each edit maps the range's ends) and the
 characters of it still present are measured 30, 120 and 600 seconds after acceptance.
 """
@@ -93,6 +98,21 @@ class Pending:
     cursor: int = 0  # characters of `text` now in the document (typed or accepted)
     accepted: int = 0  # of those, characters the editor inserted as acceptance
     accepted_from: int | None = None  # index into `text` of the first accepted character
+    # Every candidate of the request as (decision id, text), the first one first, and those seen.
+    candidates: list[tuple[str, str]] = field(default_factory=list)
+    viewed: set[str] = field(default_factory=set)
+
+    def switch_to(self, decision_id: str) -> bool:
+        """Make the candidate `decision_id` the one on screen; False when it cannot be."""
+        if decision_id == self.decision_id:
+            return True
+        text = dict(self.candidates).get(decision_id)
+        typed = self.text[: self.cursor]
+        if text is None or not text.startswith(typed):
+            return False
+        self.decision_id, self.text = decision_id, text
+        self.viewed.add(decision_id)
+        return True
 
     @property
     def anchor(self) -> float:
@@ -144,8 +164,12 @@ class OutcomeTracker:
         text: str,
         shown: bool,
         now: float | None = None,
+        alternatives: Sequence[tuple[str, str]] = (),
     ) -> None:
-        """The server answered a request at `offset`; `shown` with `text`, or silent."""
+        """The server answered a request at `offset`; `shown` with `text`, or silent.
+
+        `alternatives` are the request's other candidates as (decision id, text), in rank order.
+        """
         now = self.clock() if now is None else now
         previous = self.pending.get(uri)
         if previous is not None:
@@ -153,12 +177,22 @@ class OutcomeTracker:
         for other in [p for p in self.pending.values() if p.uri != uri]:
             self._finish(other, "ignored", now, reason="moved")
         if shown and text:
-            self.pending[uri] = Pending(decision_id, uri, offset, text, decided_at=now)
+            self.pending[uri] = Pending(
+                decision_id,
+                uri,
+                offset,
+                text,
+                decided_at=now,
+                candidates=[(decision_id, text), *alternatives],
+                viewed={decision_id},
+            )
 
     def shown(self, decision_id: str, now: float | None = None) -> None:
-        """`tabloop/didShow`: the editor displayed the suggestion now."""
+        """`tabloop/didShow`: the editor displayed the suggestion (or candidate) now."""
         pending = self._find(decision_id)
-        if pending is not None and pending.shown_at is None:
+        if pending is None or not pending.switch_to(decision_id):
+            return
+        if pending.shown_at is None:
             pending.shown_at = self.clock() if now is None else now
 
     def dismissed(self, decision_id: str, now: float | None = None) -> None:
@@ -170,7 +204,7 @@ class OutcomeTracker:
     def accepted(self, decision_id: str, now: float | None = None) -> None:
         """The `tabloop.accept` command: the whole suggestion was accepted."""
         pending = self._find(decision_id)
-        if pending is None:
+        if pending is None or not pending.switch_to(decision_id):
             return
         now = self.clock() if now is None else now
         remainder = pending.text[pending.cursor :]
@@ -244,7 +278,9 @@ class OutcomeTracker:
 
     def _find(self, decision_id: str) -> Pending | None:
         for pending in self.pending.values():
-            if pending.decision_id == decision_id:
+            if pending.decision_id == decision_id or any(
+                candidate == decision_id for candidate, _ in pending.candidates
+            ):
                 return pending
         return None
 
@@ -295,6 +331,18 @@ class OutcomeTracker:
             time_to_outcome_ms=max(0.0, (now - pending.anchor) * 1000.0),
         )
         self.emit(event)
+        for other, _text in pending.candidates:
+            if other == pending.decision_id:
+                continue
+            seen = other in pending.viewed
+            self.emit(
+                OutcomeEvent(
+                    decision_id=other,
+                    kind="ignored" if seen else "not_viewed",
+                    reason=(reason if kind == "ignored" else None) if seen else None,
+                    time_to_outcome_ms=event.time_to_outcome_ms,
+                )
+            )
         if kind not in ("accepted", "partial") or pending.accepted_from is None:
             return None
         first = pending.accepted_from

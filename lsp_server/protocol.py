@@ -112,6 +112,8 @@ class RequestTiming(TypedDict):
     prompt_tokens: float
     prefill_tokens: float
     cache_hit: float
+    cache_source: str  # "typing", "prefetch", or "" for a model call
+    candidates: int
     retrieval_found: float
     action: str
     reason: str

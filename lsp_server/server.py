@@ -272,7 +272,9 @@ class TabloopServer(LanguageServer):
 
     def remember(self, decision: Decision, request: CompletionRequest) -> None:
         """Keep a decision for the accept command and tell the features."""
-        self.decisions[decision.decision_id] = DecisionRecord(decision, request, time.monotonic())
+        now = time.monotonic()
+        for candidate in [decision, *decision.alternatives]:
+            self.decisions[candidate.decision_id] = DecisionRecord(candidate, request, now)
         while len(self.decisions) > DECISIONS_KEPT:
             self.decisions.popitem(last=False)
         if decision.shown:

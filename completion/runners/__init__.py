@@ -27,6 +27,10 @@ def load_runner(settings: CompletionSettings, cache_dir: Path) -> ModelRunner:
             timeout_s=settings.http_timeout_s,
             family=family,
         )
+    if settings.engine != "torch":
+        fast = _load_fast_runner(settings, cache_dir, family)
+        if fast is not None:
+            return fast
     from completion.runners.local import LocalRunner
 
     return LocalRunner(
@@ -37,3 +41,33 @@ def load_runner(settings: CompletionSettings, cache_dir: Path) -> ModelRunner:
         reuse_cache=settings.cache,
         family=family,
     )
+
+
+def _load_fast_runner(
+    settings: CompletionSettings, cache_dir: Path, family: str | None
+) -> ModelRunner | None:
+    """The CTranslate2 runner, or None (with one clear message) when it cannot be used."""
+    try:
+        from completion.runners.conversion import ConversionError, record_failure
+        from completion.runners.ct2 import Ct2Runner
+    except ImportError as exc:
+        message = f"CTranslate2 is not installed ({exc}); using the torch runner"
+        if settings.engine == "ctranslate2":
+            raise RuntimeError(message) from exc
+        log.warning("%s", message)
+        return None
+    compute_type = "int8" if settings.dtype == "auto" else settings.dtype
+    try:
+        return Ct2Runner(
+            settings.model,
+            cache_dir,
+            compute_type=compute_type,
+            threads=settings.threads,
+            family=family,
+        )
+    except (ConversionError, RuntimeError, OSError, ValueError) as exc:
+        record_failure(settings.model, compute_type, cache_dir, str(exc))
+        if settings.engine == "ctranslate2":
+            raise
+        log.warning("the fast engine cannot run this model (%s); using the torch runner", exc)
+        return None

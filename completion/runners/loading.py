@@ -180,6 +180,27 @@ def load_model(source: ModelSource, dtype: ConcreteDtype, cache_dir: Path) -> tu
     return tokenizer, model
 
 
+def ensure_plain_copy(source: ModelSource, cache_dir: Path) -> Path:
+    """A directory holding `source` as plain safetensors weights with its tokenizer files.
+
+    For a GGUF model that is the dequantised copy (made now if it does not exist yet); a local
+    directory is used as it is; a hub id is downloaded (the user named it).
+    """
+    if source.gguf_file:
+        converted = converted_path(source, cache_dir)
+        if not (converted / _COMPLETE).is_file():
+            load_model(source, "float32", cache_dir)  # dequantises and keeps the copy
+        if not (converted / _COMPLETE).is_file():
+            raise OSError(f"could not keep a dequantised copy of {source.gguf_file}")
+        return converted
+    location = Path(source.location)
+    if location.is_dir():
+        return location
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(source.location))
+
+
 def quantize_int8(model: Any) -> Any:
     """Dynamic int8 quantisation of every Linear layer (weights int8, activations per call)."""
     import torch

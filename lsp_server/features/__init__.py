@@ -13,6 +13,7 @@ from lsp_server.features import (
     inline,
     lifecycle,
     policy,
+    prefetch,
     retrieval,
     telemetry,
 )
@@ -25,6 +26,7 @@ def create_server() -> TabloopServer:
     policy.register(server)
     lifecycle.register(server)
     documents.register(server)
+    prefetch.register(server)
     inline.register(server)
     commands.register(server)
     telemetry.register(server)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -11,9 +12,11 @@ from typing import TYPE_CHECKING
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
+from completion.latency import likely_pause_ms
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
 from indexer.languages import language_of as language_of_path
 from lsp_server.documents import Document, open_document
+from lsp_server.features.prefetch import PrefetchFeature
 from lsp_server.protocol import ACCEPT_COMMAND
 from lsp_server.server import TabloopServer
 
@@ -47,6 +50,10 @@ class TypingTracker:
 
     def did_close(self, uri: str) -> None:
         self._events.pop(uri, None)
+
+    def likely_pause_ms(self, uri: str) -> float | None:
+        """How long the user will probably pause after their latest edit (None: unknown)."""
+        return likely_pause_ms([at for at, _ in self._events.get(uri, ())], time.monotonic())
 
     def chars_per_second(self, uri: str) -> float:
         now = time.monotonic()
@@ -111,13 +118,17 @@ async def decide(
     if document is None:
         return None  # never opened: nothing of ours to complete, and the disk is not a buffer
     request = build_request(document, position, trigger)
+    prefetch = ls.find_feature(PrefetchFeature)
+    if prefetch is not None:
+        await prefetch.before_request(request)
     token = ls.begin_request(uri)
     loop = asyncio.get_running_loop()
     signals = signals_for(ls, uri, typing)
+    complete = functools.partial(
+        engine.complete, request, token, signals, pause_ms=typing.likely_pause_ms(uri)
+    )
     try:
-        decision = await loop.run_in_executor(
-            ls.model_executor, engine.complete, request, token, signals
-        )
+        decision = await loop.run_in_executor(ls.model_executor, complete)
     except Cancelled:
         ls.counters.cancelled += 1
         return None
@@ -144,6 +155,8 @@ async def decide(
                 generation.prompt_tokens - generation.reused_tokens if generation else 0
             ),
             "cache_hit": float(decision.cache_hit),
+            "cache_source": decision.cache_source,
+            "candidates": 1 + len(decision.alternatives),
             "retrieval_found": float(decision.features.get("retrieval_found", 0.0)),
             "action": decision.action,
             "reason": decision.reason,
@@ -151,6 +164,8 @@ async def decide(
     )
     if not decision.shown:
         return None
+    if prefetch is not None:
+        prefetch.start(decision, request)
     return decision, request
 
 
@@ -188,10 +203,11 @@ def register(server: TabloopServer) -> None:
         return types.InlineCompletionList(
             items=[
                 types.InlineCompletionItem(
-                    insert_text=decision.text,
+                    insert_text=candidate.text,
                     range=types.Range(start=params.position, end=params.position),
-                    command=accept_command(decision),
+                    command=accept_command(candidate),
                 )
+                for candidate in [decision, *decision.alternatives]
             ]
         )
 

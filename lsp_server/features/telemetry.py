@@ -81,8 +81,9 @@ def decision_event(
     session_id: str,
     install_id: str,
     level: Level,
+    candidates: int = 1,
 ) -> DecisionEvent:
-    """The telemetry event of one decision; text only at level `full`."""
+    """The telemetry event of one decision (or one of `candidates`); text only at `full`."""
     text = decision.text
     full = level == "full"
     return DecisionEvent(
@@ -112,6 +113,10 @@ def decision_event(
         cache_hit=decision.cache_hit,
         prompt=request.prefix[-MAX_TEXT_CHARS:] if full else None,
         suggestion=text[:MAX_TEXT_CHARS] if full else None,
+        silence_reason=decision.silence_reason if decision.action == "silence" else None,
+        request_id=decision.request_id if candidates > 1 else None,
+        rank=decision.rank,
+        candidates=candidates,
     )
 
 
@@ -200,27 +205,31 @@ class TelemetryFeature:
 
     def on_decision(self, decision: Decision, request: CompletionRequest) -> None:
         client = self.client
+        candidates = [decision, *decision.alternatives] if decision.shown else [decision]
         if client is not None and client.level != "off":
-            try:
-                event = decision_event(
-                    decision,
-                    request,
-                    session_id=client.session_id,
-                    install_id=client.install_id,
-                    level=client.level,
-                )
-            except ValidationError as exc:
-                if not self._invalid_reported:
-                    self._invalid_reported = True
-                    log.warning("a decision could not be made into an event: %s", exc)
-            else:
-                client.record(event)
+            for candidate in candidates:
+                try:
+                    event = decision_event(
+                        candidate,
+                        request,
+                        session_id=client.session_id,
+                        install_id=client.install_id,
+                        level=client.level,
+                        candidates=len(candidates),
+                    )
+                except ValidationError as exc:
+                    if not self._invalid_reported:
+                        self._invalid_reported = True
+                        log.warning("a decision could not be made into an event: %s", exc)
+                else:
+                    client.record(event)
         self.tracker.decision(
             decision.decision_id,
             request.uri,
             len(request.prefix),
             decision.text,
             shown=decision.shown,
+            alternatives=[(c.decision_id, c.text) for c in candidates[1:]],
         )
         self._schedule()
 

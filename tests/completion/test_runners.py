@@ -86,7 +86,9 @@ def test_disabled_cache_keeps_nothing() -> None:
 
 
 def test_load_runner_local(tiny_model_path: Path, tmp_path: Path) -> None:
-    settings = CompletionSettings(model=str(tiny_model_path), cache=False, threads=1)
+    settings = CompletionSettings(
+        model=str(tiny_model_path), cache=False, threads=1, engine="torch"
+    )
     runner: Any = load_runner(settings, tmp_path)
     assert isinstance(runner, LocalRunner)
     assert runner.family == "qwen"

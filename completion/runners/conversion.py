@@ -1,0 +1,186 @@
+"""The fast engine's copy of a model: converted once, atomically, under a lock, and verified.
+
+CTranslate2 runs its own model format. The first use of a model converts it from the plain
+safetensors copy the torch runner keeps (`loading.py`; for the bundled GGUF model that copy is
+itself made once), quantising the weights to the compute type. The result is written into a
+temporary directory next to its final place, with a manifest holding the SHA-256 and size of every
+file, and renamed into place: a process killed half-way leaves only a temporary directory that the
+next conversion removes. Every load checks the manifest against the files; a copy that does not
+match is deleted and converted again, never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from completion.bundled import file_lock
+from completion.runners.loading import ModelSource, ensure_plain_copy
+
+log = logging.getLogger(__name__)
+
+ComputeType = Literal["int8", "int8_float32", "float32", "bfloat16"]
+
+ENGINE_DIR = "ct2"
+MANIFEST = "tabloop-manifest.json"
+# Files the runner needs besides the weights: the tokenizer and the generation settings.
+_CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
+
+Progress = Callable[[str], None]
+
+
+class ConversionError(RuntimeError):
+    """The model could not be converted to the fast engine's format."""
+
+
+def engine_path(source: ModelSource, compute_type: str, cache_dir: Path) -> Path:
+    """Where the converted copy of `source` for `compute_type` lives."""
+    weights = "int8" if compute_type.startswith("int8") else compute_type
+    return cache_dir / "models" / ENGINE_DIR / f"{source.name}-{source.revision}-{weights}"
+
+
+def _failure_path(model: str, compute_type: str, cache_dir: Path) -> Path:
+    digest = hashlib.sha256(f"{model}:{compute_type}".encode()).hexdigest()[:16]
+    return cache_dir / "models" / ENGINE_DIR / f"failed-{digest}.txt"
+
+
+def record_failure(model: str, compute_type: str, cache_dir: Path, message: str) -> None:
+    """Remember why the fast engine could not run `model`, for `tabloop doctor`."""
+    path = _failure_path(model, compute_type, cache_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(message + "\n", encoding="utf-8")
+    except OSError:
+        pass
+
+
+def clear_failure(model: str, compute_type: str, cache_dir: Path) -> None:
+    _failure_path(model, compute_type, cache_dir).unlink(missing_ok=True)
+
+
+def last_failure(model: str, compute_type: str, cache_dir: Path) -> str | None:
+    """Why the last attempt to run `model` in the fast engine failed, if it did."""
+    try:
+        return _failure_path(model, compute_type, cache_dir).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest(target: Path) -> dict[str, Any] | None:
+    try:
+        loaded = json.loads((target / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def verify(target: Path) -> str | None:
+    """Why the converted copy in `target` must not be loaded, or None when it is whole."""
+    manifest = read_manifest(target)
+    if manifest is None:
+        return "no manifest (never finished converting)"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or "model.bin" not in files:
+        return "manifest lists no model.bin"
+    for name, expected in files.items():
+        path = target / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != expected.get("size"):
+            return f"{name} has {size} bytes, the manifest says {expected.get('size')}"
+        if _sha256(path) != expected.get("sha256"):
+            return f"{name} does not match its checksum"
+    return None
+
+
+def checksum(target: Path) -> str | None:
+    """The converted weights' SHA-256 as the manifest records it."""
+    manifest = read_manifest(target) or {}
+    files = manifest.get("files") or {}
+    entry = files.get("model.bin") if isinstance(files, dict) else None
+    return entry.get("sha256") if isinstance(entry, dict) else None
+
+
+def _convert_into(plain: Path, work: Path, quantization: str) -> None:
+    from ctranslate2.converters import TransformersConverter
+
+    converter = TransformersConverter(str(plain), low_cpu_mem_usage=True)
+    converter.convert(str(work), quantization=quantization, force=True)
+    for name in _CARRIED:
+        if (plain / name).is_file() and not (work / name).exists():
+            shutil.copyfile(plain / name, work / name)
+
+
+def ensure_converted(
+    source: ModelSource,
+    compute_type: str,
+    cache_dir: Path,
+    *,
+    progress: Progress | None = None,
+) -> Path:
+    """The directory of the converted model, converting it first when needed.
+
+    Raises `ConversionError` when conversion fails; the caller falls back to the torch runner.
+    """
+    import ctranslate2
+
+    say = progress or (lambda message: log.info("%s", message))
+    target = engine_path(source, compute_type, cache_dir)
+    with file_lock(target.with_name(target.name + ".lock")):
+        if target.exists():
+            problem = verify(target)
+            if problem is None:
+                return target
+            log.warning("converted model %s is damaged (%s): converting again", target, problem)
+            shutil.rmtree(target, ignore_errors=True)
+        for stale in target.parent.glob(f".{target.name}.*"):
+            shutil.rmtree(stale, ignore_errors=True)  # left by a conversion that was killed
+        say(f"preparing {source.name} for the fast engine (once)")
+        started = time.perf_counter()
+        try:
+            plain = ensure_plain_copy(source, cache_dir)
+        except Exception as exc:
+            raise ConversionError(f"could not read {source.name}: {exc}") from exc
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            say(f"converting {source.name} to {compute_type} (about a minute)")
+            quantization = "int8" if compute_type.startswith("int8") else compute_type
+            _convert_into(plain, work, quantization)
+            files = {
+                item.name: {"size": item.stat().st_size, "sha256": _sha256(item)}
+                for item in sorted(work.iterdir())
+                if item.is_file()
+            }
+            manifest = {
+                "source": f"{source.name}@{source.revision}",
+                "quantization": quantization,
+                "ctranslate2": ctranslate2.__version__,
+                "files": files,
+            }
+            (work / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            for item in (work, *work.iterdir()):
+                item.chmod(0o755 if item.is_dir() else 0o644)
+            work.rename(target)
+        except Exception as exc:
+            raise ConversionError(f"could not convert {source.name}: {exc}") from exc
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        say(f"converted {source.name} in {time.perf_counter() - started:.0f} s")
+        return target
