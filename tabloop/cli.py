@@ -99,6 +99,10 @@ def _bench(name: str) -> Command:
         from evaluation.bench import sync
 
         return sync.main
+    if name == "engines":
+        from evaluation.bench import engines
+
+        return engines.main
     if name == "dtype":
         from evaluation.bench import dtype
 
@@ -118,7 +122,7 @@ def _bench(name: str) -> Command:
     raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
 
 
-BENCHES = "lsp, complete, index, telemetry, sync, dtype, threads, gate, edits"
+BENCHES = "lsp, complete, engines, index, telemetry, sync, dtype, threads, gate, edits"
 
 
 def complete(args: argparse.Namespace) -> int:

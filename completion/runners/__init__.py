@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
@@ -71,3 +72,53 @@ def _load_fast_runner(
             raise
         log.warning("the fast engine cannot run this model (%s); using the torch runner", exc)
         return None
+
+
+def engine_status(settings: CompletionSettings, cache_dir: Path) -> dict[str, Any]:
+    """What `tabloop doctor` says about the local engine, without loading or converting anything."""
+    import importlib.metadata
+
+    from completion.bundled import BUNDLED_NAME, BUNDLED_SHA256
+    from completion.runners.conversion import engine_path, last_failure, read_manifest, verify
+    from completion.runners.loading import ModelSource, resolve_source
+
+    report: dict[str, Any] = {"requested": settings.engine}
+    if settings.runner == "http":
+        return {**report, "engine": "http"}
+    try:
+        version = importlib.metadata.version("ctranslate2")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    compute_type = "int8" if settings.dtype == "auto" else settings.dtype
+    if settings.engine == "torch" or version is None:
+        why = "" if settings.engine == "torch" else "CTranslate2 is not installed"
+        return (
+            {**report, "engine": "torch", "problem": why} if why else {**report, "engine": "torch"}
+        )
+    report.update(
+        {"engine": "ctranslate2", "engine_version": version, "compute_type": compute_type}
+    )
+    try:
+        if settings.model == "bundled":
+            source = ModelSource("", "bundled.gguf", BUNDLED_NAME, BUNDLED_SHA256[:12])
+        else:
+            source = resolve_source(settings.model, cache_dir)
+    except (OSError, ValueError) as exc:
+        return {**report, "problem": str(exc)}
+    target = engine_path(source, compute_type, cache_dir)
+    report["converted_model"] = str(target)
+    failure = last_failure(settings.model, compute_type, cache_dir)
+    if not target.exists():
+        report["converted"] = False
+        if failure:
+            report["engine"] = "torch"
+            report["problem"] = f"the fast engine fell back to torch: {failure}"
+        return report
+    problem = verify(target)
+    manifest = read_manifest(target) or {}
+    files = manifest.get("files") or {}
+    report["converted"] = problem is None
+    report["converted_sha256"] = (files.get("model.bin") or {}).get("sha256")
+    if problem is not None:
+        report["problem"] = f"the converted model is damaged ({problem}); it is rebuilt at next use"
+    return report

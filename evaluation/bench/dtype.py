@@ -91,7 +91,7 @@ def _run_child(args: argparse.Namespace, dtype: str) -> dict[str, Any]:
     command = [
         sys.executable,
         "-m",
-        "bench.dtype",
+        "evaluation.bench.dtype",
         "--child",
         dtype,
         "--model",

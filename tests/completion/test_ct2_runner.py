@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from completion.runners import load_runner
+from completion.runners import engine_status, load_runner
 from completion.runners.conversion import (
     MANIFEST,
     ConversionError,
+    checksum,
     engine_path,
     ensure_converted,
     last_failure,
@@ -69,11 +70,15 @@ def test_conversion_is_cached_and_verified(runner: Ct2Runner, tiny_model_path: P
 def test_corrupt_conversion_is_rebuilt_never_loaded(tiny_model_path: Path, tmp_path: Path) -> None:
     source = resolve_source(str(tiny_model_path), tmp_path)
     target = ensure_converted(source, "int8", tmp_path)
+    settings = CompletionSettings(model=str(tiny_model_path))
+    healthy = engine_status(settings, tmp_path)
+    assert healthy["converted"] is True and healthy["converted_sha256"] == checksum(target)
     weights = target / "model.bin"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
     assert verify(target) == "model.bin does not match its checksum"
+    assert "damaged" in engine_status(settings, tmp_path)["problem"]
     rebuilt = ensure_converted(source, "int8", tmp_path)
     assert verify(rebuilt) is None
 
@@ -111,6 +116,9 @@ def test_failed_conversion_falls_back_to_torch_with_one_message(
     assert "torch runner" in warnings[0]
     failure = last_failure(str(tiny_model_path), "int8", tmp_path)
     assert failure is not None and "unsupported architecture" in failure
+    status = engine_status(settings, tmp_path)  # what `tabloop doctor` reports
+    assert status["engine"] == "torch"
+    assert "unsupported architecture" in status["problem"]
     source = resolve_source(str(tiny_model_path), tmp_path)
     assert not engine_path(source, "int8", tmp_path).exists()
     # Asked for by name, the engine's failure is an error, not a silent fallback.

@@ -261,3 +261,51 @@ def test_range_mapping(offset: int, change: TextChange, start: int, end: int) ->
 )
 def test_retained_chars(accepted: str, current: str, kept: int) -> None:
     assert retained_chars(accepted, current) == kept
+
+
+# -- several candidates ------------------------------------------------------------------------
+
+
+def suggest_candidates(editor: Editor) -> None:
+    editor.tracker.decision(
+        "d1", DOC, 14, "return x", shown=True, alternatives=[("d2", "pass"), ("d3", "raise")]
+    )
+
+
+def test_unseen_candidates_are_not_viewed_never_ignored() -> None:
+    editor = Editor()
+    suggest_candidates(editor)
+    editor.tracker.accepted("d1")
+    assert editor.outcomes("d1") == [("accepted", 8, None)]
+    assert editor.outcomes("d2") == [("not_viewed", None, None)]
+    assert editor.outcomes("d3") == [("not_viewed", None, None)]
+
+
+def test_the_outcome_belongs_to_the_candidate_on_screen() -> None:
+    editor = Editor()
+    suggest_candidates(editor)
+    editor.tracker.shown("d2")  # the user cycled to the second candidate
+    editor.edit(14, 14, "pass")  # and accepted it
+    assert editor.outcomes("d2") == [("accepted", 4, None)]
+    assert editor.outcomes("d1") == [("ignored", None, None)]  # seen, and passed over
+    assert editor.outcomes("d3") == [("not_viewed", None, None)]
+
+
+def test_accepting_a_candidate_by_command_switches_to_it() -> None:
+    editor = Editor()
+    suggest_candidates(editor)
+    editor.tracker.accepted("d3")
+    assert editor.outcomes("d3") == [("accepted", 5, None)]
+    assert editor.outcomes("d1") == [("ignored", None, None)]
+    assert editor.outcomes("d2") == [("not_viewed", None, None)]
+
+
+def test_ignoring_every_candidate_ignores_only_those_seen() -> None:
+    editor = Editor()
+    suggest_candidates(editor)
+    editor.tracker.shown("d2")
+    editor.tracker.shown("d1")  # cycled back
+    editor.wait(11)
+    assert editor.outcomes("d1") == [("ignored", None, "timeout")]
+    assert editor.outcomes("d2") == [("ignored", None, "timeout")]
+    assert editor.outcomes("d3") == [("not_viewed", None, None)]

@@ -111,3 +111,34 @@ def test_complete_cli_runs_the_tiny_model(tmp_path: Path, tiny_model_path: Path)
     else:
         assert decision["action"] == "silence"
         assert decision["reason"] in EMPTY_REASONS, decision
+
+
+async def test_an_explicit_request_offers_distinct_ranked_candidates(
+    client: LanguageClient,
+) -> None:
+    status = await wait_until_ready(client)
+    assert status["model"]["state"] == "ready", status
+    uri = open_document(client, client.workspace_for_tests / "words.py")  # type: ignore[attr-defined]
+    params = inline_params(uri)
+    params.context.trigger_kind = types.InlineCompletionTriggerKind.Invoked
+    answer = await client.text_document_inline_completion_async(params)
+    assert isinstance(answer, types.InlineCompletionList)
+    timings: list[dict[str, Any]] = plain(
+        await client.protocol.send_request_async("tabloop/timings", {})
+    )
+    record = timings[-1]
+    if not answer.items:
+        assert record["reason"] in EMPTY_REASONS, record
+        return
+    assert 1 <= len(answer.items) <= 3  # completion.candidates defaults to 3
+    assert record["candidates"] == len(answer.items)
+    texts = [item.insert_text for item in answer.items]
+    assert len(set(texts)) == len(texts), texts
+    ids = [
+        item.command.arguments[0]
+        for item in answer.items
+        if item.command and item.command.arguments
+    ]
+    assert len(set(ids)) == len(answer.items)
+    for text in texts:
+        assert isinstance(text, str) and text.strip() and SPECIAL_TOKEN not in text

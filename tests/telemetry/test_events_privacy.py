@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from completion.types import CompletionRequest, Decision, Timings
+from completion.types import LATENCY_SKIP, CompletionRequest, Decision, Timings
 from lsp_server.features.telemetry import decision_event
 from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent, parse_event
 from telemetry.privacy import apply_level, effective_level, scrub_features, scrub_model_id
@@ -178,3 +178,35 @@ def test_events_round_trip_through_json() -> None:
         ),
     ):
         assert parse_event(event.model_dump(mode="json")) == event
+
+
+@pytest.mark.parametrize(
+    ("action", "text", "reason", "expected"),
+    [
+        pytest.param("silence", "x = 1", "silence", "policy", id="policy"),
+        pytest.param(
+            "silence", "", "it only repeats the code after the cursor", "empty", id="empty"
+        ),
+        pytest.param("silence", "", LATENCY_SKIP, "latency", id="latency"),
+        pytest.param("show", "x = 1", "show", None, id="shown"),
+    ],
+)
+def test_silences_say_why(action: str, text: str, reason: str, expected: str | None) -> None:
+    decision, request = engine_decision()
+    decision.action, decision.text, decision.reason = action, text, reason  # type: ignore[assignment]
+    event = decision_event(decision, request, session_id="s", install_id="i", level="metrics")
+    assert event.silence_reason == expected
+    assert parse_event(event.model_dump(mode="json")).silence_reason == expected  # type: ignore[union-attr]
+
+
+def test_candidates_carry_their_request_rank_and_count() -> None:
+    decision, request = engine_decision()
+    decision.request_id = decision.decision_id
+    decision.rank = 2
+    event = decision_event(
+        decision, request, session_id="s", install_id="i", level="metrics", candidates=3
+    )
+    assert (event.request_id, event.rank, event.candidates) == (decision.decision_id, 2, 3)
+    decision.rank = 0
+    single = decision_event(decision, request, session_id="s", install_id="i", level="metrics")
+    assert single.request_id is None and single.candidates == 1

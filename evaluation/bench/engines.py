@@ -1,0 +1,265 @@
+"""The local engines side by side: torch float32 (the baseline) against the default engine.
+
+The same 20 fill-in-the-middle prompts cut from real standard-library files (short, medium and
+about 1,000 tokens) go through both runners in one process, alternating per prompt so that a
+machine that gets busier hurts both alike: time to the first token, decode tokens/s, the whole
+request's p50/p95, `speedup_p50`, and the share of greedy outputs identical to float32's. Then each
+engine is loaded by a real language server (`python -m lsp_server`, bundled model, index off) and
+that process's resident memory is read once the model is ready.
+
+The decode speed is also put against the machine's limit: decoding reads every weight once per
+token, so weights bytes / time per token is the memory bandwidth the engine achieves, reported
+beside a plain copy's bandwidth measured in the same run.
+
+    tabloop bench engines [--model bundled] [--prompts 20] [--new-tokens 32] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SIZES = (("short", 600), ("medium", 1800), ("long", 4000))  # prefix characters of each kind
+FILES = (
+    "textwrap.py",
+    "argparse.py",
+    "json/decoder.py",
+    "csv.py",
+    "dataclasses.py",
+    "shutil.py",
+    "pathlib/_local.py",
+    "fractions.py",
+    "inspect.py",
+    "typing.py",
+)
+
+
+def _never(_text: str) -> int | None:
+    return None
+
+
+def prompts(count: int) -> list[dict[str, Any]]:
+    """`count` FIM prompts cut at line starts inside real files, of three sizes in turn."""
+    from completion.fim import template_for
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = [stdlib / name for name in FILES if (stdlib / name).is_file()]
+    template = template_for("qwen")
+    found: list[dict[str, Any]] = []
+    index = 0
+    while len(found) < count:
+        kind, prefix_chars = SIZES[index % len(SIZES)]
+        path = files[index % len(files)]
+        source = path.read_text(encoding="utf-8")
+        # A cursor after an indented line's first word, about 60% into the file.
+        anchor = int(len(source) * (0.35 + 0.05 * (index % 7)))
+        line_start = source.index("\n", anchor) + 1
+        line = source[line_start : source.index("\n", line_start)]
+        stripped = line.lstrip()
+        cursor = line_start + len(line) - len(stripped) + max(1, len(stripped) // 3)
+        prefix = source[max(0, cursor - prefix_chars) : cursor]
+        suffix = source[cursor : cursor + prefix_chars // 4]
+        found.append(
+            {
+                "kind": kind,
+                "file": str(path.relative_to(stdlib)),
+                "prompt": template.build(prefix, suffix),
+            }
+        )
+        index += 1
+    return found
+
+
+def _measure(runner: Any, prompt: str, new_tokens: int) -> dict[str, Any]:
+    from completion.types import CancelToken
+
+    started = time.perf_counter()
+    result = runner.generate(prompt, max_new_tokens=new_tokens, stop=_never, cancel=CancelToken())
+    total_ms = (time.perf_counter() - started) * 1000
+    steps = max(result.new_tokens - 1, 1)
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "new_tokens": result.new_tokens,
+        "ttft_ms": round(result.prefill_ms, 1),
+        "decode_tok_s": round(steps / max(result.decode_ms / 1000, 1e-9), 2),
+        "total_ms": round(total_ms, 1),
+        "text": result.text,
+    }
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    totals = [r["total_ms"] for r in rows]
+    cuts = statistics.quantiles(totals, n=20, method="inclusive") if len(totals) > 1 else totals
+    return {
+        "ttft_ms_p50": round(statistics.median(r["ttft_ms"] for r in rows), 1),
+        "decode_tok_s_p50": round(statistics.median(r["decode_tok_s"] for r in rows), 2),
+        "total_ms_p50": round(statistics.median(totals), 1),
+        "total_ms_p95": round(cuts[-1], 1),
+        "by_kind": {
+            kind: {
+                "prompt_tokens_p50": statistics.median(
+                    r["prompt_tokens"] for r in rows if r["kind"] == kind
+                ),
+                "ttft_ms_p50": round(
+                    statistics.median(r["ttft_ms"] for r in rows if r["kind"] == kind), 1
+                ),
+                "total_ms_p50": round(
+                    statistics.median(r["total_ms"] for r in rows if r["kind"] == kind), 1
+                ),
+            }
+            for kind, _ in SIZES
+            if any(r["kind"] == kind for r in rows)
+        },
+    }
+
+
+def copy_bandwidth_gb_s(megabytes: int = 512) -> float:
+    """A plain memory copy's bandwidth on this machine (best of 3), in GB/s."""
+    import numpy as np
+
+    source = np.ones(megabytes * 2**20, dtype=np.uint8)
+    target = np.empty_like(source)
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - started)
+    # A copy reads and writes every byte.
+    return round(2 * source.nbytes / best / 1e9, 2)
+
+
+async def _server_rss_mb(engine: str, model: str, cache_dir: Path) -> dict[str, Any]:
+    from evaluation.lsp_client import TabloopClient
+
+    with tempfile.TemporaryDirectory(prefix="tabloop-engines-") as root:
+        client = TabloopClient()
+        await client.launch(
+            Path(root),
+            {
+                "cacheDir": str(cache_dir),
+                "completion": {"model": model, "engine": engine},
+                "index": {"enabled": False},
+                "telemetry": {"level": "off"},
+            },
+        )
+        try:
+            status = await client.wait_until_ready(900)
+            pid = client._server.pid if client._server else None
+            rss_kb = 0
+            if pid is not None:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        rss_kb = int(line.split()[1])
+            return {
+                "state": status["model"]["state"],
+                "model_id": status["model"]["modelId"],
+                "rss_mb": round(rss_kb / 1024, 1),
+            }
+        finally:
+            await client.close_server()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tabloop bench engines", description=__doc__)
+    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--cache-dir", default="")
+    parser.add_argument("--prompts", type=int, default=20)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--skip-memory", action="store_true", help="do not start servers")
+    parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Run both engines on the same prompts and print one JSON report."""
+    args = _parser().parse_args(argv)
+    from common.paths import default_cache_dir
+    from completion.runners.ct2 import Ct2Runner
+    from completion.runners.local import LocalRunner
+
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    command = "tabloop bench engines " + " ".join(argv)
+    torch_runner = LocalRunner(args.model, cache_dir, threads=args.threads, reuse_cache=False)
+    fast = Ct2Runner(args.model, cache_dir, threads=args.threads)
+    runners: dict[str, Any] = {"torch-float32": torch_runner, "ctranslate2-int8": fast}
+    cases = prompts(args.prompts)
+    for runner in runners.values():  # warm-up: first-call allocations are not the engine's speed
+        runner.generate(cases[0]["prompt"], max_new_tokens=2, stop=_never, cancel=_token())
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
+    order = list(runners)
+    for index, case in enumerate(cases):
+        for name in order if index % 2 == 0 else reversed(order):
+            row = _measure(runners[name], case["prompt"], args.new_tokens)
+            rows[name].append({"kind": case["kind"], "file": case["file"], **row})
+    base, new = rows["torch-float32"], rows["ctranslate2-int8"]
+    identical = sum(a["text"] == b["text"] for a, b in zip(base, new, strict=True))
+    summaries = {name: _summary(found) for name, found in rows.items()}
+    weights_bytes = (fast.path / "model.bin").stat().st_size
+    decode_s_per_token = 1 / summaries["ctranslate2-int8"]["decode_tok_s_p50"]
+    report: dict[str, Any] = {
+        "benchmark": "engines",
+        "command": command,
+        "model": args.model,
+        "baseline": "torch-float32",
+        "new_default": "ctranslate2-int8",
+        "engine": fast.describe(),
+        "torch_threads": _torch_threads(),
+        "prompts": len(cases),
+        "new_tokens": args.new_tokens,
+        "summary": summaries,
+        "speedup_p50": round(
+            summaries["torch-float32"]["total_ms_p50"]
+            / summaries["ctranslate2-int8"]["total_ms_p50"],
+            2,
+        ),
+        "ttft_speedup_p50": round(
+            summaries["torch-float32"]["ttft_ms_p50"]
+            / summaries["ctranslate2-int8"]["ttft_ms_p50"],
+            2,
+        ),
+        "decode_speedup_p50": round(
+            summaries["ctranslate2-int8"]["decode_tok_s_p50"]
+            / summaries["torch-float32"]["decode_tok_s_p50"],
+            2,
+        ),
+        "identical_to_float32": round(identical / len(cases), 3),
+        "limit": {
+            "weights_mb": round(weights_bytes / 2**20, 1),
+            "decode_gb_s_achieved": round(weights_bytes / decode_s_per_token / 1e9, 2),
+            "copy_gb_s_measured": copy_bandwidth_gb_s(),
+        },
+        "rows": rows,
+    }
+    del torch_runner, fast, runners
+    if not args.skip_memory:
+        report["server_rss_mb"] = {
+            name: asyncio.run(_server_rss_mb(engine, args.model, cache_dir))
+            for name, engine in (("torch-float32", "torch"), ("ctranslate2-int8", "ctranslate2"))
+        }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def _token() -> Any:
+    from completion.types import CancelToken
+
+    return CancelToken()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,97 @@
+"""Latency-aware skipping: the typing rhythm, the engine's speed model, and the skip itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from completion.engine import Engine
+from completion.gate import builtin_policy
+from completion.latency import BURST_GAP_MS, LatencyModel, likely_pause_ms
+from completion.settings import CompletionSettings
+from completion.types import LATENCY_SKIP, CompletionRequest
+from tests.support.scripted_model import ScriptedModel
+
+
+def times(*gaps_ms: float, start: float = 100.0) -> list[float]:
+    found = [start]
+    for gap in gaps_ms:
+        found.append(found[-1] + gap / 1000)
+    return found
+
+
+def test_the_pause_is_the_upper_quartile_of_the_burst() -> None:
+    changes = times(100, 120, 140, 160, 180)
+    assert likely_pause_ms(changes, changes[-1]) == pytest.approx(160.0)
+
+
+def test_too_few_keystrokes_say_nothing() -> None:
+    changes = times(100, 120)
+    assert likely_pause_ms(changes, changes[-1]) is None
+
+
+def test_a_long_gap_ends_the_burst() -> None:
+    changes = times(150, 150, 150, BURST_GAP_MS + 500, 90, 90)
+    assert likely_pause_ms(changes, changes[-1]) is None  # only two intervals since the gap
+    changes = times(150, 150, 150, BURST_GAP_MS + 500, 90, 90, 90)
+    assert likely_pause_ms(changes, changes[-1]) == pytest.approx(90.0)
+
+
+def test_an_old_last_edit_is_not_a_burst() -> None:
+    changes = times(100, 100, 100, 100)
+    assert likely_pause_ms(changes, changes[-1] + 2 * BURST_GAP_MS / 1000) is None
+
+
+def test_the_model_learns_milliseconds_per_token() -> None:
+    model = LatencyModel(smoothing=0.5, min_observations=2)
+    model.observe(100, 200.0)
+    assert model.predict(100) is None  # one call is not enough
+    model.observe(100, 400.0)
+    assert model.predict(100) == pytest.approx(300.0)  # 2 ms/token, then halfway to 4
+    assert model.predict(50, extra_ms=10) == pytest.approx(160.0)
+    model.observe(0, 100.0)  # nothing read: says nothing about the rate
+    assert model.predict(100) == pytest.approx(300.0)
+
+
+def request(trigger: str = "automatic") -> CompletionRequest:
+    return CompletionRequest(
+        prefix="def area(r):\n    return ",
+        suffix="\n",
+        language="python",
+        trigger=trigger,  # type: ignore[arg-type]
+    )
+
+
+def slow_engine(**settings: object) -> Engine:
+    model = ScriptedModel(default="3.14 * r * r")
+    always = builtin_policy(show_floor=1.0)  # these tests are about the skip, not the gate
+    engine = Engine(
+        CompletionSettings(cache=False, **settings),  # type: ignore[arg-type]
+        model,
+        policy_source=lambda: always,
+        seed=1,
+    )
+    engine.latency.observe(10, 500.0)
+    engine.latency.observe(10, 500.0)  # 50 ms per prompt token: any prompt takes seconds
+    return engine
+
+
+def test_a_suggestion_that_would_come_late_is_skipped_at_once() -> None:
+    engine = slow_engine()
+    decision = engine.complete(request(), pause_ms=150.0)
+    assert decision.action == "silence" and decision.silence_reason == "latency"
+    assert decision.reason == LATENCY_SKIP
+    assert engine.model_calls == 0 and engine.latency_skips == 1
+
+
+def test_no_skip_without_a_rhythm_when_asked_or_when_switched_off() -> None:
+    engine = slow_engine()
+    assert engine.complete(request(), pause_ms=None).shown  # not typing: nothing to predict
+    assert engine.complete(request("invoked"), pause_ms=150.0).shown  # the user asked
+    off = slow_engine(latency_skip=False)
+    assert off.complete(request(), pause_ms=150.0).shown
+    assert engine.latency_skips == 0 and off.latency_skips == 0
+
+
+def test_a_fast_enough_engine_answers() -> None:
+    engine = slow_engine()
+    assert engine.complete(request(), pause_ms=1e9).shown
