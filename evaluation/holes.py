@@ -167,6 +167,9 @@ def score(
         else None,
         "empty_suggestions": sum(1 for s in suggestions if not s),
         "latency_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
+        "latency_ms_p95": round(statistics.quantiles(latencies, n=20, method="inclusive")[-1], 1)
+        if len(latencies) > 1
+        else None,
     }
 
 
@@ -176,7 +179,6 @@ def corpus_files(root: Path) -> list[Path]:
 
 
 def run_holes(args: argparse.Namespace) -> dict[str, Any]:
-    from completion.engine import Engine
     from completion.output_cache import CachedRunner
     from completion.runners import load_runner
 
@@ -196,35 +198,90 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
     holes = sample_holes(corpus_files(corpus), args.n, random.Random(args.seed))
     if not holes:
         raise SystemExit(f"no source files with code lines under {corpus}")
-    runner = CachedRunner(load_runner(completion, cache_dir), cache_dir / "eval" / "outputs.jsonl")
-    results: dict[str, Any] = {"corpus": str(corpus), "seed": args.seed, "model": runner.model_id}
+    engines = [e for e in args.engines.split(",") if e] or [completion.engine]
+    results: dict[str, Any] = {
+        "command": "tabloop eval holes " + " ".join(args.argv),
+        "corpus": str(corpus),
+        "seed": args.seed,
+    }
     index = None
     try:
         sources: list[tuple[str, ContextSource | None]] = [("without_retrieval", None)]
         if not args.no_retrieval:
             index, context = corpus_context(corpus, settings, cache_dir)
             sources.append(("with_retrieval", context))
-        for name, source in sources:
-            engine = Engine(completion, runner, context_source=source)
-            suggestions, latencies = [], []
-            for number, hole in enumerate(holes, 1):
-                decision = engine.complete(hole.request())
-                suggestions.append(decision.text)
-                generation = decision.generation
-                if generation is not None:
-                    latencies.append(
-                        decision.timings.context_ms + generation.prefill_ms + generation.decode_ms
+        for number, engine_name in enumerate(engines):
+            settings_for = completion.model_copy(update={"engine": engine_name})
+            runner = CachedRunner(
+                load_runner(settings_for, cache_dir), cache_dir / "eval" / "outputs.jsonl"
+            )
+            # The engines after the first (the baselines) may run on the first holes only.
+            these = holes[: args.baseline_n] if number and args.baseline_n else holes
+            found: dict[str, Any] = {"model": runner.model_id}
+            try:
+                for name, source in sources:
+                    found[name] = _complete_holes(
+                        settings_for, runner, source, these, f"{engine_name} {name}"
                     )
-                print(f"\r{name}: {number}/{len(holes)}", end="", file=sys.stderr, flush=True)
-            print(file=sys.stderr)
-            results[name] = score(holes, suggestions, latencies)
-        results["model_runs"] = runner.misses
-        results["cached_outputs_used"] = runner.hits
+                found["model_runs"] = runner.misses
+                found["cached_outputs_used"] = runner.hits
+            finally:
+                runner.close()
+            if len(engines) == 1:
+                results.update(found)
+            else:
+                results[engine_name] = found
+        if len(engines) > 1 and args.baseline_n:
+            # The new default on exactly the baseline's holes, for a like-for-like comparison.
+            first = engines[0]
+            results[first]["on_baseline_holes"] = {
+                name: _rescore(results[first], name, holes, args.baseline_n)
+                for name, _ in sources
+            }
     finally:
         if index is not None:
             index.close()
-        runner.close()
+    _drop_suggestions(results)
     return results
+
+
+def _drop_suggestions(found: dict[str, Any]) -> None:
+    """The report keeps figures; the suggestions were kept only to score subsets."""
+    found.pop("suggestions", None)
+    for value in found.values():
+        if isinstance(value, dict):
+            _drop_suggestions(value)
+
+
+def _complete_holes(
+    completion: Any,
+    runner: Any,
+    source: ContextSource | None,
+    holes: Sequence[Hole],
+    label: str,
+) -> dict[str, Any]:
+    from completion.engine import Engine
+
+    engine = Engine(completion, runner, context_source=source)
+    suggestions, latencies = [], []
+    for number, hole in enumerate(holes, 1):
+        decision = engine.complete(hole.request())
+        suggestions.append(decision.text)
+        generation = decision.generation
+        if generation is not None:
+            latencies.append(
+                decision.timings.context_ms + generation.prefill_ms + generation.decode_ms
+            )
+        print(f"\r{label}: {number}/{len(holes)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    scored = score(holes, suggestions, latencies)
+    scored["suggestions"] = suggestions
+    return scored
+
+
+def _rescore(found: dict[str, Any], name: str, holes: Sequence[Hole], n: int) -> dict[str, Any]:
+    suggestions = found[name]["suggestions"][:n]
+    return score(holes[:n], suggestions, [])
 
 
 def corpus_context(
@@ -249,7 +306,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", help="completion model (default: configured)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--no-retrieval", action="store_true", help="skip the run with an index")
+    parser.add_argument(
+        "--engines",
+        default="",
+        help="local engines to compare on the same holes, the new one first "
+        "(e.g. ctranslate2,torch); default: the configured one",
+    )
+    parser.add_argument(
+        "--baseline-n", type=int, default=0, help="holes for the engines after the first (0: all)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)
+    args.argv = argv
     print(json.dumps(run_holes(args), indent=2))
     return 0

@@ -106,7 +106,8 @@ class Ct2Runner:
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
         self.engine_version = ctranslate2.__version__
         self.weights_sha256 = checksum(self.path) or ""
-        self.model_id = f"{self.source.name}@{self.source.revision}"
+        # The int8 weights write other text than the original ones: decisions say which ran.
+        self.model_id = f"{self.source.name}@{self.source.revision}+ct2-{compute_type}"
         self.family = family or self._detect_family()
         self.stop_strings = template_for(self.family).stop_tokens
         self.stop_ids = self._collect_stop_ids()
