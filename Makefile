@@ -48,9 +48,9 @@ test-vscode:
 
 test: lint typecheck pytest test-vscode
 
-# Every benchmark with its defaults (minutes on a CPU; `complete` and `dtype` run the bundled
-# model); each prints JSON, kept under bench/results/.
-BENCHES := lsp complete index telemetry sync dtype
+# Every benchmark with its defaults (minutes on a CPU; `complete`, `engines` and `dtype` run
+# the bundled model); each prints JSON, kept under bench/results/.
+BENCHES := lsp complete engines index telemetry sync dtype
 
 bench: $(STAMP)
 	mkdir -p bench/results
