@@ -3,8 +3,8 @@
 A suggestion that arrives after the next keystroke is never seen: the editor asks again and the
 old answer is stale. `LatencyModel` predicts the time to the first token of a prompt from this
 engine's own recent calls (milliseconds per prompt token read, which dominates on a CPU), and
-`likely_pause_ms` estimates, from the intervals between the user's recent edits, how long they
-will probably pause after this one. When the prediction is longer than the pause, the engine
+`likely_pause_ms` estimates, from the intervals between the user's recent edits and how long they
+have been idle already, how much longer they will probably stay idle. When the prediction is longer than the pause, the engine
 answers empty at once and the decision is logged as a silence for `latency`.
 """
 
@@ -14,36 +14,35 @@ import statistics
 import threading
 from collections.abc import Sequence
 
-# Intervals longer than this end a burst of typing: they are pauses, not the typing rhythm.
-BURST_GAP_MS = 1500.0
-# Fewer intervals than this in the current burst say nothing about the rhythm yet.
-MIN_INTERVALS = 3
-RECENT_INTERVALS = 8
+# The user's recent rhythm: this many intervals between edits, and at least this many of them
+# longer than the pause so far before anything is predicted.
+RECENT_INTERVALS = 32
+MIN_SAMPLES = 4
 
 
 def likely_pause_ms(change_times_s: Sequence[float], now_s: float) -> float | None:
-    """The pause the user will probably leave after their latest edit, or None when unknown.
+    """How much longer the user will probably stay idle, given how long they have been; or None.
 
-    `change_times_s` are the monotonic times of the document's recent edits, oldest first. Within
-    the current burst of typing (no gap over `BURST_GAP_MS`), the upper quartile of the intervals
-    between edits: a suggestion slower than that would be overtaken by three keystrokes in four.
-    Outside a burst (the last edit is old, or too few edits), None: nothing to predict from.
+    `change_times_s` are the monotonic times of the document's recent edits, oldest first. The
+    user has been idle for `e = now - last edit`. Among their recent intervals between edits, those
+    longer than `e` are the pauses this one can still become; the median of what remains of them
+    (`interval - e`) is the likely rest of this pause. An editor asks after a short debounce, so
+    `e` already says something: a fluent typist mid-word has few intervals longer than it, and
+    those few are short; a user who stops to read has long ones. None with fewer than
+    `MIN_SAMPLES` such intervals: nothing to predict from.
     """
-    if len(change_times_s) < MIN_INTERVALS + 1:
+    recent = list(change_times_s[-(RECENT_INTERVALS + 1) :])
+    if len(recent) < 2:
         return None
-    if (now_s - change_times_s[-1]) * 1000 > BURST_GAP_MS:
+    idle_ms = (now_s - recent[-1]) * 1000
+    longer = [
+        (later - earlier) * 1000 - idle_ms
+        for earlier, later in zip(recent, recent[1:], strict=False)
+        if (later - earlier) * 1000 > idle_ms
+    ]
+    if len(longer) < MIN_SAMPLES:
         return None
-    intervals: list[float] = []
-    for earlier, later in zip(change_times_s[-2::-1], change_times_s[::-1], strict=False):
-        gap = (later - earlier) * 1000
-        if gap > BURST_GAP_MS:
-            break
-        intervals.append(gap)
-        if len(intervals) == RECENT_INTERVALS:
-            break
-    if len(intervals) < MIN_INTERVALS:
-        return None
-    return statistics.quantiles(intervals, n=4, method="inclusive")[2]
+    return statistics.median(longer)
 
 
 class LatencyModel:

@@ -6,7 +6,7 @@ import pytest
 
 from completion.engine import Engine
 from completion.gate import builtin_policy
-from completion.latency import BURST_GAP_MS, LatencyModel, likely_pause_ms
+from completion.latency import LatencyModel, likely_pause_ms
 from completion.settings import CompletionSettings
 from completion.types import LATENCY_SKIP, CompletionRequest
 from tests.support.scripted_model import ScriptedModel
@@ -19,26 +19,23 @@ def times(*gaps_ms: float, start: float = 100.0) -> list[float]:
     return found
 
 
-def test_the_pause_is_the_upper_quartile_of_the_burst() -> None:
-    changes = times(100, 120, 140, 160, 180)
-    assert likely_pause_ms(changes, changes[-1]) == pytest.approx(160.0)
+def test_a_fluent_typist_mid_word_will_type_again_soon() -> None:
+    # Mostly 100 ms between keys, a few 300 ms gaps at word boundaries; idle for 150 ms now.
+    changes = times(*([100, 100, 100, 300] * 6))
+    assert likely_pause_ms(changes, changes[-1] + 0.150) == pytest.approx(150.0)
 
 
-def test_too_few_keystrokes_say_nothing() -> None:
-    changes = times(100, 120)
-    assert likely_pause_ms(changes, changes[-1]) is None
+def test_a_user_who_stops_to_read_has_long_pauses_ahead() -> None:
+    changes = times(*([100, 100, 2500, 100, 3000] * 2))
+    assert likely_pause_ms(changes, changes[-1] + 0.150) == pytest.approx(2600.0)
 
 
-def test_a_long_gap_ends_the_burst() -> None:
-    changes = times(150, 150, 150, BURST_GAP_MS + 500, 90, 90)
-    assert likely_pause_ms(changes, changes[-1]) is None  # only two intervals since the gap
-    changes = times(150, 150, 150, BURST_GAP_MS + 500, 90, 90, 90)
-    assert likely_pause_ms(changes, changes[-1]) == pytest.approx(90.0)
-
-
-def test_an_old_last_edit_is_not_a_burst() -> None:
-    changes = times(100, 100, 100, 100)
-    assert likely_pause_ms(changes, changes[-1] + 2 * BURST_GAP_MS / 1000) is None
+def test_too_few_longer_intervals_say_nothing() -> None:
+    changes = times(100, 120, 400, 90)
+    assert likely_pause_ms(changes, changes[-1] + 0.150) is None
+    long_idle = times(*([100] * 10))
+    assert likely_pause_ms(long_idle, long_idle[-1] + 5.0) is None  # idle past every interval
+    assert likely_pause_ms([], 10.0) is None
 
 
 def test_the_model_learns_milliseconds_per_token() -> None:
