@@ -69,12 +69,17 @@ class Engine:
         cls,
         settings: CompletionSettings,
         cache_dir: Path,
+        *,
+        progress: Callable[[str], None] | None = None,
         **kwargs: object,
     ) -> Engine:
-        """Load the configured model runner (slow: seconds to minutes) and build an engine."""
+        """Load the configured model runner (slow: seconds to minutes) and build an engine.
+
+        `progress` hears what a first use prepares (the fast engine's one-time conversion).
+        """
         from completion.runners import load_runner
 
-        runner = load_runner(settings, cache_dir)
+        runner = load_runner(settings, cache_dir, progress=progress)
         return cls(settings, runner, **kwargs)  # type: ignore[arg-type]
 
     @property

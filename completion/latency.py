@@ -4,12 +4,14 @@ A suggestion that arrives after the next keystroke is never seen: the editor ask
 old answer is stale. `LatencyModel` predicts the time to the first token of a prompt from this
 engine's own recent calls (milliseconds per prompt token read, which dominates on a CPU), and
 `likely_pause_ms` estimates, from the intervals between the user's recent edits and how long they
-have been idle already, how much longer they will probably stay idle. When the prediction is longer than the pause, the engine
-answers empty at once and the decision is logged as a silence for `latency`.
+have been idle already, how much longer they will probably stay idle. When the prediction is
+longer than that, the engine answers empty at once and the decision is logged as a silence for
+`latency`.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 from collections.abc import Sequence
@@ -37,7 +39,7 @@ def likely_pause_ms(change_times_s: Sequence[float], now_s: float) -> float | No
     idle_ms = (now_s - recent[-1]) * 1000
     longer = [
         (later - earlier) * 1000 - idle_ms
-        for earlier, later in zip(recent, recent[1:], strict=False)
+        for earlier, later in itertools.pairwise(recent)
         if (later - earlier) * 1000 > idle_ms
     ]
     if len(longer) < MIN_SAMPLES:

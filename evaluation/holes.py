@@ -235,8 +235,7 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
             # The new default on exactly the baseline's holes, for a like-for-like comparison.
             first = engines[0]
             results[first]["on_baseline_holes"] = {
-                name: _rescore(results[first], name, holes, args.baseline_n)
-                for name, _ in sources
+                name: _rescore(results[first], name, holes, args.baseline_n) for name, _ in sources
             }
     finally:
         if index is not None:

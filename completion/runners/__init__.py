@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,12 @@ from completion.settings import CompletionSettings
 log = logging.getLogger(__name__)
 
 
-def load_runner(settings: CompletionSettings, cache_dir: Path) -> ModelRunner:
+def load_runner(
+    settings: CompletionSettings,
+    cache_dir: Path,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> ModelRunner:
     """The runner the settings ask for: in-process (`local`) or an OpenAI-compatible server.
 
     Loading a local model takes seconds to minutes; call this off the event loop.
@@ -29,7 +35,7 @@ def load_runner(settings: CompletionSettings, cache_dir: Path) -> ModelRunner:
             family=family,
         )
     if settings.engine != "torch":
-        fast = _load_fast_runner(settings, cache_dir, family)
+        fast = _load_fast_runner(settings, cache_dir, family, progress)
         if fast is not None:
             return fast
     from completion.runners.local import LocalRunner
@@ -45,7 +51,10 @@ def load_runner(settings: CompletionSettings, cache_dir: Path) -> ModelRunner:
 
 
 def _load_fast_runner(
-    settings: CompletionSettings, cache_dir: Path, family: str | None
+    settings: CompletionSettings,
+    cache_dir: Path,
+    family: str | None,
+    progress: Callable[[str], None] | None,
 ) -> ModelRunner | None:
     """The CTranslate2 runner, or None (with one clear message) when it cannot be used."""
     try:
@@ -65,6 +74,7 @@ def _load_fast_runner(
             compute_type=compute_type,
             threads=settings.threads,
             family=family,
+            progress=progress,
         )
     except (ConversionError, RuntimeError, OSError, ValueError) as exc:
         record_failure(settings.model, compute_type, cache_dir, str(exc))

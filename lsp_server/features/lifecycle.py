@@ -86,6 +86,16 @@ async def load_engine(server: TabloopServer) -> None:
     policy = server.feature_of(PolicyFeature)
     context_source = server.find_feature(WorkspaceContext)
 
+    def report(message: str) -> None:
+        """A step of a first use (the fast engine's conversion), from the model thread."""
+        log.info("%s", message)
+        if progress:
+            loop.call_soon_threadsafe(
+                server.work_done_progress.report,
+                token,
+                types.WorkDoneProgressReport(message=message),
+            )
+
     def build() -> Engine:
         server.import_libraries()
         # The client for the settings of now (they may have changed while we waited).
@@ -93,6 +103,7 @@ async def load_engine(server: TabloopServer) -> None:
         return Engine.load(
             settings.completion,
             settings.cache_path(),
+            progress=report,
             context_source=context_source,
             policy_source=policy.current,
         )

@@ -60,6 +60,14 @@ async def test_the_tiny_model_answers_over_stdio(client: LanguageClient) -> None
     status = await wait_until_ready(client)
     assert status["model"]["state"] == "ready", status
     assert status["model"]["modelId"].startswith("tiny-model")
+    assert status["model"]["modelId"].endswith("+ct2-int8")  # the default engine
+    # A first use converts the model for the fast engine, and says so while it does.
+    messages = [
+        getattr(report, "message", None) or ""
+        for reports in client.progress_reports.values()
+        for report in reports
+    ]
+    assert any("converting" in message for message in messages), messages
     uri = open_document(client, client.workspace_for_tests / "words.py")  # type: ignore[attr-defined]
     answer = await client.text_document_inline_completion_async(inline_params(uri))
     assert isinstance(answer, types.InlineCompletionList)
