@@ -106,6 +106,12 @@ class Generation:
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     stop_reason: Literal["stop", "length", "cancelled", "eos"] = "stop"
+    # Speculative decoding (greedy local runner): tokens proposed by the drafter, how many of them
+    # the model agreed with, and how many forward passes checked a draft.
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    verify_steps: int = 0
+    decode_passes: int = 0  # forward passes after the prefill, drafted or not
 
 
 StopRule = Callable[[str], int | None]

@@ -17,14 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from completion.fim import UnknownFamily, detect_family, template_for
+from completion.runners.draft import PromptLookupDrafter
 from completion.runners.loading import Dtype, load_model, resolve_dtype, resolve_source
-from completion.runners.prefix_cache import CacheEntry, PrefixCache
+from completion.runners.prefix_cache import CacheEntry, PrefixCache, crop_cache
 from completion.types import CancelToken, Generation, StopRule
 
 log = logging.getLogger(__name__)
 
 # Prompt tokens per forward pass of the prefill; cancellation is checked between passes.
 PREFILL_CHUNK_TOKENS = 64
+# Speculative decoding: most drafted tokens per verification pass, longest n-gram looked up.
+DEFAULT_DRAFT_TOKENS = 4
+DEFAULT_DRAFT_NGRAM = 3
 
 
 def default_threads() -> int:
@@ -51,6 +55,48 @@ def _new_cache(config: Any) -> Any:
         return DynamicCache()
 
 
+class _Output:
+    """The text decoded so far and the rules that end it, shared by both decode loops."""
+
+    def __init__(
+        self,
+        runner: LocalRunner,
+        anchor: list[int],
+        stop: StopRule,
+        max_new_tokens: int,
+        result: Generation,
+    ) -> None:
+        self.runner = runner
+        self.anchor = anchor
+        self.stop = stop
+        self.max_new_tokens = max_new_tokens
+        self.result = result
+        self.generated: list[int] = []
+        self.ends: list[int] = []  # text length after each generated token
+        self.text = ""
+        result.stop_reason = "length"
+
+    def add(self, token: int, logprob: float) -> bool:
+        """Take the next token; True when the generation ends with it (its stop_reason set)."""
+        result = self.result
+        if token in self.runner._stop_ids:
+            result.stop_reason = "eos"
+            return True
+        self.generated.append(token)
+        result.token_logprobs.append(logprob)
+        self.text = self.runner._decode(self.anchor, self.generated)
+        self.ends.append(len(self.text))
+        cut = self.runner._cut(self.text, self.stop)
+        if cut is not None:
+            self.text = self.text[:cut]
+            # Keep the log-probabilities of the tokens that contributed to the kept text.
+            kept = next((i + 1 for i, end in enumerate(self.ends) if end >= cut), len(self.ends))
+            del result.token_logprobs[kept if cut > 0 else 0 :]
+            result.stop_reason = "stop"
+            return True
+        return len(self.generated) >= self.max_new_tokens
+
+
 class LocalRunner:
     """A causal LM run in this process, one request at a time."""
 
@@ -66,6 +112,9 @@ class LocalRunner:
         cache_max_tokens: int = 4096,
         family: str | None = None,
         seed: int = 0,
+        speculative: bool = False,
+        speculative_tokens: int = DEFAULT_DRAFT_TOKENS,
+        draft_ngram: int = DEFAULT_DRAFT_NGRAM,
     ) -> None:
         import torch
 
@@ -84,6 +133,10 @@ class LocalRunner:
         self._stop_strings = template_for(self.family).stop_tokens
         self._generator = torch.Generator().manual_seed(seed)
         self._lock = threading.Lock()
+        # Speculative decoding applies to greedy decoding only; sampling always runs plain.
+        self.speculative = speculative
+        self.speculative_tokens = max(1, speculative_tokens)
+        self.draft_ngram = draft_ngram
         log.info("loaded %s (%s) in %.1fs", self.model_id, self.dtype, self.load_s)
 
     def _detect_family(self) -> str:
@@ -124,6 +177,21 @@ class LocalRunner:
             input_ids=tensor, use_cache=True, logits_to_keep=1, **{self._cache_kwarg: cache}
         )
         return output.logits[0, -1].float()
+
+    def _forward_rows(self, input_ids: list[int], cache: Any) -> list[Any]:
+        """Logits after each of `input_ids` (one pass), for checking a draft."""
+        import torch
+
+        if len(input_ids) == 1:
+            return [self._forward(input_ids, cache)]
+        tensor = torch.tensor([input_ids], dtype=torch.long)
+        output = self.model(
+            input_ids=tensor,
+            use_cache=True,
+            logits_to_keep=len(input_ids),
+            **{self._cache_kwarg: cache},
+        )
+        return list(output.logits[0].float())
 
     def _next_token(self, logits: Any, temperature: float) -> tuple[int, float]:
         import torch
@@ -188,40 +256,94 @@ class LocalRunner:
         result.prefill_ms = (time.perf_counter() - started) * 1000
 
         decode_started = time.perf_counter()
-        anchor = prompt_ids[-1:]
-        generated: list[int] = []
-        ends: list[int] = []  # text length after each generated token
-        text = ""
-        result.stop_reason = "length"
-        while len(generated) < max_new_tokens:
-            if cancel.cancelled:
-                result.stop_reason = "cancelled"
-                break
-            token, logprob = self._next_token(logits, temperature)
-            if token in self._stop_ids:
-                result.stop_reason = "eos"
-                break
-            generated.append(token)
-            result.token_logprobs.append(logprob)
-            text = self._decode(anchor, generated)
-            ends.append(len(text))
-            cut = self._cut(text, stop)
-            if cut is not None:
-                text = text[:cut]
-                # Keep the log-probabilities of the tokens that contributed to the kept text.
-                kept = next((i + 1 for i, end in enumerate(ends) if end >= cut), len(ends))
-                del result.token_logprobs[kept if cut > 0 else 0 :]
-                result.stop_reason = "stop"
-                break
-            if len(generated) == max_new_tokens:
-                break
-            logits = self._forward([token], entry.cache)
-            entry.tokens.append(token)
-        result.text = text
-        result.new_tokens = len(generated)
+        output = _Output(self, prompt_ids[-1:], stop, max_new_tokens, result)
+        if self.speculative and temperature <= 0:
+            self._decode_speculative(prompt_ids, logits, entry, output, cancel)
+        else:
+            self._decode_plain(logits, entry, output, cancel, temperature)
+        result.text = output.text
+        result.new_tokens = len(output.generated)
         result.decode_ms = (time.perf_counter() - decode_started) * 1000
         self._prefix_cache.put(entry)
         return result
+
+    def _decode_plain(
+        self,
+        logits: Any,
+        entry: CacheEntry,
+        output: _Output,
+        cancel: CancelToken,
+        temperature: float,
+    ) -> None:
+        """One forward pass per token."""
+        while len(output.generated) < output.max_new_tokens:
+            if cancel.cancelled:
+                output.result.stop_reason = "cancelled"
+                return
+            token, logprob = self._next_token(logits, temperature)
+            if output.add(token, logprob):
+                return
+            logits = self._forward([token], entry.cache)
+            entry.tokens.append(token)
+            output.result.decode_passes += 1
+
+    def _decode_speculative(
+        self,
+        prompt_ids: list[int],
+        logits: Any,
+        entry: CacheEntry,
+        output: _Output,
+        cancel: CancelToken,
+    ) -> None:
+        """Greedy decoding that checks drafted tokens in one forward pass.
+
+        Each pass feeds the last token and a draft; its logits at position i give the greedy token
+        after the draft's first i tokens. Those tokens are taken in order, exactly as the plain loop
+        takes its tokens (cancellation, EOS, stop rule and token limit checked before and after
+        each), until one differs from the draft: that one is the model's own, not yet in the
+        cache, and the cache is cropped back to the last agreed token.
+        """
+        if output.max_new_tokens <= 0:
+            return
+        drafter = PromptLookupDrafter(prompt_ids, max_ngram=self.draft_ngram)
+        result = output.result
+        rows: list[Any] = [logits]
+        draft: list[int] = []
+        while True:
+            accepted, fresh = 0, None
+            for index, row in enumerate(rows):
+                if cancel.cancelled:
+                    result.stop_reason = "cancelled"
+                    break
+                token, logprob = self._next_token(row, 0.0)
+                before = len(output.generated)
+                done = output.add(token, logprob)
+                matched = index < len(draft) and token == draft[index]
+                if matched and len(output.generated) > before:
+                    accepted += 1  # its key and value are already in the cache
+                if done:
+                    break
+                drafter.append(token)
+                if not matched:
+                    fresh = token
+                    break
+            if draft:
+                result.draft_accepted += accepted
+                # The cache holds the fed tokens; keep the last token and the agreed draft.
+                keep = len(entry.tokens) - len(draft) + accepted
+                crop_cache(entry.cache, keep)
+                del entry.tokens[keep:]
+            if fresh is None:
+                return
+            remaining = output.max_new_tokens - len(output.generated)
+            draft = drafter.propose(min(self.speculative_tokens, remaining))
+            fed = [fresh, *draft]
+            rows = self._forward_rows(fed, entry.cache)
+            entry.tokens.extend(fed)
+            result.decode_passes += 1
+            if draft:
+                result.verify_steps += 1
+                result.draft_tokens += len(draft)
 
     def _decode(self, anchor: list[int], generated: list[int]) -> str:
         """Text of `generated` as it continues the prompt.

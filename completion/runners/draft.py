@@ -1,0 +1,91 @@
+"""Draft tokens for speculative decoding, taken from the code itself (prompt lookup).
+
+Code repeats itself: names, argument lists, the rest of a line seen a few lines up. When the last
+few tokens of the text so far occurred before, the tokens that followed them then are a good guess
+for what follows now. The runner checks such a guess in one forward pass and keeps the longest
+prefix the model agrees with, so a good guess saves forward passes and a bad one costs little.
+
+The drafter keeps, for every n-gram (n = 1 … `max_ngram`) of the token sequence, where it last
+occurred with at least one token after it; appending a token and proposing a draft are O(n).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class PromptLookupDrafter:
+    """Proposes the tokens that followed the most recent earlier occurrence of the current tail.
+
+    The longest tail that occurred before wins (`max_ngram` tokens down to `min_ngram`): a longer
+    match is a more reliable guess. `extra` is text the drafter may copy from without it being
+    part of the sequence (for example code the user just deleted); the sequence itself is
+    searched first.
+    """
+
+    def __init__(
+        self,
+        tokens: Sequence[int] = (),
+        *,
+        max_ngram: int = 3,
+        min_ngram: int = 1,
+        extra: Sequence[int] = (),
+    ) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.tokens: list[int] = []
+        # n-gram -> index just after its most recent occurrence that has a token following it.
+        self._ends: dict[tuple[int, ...], int] = {}
+        self._extra = list(extra)
+        self._extra_ends: dict[tuple[int, ...], int] = {}
+        for end in range(1, len(self._extra)):
+            self._register(self._extra, end, self._extra_ends)
+        self.extend(tokens)
+
+    def _register(self, tokens: list[int], end: int, ends: dict[tuple[int, ...], int]) -> None:
+        """Record the n-grams that end at `end` (exclusive); `tokens[end]` follows them."""
+        for n in range(self.min_ngram, self.max_ngram + 1):
+            if end >= n:
+                ends[tuple(tokens[end - n : end])] = end
+
+    def append(self, token: int) -> None:
+        """Add one token at the end of the sequence."""
+        self.tokens.append(token)
+        # The n-grams ending just before the new token now have a continuation.
+        if len(self.tokens) >= 2:
+            self._register(self.tokens, len(self.tokens) - 1, self._ends)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Add tokens at the end of the sequence."""
+        for token in tokens:
+            self.append(token)
+
+    def propose(self, count: int) -> list[int]:
+        """Up to `count` tokens that may come next; empty when the tail occurred nowhere before."""
+        if count <= 0 or not self.tokens:
+            return []
+        for n in range(min(self.max_ngram, len(self.tokens)), self.min_ngram - 1, -1):
+            tail = tuple(self.tokens[-n:])
+            end = self._ends.get(tail)
+            if end is not None:
+                return _continuation(self.tokens, end, count)
+            end = self._extra_ends.get(tail)
+            if end is not None:
+                return self._extra[end : end + count]
+        return []
+
+
+def _continuation(tokens: Sequence[int], end: int, count: int) -> list[int]:
+    """`count` tokens from `end` on, as the sequence would continue if the match held.
+
+    A match that ends close to the end of the sequence runs out of tokens to copy; the text then
+    repeats with period `len(tokens) - end` (the tail equals the tokens before `end`), so the
+    draft continues by repeating itself.
+    """
+    draft = list(tokens[end : end + count])
+    period = len(tokens) - end
+    while len(draft) < count and period > 0:
+        draft.append(draft[len(draft) - period])
+    return draft
