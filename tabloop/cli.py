@@ -119,10 +119,14 @@ def _bench(name: str) -> Command:
         from evaluation.bench import edits
 
         return edits.main
+    if name == "speculative":
+        from evaluation.bench import speculative
+
+        return speculative.main
     raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
 
 
-BENCHES = "lsp, complete, engines, index, telemetry, sync, dtype, threads, gate, edits"
+BENCHES = "lsp, complete, engines, index, telemetry, sync, dtype, threads, gate, edits, speculative"
 
 
 def complete(args: argparse.Namespace) -> int:

@@ -19,8 +19,8 @@ class PromptLookupDrafter:
 
     The longest tail that occurred before wins (`max_ngram` tokens down to `min_ngram`): a longer
     match is a more reliable guess. `extra` is text the drafter may copy from without it being
-    part of the sequence (for example code the user just deleted); the sequence itself is
-    searched first.
+    part of the sequence (for example code the user just deleted); for each tail length the
+    sequence is searched first.
     """
 
     def __init__(
