@@ -101,3 +101,11 @@ class CompletionSettings(BaseModel):
         description="Answer empty at once when the suggestion would arrive after the user's "
         "likely next keystroke (predicted from this engine's speed and the typing rhythm).",
     )
+    speculative: bool = Field(
+        False,
+        description="Torch engine, greedy decoding: draft tokens from repeats in the prompt and "
+        "check them in one forward pass (same output; docs/models.md has when it pays).",
+    )
+    speculative_tokens: int = Field(
+        8, ge=1, le=16, description="Most drafted tokens checked per forward pass."
+    )

@@ -47,6 +47,8 @@ def load_runner(
         threads=settings.threads,
         reuse_cache=settings.cache,
         family=family,
+        speculative=settings.speculative,
+        speculative_tokens=settings.speculative_tokens,
     )
 
 

@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 # Prompt tokens per forward pass of the prefill; cancellation is checked between passes.
 PREFILL_CHUNK_TOKENS = 64
 # Speculative decoding: most drafted tokens per verification pass, longest n-gram looked up.
-DEFAULT_DRAFT_TOKENS = 4
-DEFAULT_DRAFT_NGRAM = 3
+DEFAULT_DRAFT_TOKENS = 8
+DEFAULT_DRAFT_NGRAM = 4
+DEFAULT_DRAFT_MIN_NGRAM = 3
 
 
 def default_threads() -> int:
@@ -115,6 +116,7 @@ class LocalRunner:
         speculative: bool = False,
         speculative_tokens: int = DEFAULT_DRAFT_TOKENS,
         draft_ngram: int = DEFAULT_DRAFT_NGRAM,
+        draft_min_ngram: int = DEFAULT_DRAFT_MIN_NGRAM,
     ) -> None:
         import torch
 
@@ -137,6 +139,7 @@ class LocalRunner:
         self.speculative = speculative
         self.speculative_tokens = max(1, speculative_tokens)
         self.draft_ngram = draft_ngram
+        self.draft_min_ngram = draft_min_ngram
         log.info("loaded %s (%s) in %.1fs", self.model_id, self.dtype, self.load_s)
 
     def _detect_family(self) -> str:
@@ -305,7 +308,9 @@ class LocalRunner:
         """
         if output.max_new_tokens <= 0:
             return
-        drafter = PromptLookupDrafter(prompt_ids, max_ngram=self.draft_ngram)
+        drafter = PromptLookupDrafter(
+            prompt_ids, max_ngram=self.draft_ngram, min_ngram=self.draft_min_ngram
+        )
         result = output.result
         rows: list[Any] = [logits]
         draft: list[int] = []

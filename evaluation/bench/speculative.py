@@ -12,7 +12,7 @@ draft tokens proposed and accepted per verification pass, tokens per decode forw
 tokens/s, and the speed-up (plain time / speculative time) of the decode and of the whole request,
 per request (p50) and in total; for each draft length in `--tokens`.
 
-    tabloop bench speculative [--model bundled] [--n 20] [--tokens 4] [--json]
+    tabloop bench speculative [--model bundled] [--n 20] [--tokens 8,16] [--json]
 """
 
 from __future__ import annotations
@@ -120,10 +120,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--n", type=int, default=20, help="prompts")
     parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--tokens", default="4", help="draft lengths to measure, comma-separated")
-    parser.add_argument("--ngram", type=int, default=3, help="longest n-gram the drafter matches")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--context-tokens", type=int, default=768)
+    parser.add_argument("--tokens", default="", help="draft lengths to measure, comma-separated")
+    parser.add_argument("--ngram", type=int, default=0, help="longest n-gram the drafter matches")
+    parser.add_argument("--min-ngram", type=int, default=0, help="shortest n-gram it matches")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--context-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
     args = parser.parse_args(argv)
@@ -131,10 +132,18 @@ def main(argv: list[str]) -> int:
     from common.paths import default_cache_dir
     from completion.context import ContextBudget, LineTokenCounter, assemble
     from completion.fim import template_for
-    from completion.runners.local import LocalRunner, default_threads
+    from completion.runners.local import (
+        DEFAULT_DRAFT_MIN_NGRAM,
+        DEFAULT_DRAFT_NGRAM,
+        DEFAULT_DRAFT_TOKENS,
+        LocalRunner,
+        default_threads,
+    )
     from completion.settings import CompletionSettings
 
-    lengths = [int(k) for k in args.tokens.split(",") if k]
+    lengths = [int(k) for k in args.tokens.split(",") if k] or [DEFAULT_DRAFT_TOKENS]
+    args.ngram = args.ngram or DEFAULT_DRAFT_NGRAM
+    args.min_ngram = args.min_ngram or DEFAULT_DRAFT_MIN_NGRAM
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     runner = LocalRunner(
         args.model,
@@ -143,6 +152,7 @@ def main(argv: list[str]) -> int:
         threads=args.threads,
         reuse_cache=False,
         draft_ngram=args.ngram,
+        draft_min_ngram=args.min_ngram,
     )
     template = template_for(runner.family)
     budget = ContextBudget.from_settings(CompletionSettings(context_tokens=args.context_tokens))
@@ -175,7 +185,7 @@ def main(argv: list[str]) -> int:
         "prompt_tokens_p50": statistics.median(a["generation"].prompt_tokens for a in plain),
         "new_tokens_total": sum(a["generation"].new_tokens for a in plain),
         "max_new_tokens": args.max_new_tokens,
-        "draft_ngram": args.ngram,
+        "draft_ngram": [args.min_ngram, args.ngram],
         "baseline": "plain greedy decoding",
         "by_draft_tokens": {str(k): _summary(plain, runs[k]) for k in lengths},
     }

@@ -93,6 +93,21 @@ def test_load_runner_local(tiny_model_path: Path, tmp_path: Path) -> None:
     assert isinstance(runner, LocalRunner)
     assert runner.family == "qwen"
     assert runner.dtype == "float32"
+    assert runner.speculative is False
+    runner.close()
+
+
+def test_load_runner_passes_speculative_settings(tiny_model_path: Path, tmp_path: Path) -> None:
+    settings = CompletionSettings.model_validate(
+        {
+            "model": str(tiny_model_path),
+            "engine": "torch",
+            "speculative": True,
+            "speculativeTokens": 5,
+        }
+    )
+    runner: Any = load_runner(settings, tmp_path)
+    assert (runner.speculative, runner.speculative_tokens) == (True, 5)
     runner.close()
 
 

@@ -8,6 +8,7 @@ from near-ties, so each prompt's greedy path is checked to have a top-2 gap abov
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ QWEN = template_for("qwen")
 # The tiny model falls into repeating itself after these, so drafts copied from its own output
 # are accepted, some of them only in part.
 REPETITIVE = {
-    "body": QWEN.build("import os\n\n\ndef join_all(parts):\n    ", "\n\n\ndef main():\n    pass\n"),
+    "body": QWEN.build(
+        "import os\n\n\ndef join_all(parts):\n    ", "\n\n\ndef main():\n    pass\n"
+    ),
     "attributes": "    self.width = width\n    self.height = height\n    self.",
     "call": (
         "import textwrap\n\ndef wrap(text, width):\n    return textwrap.wrap(text, width=width)\n"
@@ -96,15 +99,43 @@ def test_same_output_with_accepted_drafts(
     assert speculative.draft_accepted <= speculative.draft_tokens
 
 
+@contextmanager
+def eager_drafts(runner: LocalRunner) -> Iterator[LocalRunner]:
+    """The speculative runner drafting from any repeated token, four at a time: on these
+    prompts the shipped drafter (3- and 4-grams) is always right, this one often wrong."""
+    saved = runner.draft_ngram, runner.draft_min_ngram, runner.speculative_tokens
+    runner.draft_ngram, runner.draft_min_ngram, runner.speculative_tokens = 3, 1, 4
+    try:
+        yield runner
+    finally:
+        runner.draft_ngram, runner.draft_min_ngram, runner.speculative_tokens = saved
+
+
+@pytest.fixture
+def eager(spec: LocalRunner) -> Iterator[LocalRunner]:
+    with eager_drafts(spec) as runner:
+        yield runner
+
+
+@pytest.fixture(params=["shipped", "eager"])
+def drafting(request: pytest.FixtureRequest, spec: LocalRunner) -> Iterator[LocalRunner]:
+    """The speculative runner with the shipped drafter, and with one whose drafts often fail."""
+    if request.param == "shipped":
+        yield spec
+    else:
+        with eager_drafts(spec) as runner:
+            yield runner
+
+
 def test_rejected_drafts_change_nothing(
-    plain: LocalRunner, spec: LocalRunner, margins: dict[str, float]
+    plain: LocalRunner, eager: LocalRunner, margins: dict[str, float]
 ) -> None:
     # Across these prompts some drafted tokens were rejected (the model's own token replaced
     # them and the cache was cropped back), and the outputs still agree.
     rejected = 0
     for name, prompt in REPETITIVE.items():
         assert margins[name] > NEAR_TIE
-        speculative = generate(spec, prompt)
+        speculative = generate(eager, prompt)
         assert_same(generate(plain, prompt), speculative)
         rejected += speculative.draft_tokens - speculative.draft_accepted
     assert rejected > 0
@@ -120,18 +151,18 @@ def test_no_draft_without_repetition(plain: LocalRunner, spec: LocalRunner) -> N
 
 @pytest.mark.parametrize("limit", range(1, NEW_TOKENS + 1))
 def test_max_new_tokens_exact(
-    limit: int, plain: LocalRunner, spec: LocalRunner, margins: dict[str, float]
+    limit: int, plain: LocalRunner, drafting: LocalRunner, margins: dict[str, float]
 ) -> None:
     assert margins["attributes"] > NEAR_TIE
     prompt = REPETITIVE["attributes"]
-    speculative = generate(spec, prompt, max_new_tokens=limit)
+    speculative = generate(drafting, prompt, max_new_tokens=limit)
     assert speculative.new_tokens == limit and speculative.stop_reason == "length"
     assert_same(generate(plain, prompt, max_new_tokens=limit), speculative)
 
 
 @pytest.mark.parametrize("chars", range(1, 60, 4))
 def test_stop_rule_cuts_where_plain_decoding_cuts(
-    chars: int, plain: LocalRunner, spec: LocalRunner, margins: dict[str, float]
+    chars: int, plain: LocalRunner, drafting: LocalRunner, margins: dict[str, float]
 ) -> None:
     assert margins["body"] > NEAR_TIE
 
@@ -139,14 +170,14 @@ def test_stop_rule_cuts_where_plain_decoding_cuts(
         return chars if len(text) >= chars else None
 
     prompt = REPETITIVE["body"]
-    speculative = generate(spec, prompt, stop=after)
+    speculative = generate(drafting, prompt, stop=after)
     assert_same(generate(plain, prompt, stop=after), speculative)
     assert speculative.stop_reason == "stop" and len(speculative.text) == chars
 
 
 @pytest.mark.parametrize("after_tokens", [1, 2, 3, 5, 8, 13])
 def test_cancel_mid_way(
-    after_tokens: int, plain: LocalRunner, spec: LocalRunner, margins: dict[str, float]
+    after_tokens: int, plain: LocalRunner, drafting: LocalRunner, margins: dict[str, float]
 ) -> None:
     assert margins["call"] > NEAR_TIE
 
@@ -162,7 +193,7 @@ def test_cancel_mid_way(
 
         return generate(runner, REPETITIVE["call"], stop=cancel_after, cancel=token)
 
-    speculative = run(spec)
+    speculative = run(drafting)
     # Cancellation is checked before every token, drafted or not: it stops where plain stops.
     assert speculative.stop_reason == "cancelled" and speculative.new_tokens == after_tokens
     assert_same(run(plain), speculative)
@@ -210,7 +241,9 @@ def test_same_answer_after_cancelled_speculative_calls(
         token = CancelToken()
         seen: list[str] = []
 
-        def cancel_after(text: str, seen: list[str] = seen, n: int = after_tokens) -> int | None:
+        def cancel_after(
+            text: str, seen: list[str] = seen, n: int = after_tokens, token: CancelToken = token
+        ) -> int | None:
             seen.append(text)
             if len(seen) == n:
                 token.cancel()
