@@ -209,16 +209,19 @@ class TabloopServer(LanguageServer):
         task.add_done_callback(done)
         return task
 
-    def import_libraries(self) -> None:
-        """Import transformers and sentence-transformers, once, one thread at a time.
+    def import_libraries(self, *, embeddings: bool = True) -> None:
+        """Import transformers (and sentence-transformers), once, one thread at a time.
 
         The model and the index load on two threads at once, and transformers' lazily loaded
         modules are not safe to import from two threads concurrently ("cannot import name
-        AutoModelForCausalLM"). Each loader calls this first; the second one waits.
+        AutoModelForCausalLM"). Each loader that needs them calls this first; the second one
+        waits. The fast engine needs neither (nor torch): its loader does not call this, and a
+        server with the index off never holds them in memory.
         """
         with self._import_lock:
             try:
-                import sentence_transformers  # noqa: F401
+                if embeddings:
+                    import sentence_transformers  # noqa: F401
                 import transformers
 
                 transformers.AutoModelForCausalLM  # noqa: B018 - resolve the lazy attribute

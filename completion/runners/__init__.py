@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -86,13 +87,41 @@ def _load_fast_runner(
         return None
 
 
+def _expected_source(settings: CompletionSettings, cache_dir: Path) -> Any:
+    """The model's identity without assembling or loading anything (None when unknown)."""
+    from completion.bundled import BUNDLED_NAME, BUNDLED_SHA256
+    from completion.runners.loading import ModelSource, resolve_source
+
+    if settings.model == "bundled":
+        return ModelSource("", "bundled.gguf", BUNDLED_NAME, BUNDLED_SHA256[:12])
+    try:
+        return resolve_source(settings.model, cache_dir)
+    except (OSError, ValueError):
+        return None
+
+
+def needs_transformers(settings: CompletionSettings, cache_dir: Path) -> bool:
+    """Whether loading the runner will import transformers (and torch).
+
+    Only the fast engine with its converted model at hand does without them; a first use
+    converts with transformers, and a fallback runs torch.
+    """
+    if settings.runner == "http":
+        return False
+    if settings.engine == "torch" or importlib.util.find_spec("ctranslate2") is None:
+        return True
+    from completion.runners.conversion import MANIFEST, engine_path
+
+    source = _expected_source(settings, cache_dir)
+    compute_type = "int8" if settings.dtype == "auto" else settings.dtype
+    return source is None or not (engine_path(source, compute_type, cache_dir) / MANIFEST).is_file()
+
+
 def engine_status(settings: CompletionSettings, cache_dir: Path) -> dict[str, Any]:
     """What `tabloop doctor` says about the local engine, without loading or converting anything."""
     import importlib.metadata
 
-    from completion.bundled import BUNDLED_NAME, BUNDLED_SHA256
     from completion.runners.conversion import engine_path, last_failure, read_manifest, verify
-    from completion.runners.loading import ModelSource, resolve_source
 
     report: dict[str, Any] = {"requested": settings.engine}
     if settings.runner == "http":
@@ -110,13 +139,9 @@ def engine_status(settings: CompletionSettings, cache_dir: Path) -> dict[str, An
     report.update(
         {"engine": "ctranslate2", "engine_version": version, "compute_type": compute_type}
     )
-    try:
-        if settings.model == "bundled":
-            source = ModelSource("", "bundled.gguf", BUNDLED_NAME, BUNDLED_SHA256[:12])
-        else:
-            source = resolve_source(settings.model, cache_dir)
-    except (OSError, ValueError) as exc:
-        return {**report, "problem": str(exc)}
+    source = _expected_source(settings, cache_dir)
+    if source is None:
+        return {**report, "problem": f"completion.model {settings.model} cannot be found"}
     target = engine_path(source, compute_type, cache_dir)
     report["converted_model"] = str(target)
     failure = last_failure(settings.model, compute_type, cache_dir)

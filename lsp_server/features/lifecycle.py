@@ -57,8 +57,9 @@ def supports_work_done_progress(server: TabloopServer) -> bool:
 
 
 async def load_engine(server: TabloopServer) -> None:
-    """Import torch, load the model and warm it, on the model thread; report progress."""
+    """Load the model (importing torch only if its engine needs it) on the model thread."""
     from completion.engine import Engine  # heavy imports (torch) stay off `initialize`
+    from completion.runners import needs_transformers
 
     settings = server.settings
     if not settings.completion.enabled:
@@ -97,7 +98,8 @@ async def load_engine(server: TabloopServer) -> None:
             )
 
     def build() -> Engine:
-        server.import_libraries()
+        if needs_transformers(settings.completion, settings.cache_path()):
+            server.import_libraries(embeddings=False)
         # The client for the settings of now (they may have changed while we waited).
         policy.follow(server.settings)
         return Engine.load(
