@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tabloop-installed
-PACKAGES := tabloop evaluation lsp_server completion indexer telemetry backend common
+PACKAGES := tabloop evaluation lsp_server completion indexer telemetry backend training common
 PIP_LOG := $(VENV)/pip.log
 # pip's output goes to a log, shown only when it fails.
 PIP := $(PY) -m pip install --quiet
@@ -22,7 +22,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0 $(PIP_QUIET)
-	$(PIP) -e '.[dev,models]' $(PIP_QUIET)
+	$(PIP) -e '.[dev,models,train]' $(PIP_QUIET)
 	$(PY) -c "import torch, transformers, pygls, faiss, sentence_transformers"
 	touch $(STAMP)
 

@@ -109,3 +109,8 @@ class CompletionSettings(BaseModel):
     speculative_tokens: int = Field(
         8, ge=1, le=16, description="Most drafted tokens checked per forward pass."
     )
+    adapter: str = Field(
+        "",
+        description="LoRA adapter directory served on the local model (`tabloop train model` "
+        "writes them; `tabloop model promote` sets the served one); empty serves the base model.",
+    )

@@ -40,9 +40,20 @@ def _backend(argv: list[str]) -> int:
 
 
 def _train(argv: list[str]) -> int:
+    """`train policy` (also plain `train`, as before) or `train model`."""
+    if argv[:1] == ["model"]:
+        from tabloop.model_cli import train_model_main
+
+        return train_model_main(argv[1:])
     from backend.policy_cli import train_main
 
-    return train_main(argv)
+    return train_main(argv[1:] if argv[:1] == ["policy"] else argv)
+
+
+def _model(argv: list[str]) -> int:
+    from tabloop.model_cli import model_main
+
+    return model_main(argv)
 
 
 def _policy(argv: list[str]) -> int:
@@ -57,7 +68,8 @@ DELEGATED: dict[str, tuple[Command, str]] = {
     "index": (_index, "index a workspace"),
     "search": (_search, "search a workspace index by meaning"),
     "backend": (_backend, "run the training backend, manage tokens"),
-    "train": (_train, "train a candidate policy from events"),
+    "train": (_train, "train policy (the default) or model (an adapter)"),
+    "model": (_model, "list, promote, roll back or evaluate model adapters"),
     "policy": (_policy, "list, promote or roll back policies"),
 }
 
@@ -115,6 +127,10 @@ def _bench(name: str) -> Command:
         from evaluation.bench import gate
 
         return gate.main
+    if name == "adapters":
+        from evaluation.bench import adapters
+
+        return adapters.main
     if name == "edits":
         from evaluation.bench import edits
 
@@ -126,7 +142,10 @@ def _bench(name: str) -> Command:
     raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
 
 
-BENCHES = "lsp, complete, engines, index, telemetry, sync, dtype, threads, gate, edits, speculative"
+BENCHES = (
+    "lsp, complete, engines, index, telemetry, sync, dtype, threads, gate, edits, speculative, "
+    "adapters"
+)
 
 
 def complete(args: argparse.Namespace) -> int:

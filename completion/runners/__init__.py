@@ -35,7 +35,9 @@ def load_runner(
             timeout_s=settings.http_timeout_s,
             family=family,
         )
-    if settings.engine != "torch":
+    if settings.engine != "torch" and not settings.adapter:
+        # The fast engine cannot serve a LoRA adapter on its own weights yet (it needs one merged
+        # and converted); a named adapter is served by the torch runner.
         fast = _load_fast_runner(settings, cache_dir, family, progress)
         if fast is not None:
             return fast
@@ -50,6 +52,7 @@ def load_runner(
         family=family,
         speculative=settings.speculative,
         speculative_tokens=settings.speculative_tokens,
+        adapter=Path(settings.adapter).expanduser() if settings.adapter else None,
     )
 
 

@@ -117,6 +117,7 @@ class LocalRunner:
         speculative_tokens: int = DEFAULT_DRAFT_TOKENS,
         draft_ngram: int = DEFAULT_DRAFT_NGRAM,
         draft_min_ngram: int = DEFAULT_DRAFT_MIN_NGRAM,
+        adapter: Path | None = None,
     ) -> None:
         import torch
 
@@ -140,7 +141,42 @@ class LocalRunner:
         self.speculative_tokens = max(1, speculative_tokens)
         self.draft_ngram = draft_ngram
         self.draft_min_ngram = draft_min_ngram
+        self.base_model_id = self.model_id
+        self.adapter: Path | None = None
+        self._base_model = self.model
+        self._base_shapes: dict[str, tuple[int, int]] | None = None
         log.info("loaded %s (%s) in %.1fs", self.model_id, self.dtype, self.load_s)
+        if adapter is not None:
+            self.swap_adapter(adapter)
+
+    def swap_adapter(self, adapter: Path | None) -> None:
+        """Serve `adapter` (a LoRA directory, `completion.adapters`) on the base model from the
+        next request on, or the base model alone for None; no restart.
+
+        The adapter is checked completely before the model is touched: a corrupt one raises
+        `AdapterError` and what was serving keeps serving. A request in progress finishes first.
+        """
+        from completion.adapters import apply_adapter, check_adapter, linear_shapes, remove_adapter
+
+        if self.dtype == "int8":
+            raise ValueError("adapters need a float model: set completion.dtype to float32")
+        if self._base_shapes is None:
+            self._base_shapes = linear_shapes(self._base_model)
+        manifest = None
+        if adapter is not None:
+            manifest = check_adapter(adapter, self.base_model_id, self._base_shapes)
+        with self._lock:
+            self._prefix_cache.clear()  # its keys and values came from the other weights
+            base = remove_adapter(self.model)
+            self.model = (
+                base
+                if adapter is None
+                else apply_adapter(base, adapter, self.base_model_id, self._base_shapes)
+            )
+            self.adapter = adapter
+            suffix = f"+{manifest.get('version', adapter.name)}" if manifest and adapter else ""
+            self.model_id = f"{self.base_model_id}{suffix}"
+        log.info("now serving %s", self.model_id)
 
     def _detect_family(self) -> str:
         specials = list(getattr(self.tokenizer, "all_special_tokens", []))

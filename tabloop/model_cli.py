@@ -1,0 +1,283 @@
+"""`tabloop train model` and `tabloop model list|promote V|rollback|evaluate V`.
+
+tabloop train model [--workspace DIR | --tenant T] [--budget 20m | --samples N | --tokens N]
+                    [--promote] [--fresh] [--json]
+tabloop model list [--workspace DIR | --tenant T] [--json]
+tabloop model promote V [--force] [--margin M]
+tabloop model rollback
+tabloop model evaluate V [--n 50]
+
+A workspace's run lives in its adapter directory under the cache (`runs/current`): killed, it
+resumes from its last checkpoint when the same command runs again; finished, its adapter becomes
+a new candidate version, evaluated against the serving one on the held-out files. A tenant's
+adapters are trained by the backend from events that carry text (backend/adapters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from lsp_server import config
+from training.examples import split_files, workspace_files
+from training.feedback import FeedbackStore
+from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
+from training.trainer import Budget, Progress, TrainSettings, parse_duration
+
+RUN_DIR = "runs/current"
+FEEDBACK_FILE = "training/feedback.sqlite"
+
+
+def _scope(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--workspace", help="workspace root (default: the current directory)")
+    group.add_argument("--tenant", help="a backend tenant's adapters (trained from its events)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _resolved(args: argparse.Namespace) -> tuple[Path, config.Settings, Path]:
+    workspace = Path(args.workspace or ".").resolve()
+    settings = config.resolve(workspace).settings
+    return workspace, settings, settings.cache_path()
+
+
+def _registry(args: argparse.Namespace) -> AdapterRegistry:
+    if getattr(args, "tenant", None):
+        from backend.adapters.service import tenant_registry
+
+        return tenant_registry(args.tenant)
+    workspace, _settings, cache_dir = _resolved(args)
+    return AdapterRegistry(scope_dir(cache_dir, workspace=workspace))
+
+
+def _budget(args: argparse.Namespace) -> Budget:
+    seconds = parse_duration(args.budget) if args.budget else None
+    if seconds is None and args.samples is None and args.tokens is None:
+        seconds = parse_duration("20m")
+    return Budget(samples=args.samples, tokens=args.tokens, seconds=seconds)
+
+
+class _Bar:
+    """The terminal progress bar: budget used, samples/s, loss."""
+
+    def __init__(self, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=1000, disable=not enabled, unit="‰", file=sys.stderr)
+
+    def __call__(self, p: Progress) -> None:
+        self.bar.n = int(p.fraction * 1000)
+        self.bar.set_postfix(
+            step=p.step, samples=p.samples, loss=f"{p.loss:.3f}", rate=f"{p.samples_per_s:.2f}/s"
+        )
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def train_model_main(argv: list[str]) -> int:
+    """Entry point of `tabloop train model`."""
+    parser = argparse.ArgumentParser(
+        prog="tabloop train model",
+        description="Train a LoRA adapter of the completion model on a workspace's code and its "
+        "local feedback, evaluate it on held-out files, and add it to the adapter registry.",
+    )
+    _scope(parser)
+    parser.add_argument("--budget", help="wall-clock budget, e.g. 20m (the default), 1h, 90s")
+    parser.add_argument("--samples", type=int, help="budget in training examples")
+    parser.add_argument("--tokens", type=int, help="budget in tokens (prompt and target)")
+    parser.add_argument("--model", help="base model (default: the configured completion.model)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--effective-batch", type=int, default=8)
+    parser.add_argument("--micro-batch", type=int, default=0, help="0: sized from free memory")
+    parser.add_argument("--checkpoint-every", type=int, default=20, help="steps")
+    parser.add_argument("--max-prompt-tokens", type=int, default=384)
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    parser.add_argument("--eval-n", type=int, default=50, help="held-out cursors; 0 skips")
+    parser.add_argument("--promote", action="store_true", help="promote if the evaluation allows")
+    parser.add_argument("--fresh", action="store_true", help="discard an unfinished run")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    args = parser.parse_args(argv)
+    if args.tenant:
+        from backend.adapters.service import train_tenant_main
+
+        return train_tenant_main(args)
+    try:
+        budget = _budget(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    from training.lora import LoraShape
+    from training.workspace import train_workspace
+
+    workspace, settings, cache_dir = _resolved(args)
+    registry = AdapterRegistry(scope_dir(cache_dir, workspace=workspace))
+    run_dir = registry.root / RUN_DIR
+    if args.fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    train_settings = TrainSettings(
+        seed=args.seed,
+        learning_rate=args.learning_rate,
+        effective_batch=args.effective_batch,
+        micro_batch=args.micro_batch,
+        checkpoint_every=args.checkpoint_every,
+        max_prompt_tokens=args.max_prompt_tokens,
+        lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
+    )
+    feedback = FeedbackStore(cache_dir / FEEDBACK_FILE)
+    bar = _Bar(enabled=not args.json)
+    model = args.model or settings.completion.model
+    try:
+        result, held_out = train_workspace(
+            workspace,
+            model=model,
+            cache_dir=cache_dir,
+            work_dir=run_dir,
+            budget=budget,
+            settings=train_settings,
+            feedback=feedback,
+            exclude=settings.index.exclude,
+            on_progress=bar,
+            device=args.device,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"tabloop train model: {exc}") from None
+    finally:
+        bar.close()
+    from completion.adapters import read_manifest
+
+    manifest = read_manifest(Path(result.adapter))
+    record = registry.add(Path(result.adapter), manifest["base_model"], asdict(result))
+    shutil.rmtree(run_dir, ignore_errors=True)  # finished: the next run starts fresh
+    report: dict[str, Any] = {"version": record.name, "training": asdict(result)}
+    if args.eval_n > 0 and held_out:
+        report["evaluation"] = _evaluate(
+            registry,
+            record.version,
+            workspace,
+            held_out,
+            settings,
+            model,
+            cache_dir,
+            args.eval_n,
+            feedback,
+        )
+    if args.promote and "evaluation" in report:
+        try:
+            report["promoted"] = registry.promote(record.version)
+        except AdapterRegistryError as exc:
+            report["not_promoted"] = str(exc)
+    feedback.close()
+    _print(report, args.json)
+    return 0
+
+
+def _evaluate(
+    registry: AdapterRegistry,
+    version: int,
+    workspace: Path,
+    held_out: list[str],
+    settings: config.Settings,
+    model: str,
+    cache_dir: Path,
+    n: int,
+    feedback: FeedbackStore | None,
+) -> dict[str, Any]:
+    from completion.runners.local import LocalRunner
+    from training.evaluate import accepted_examples, compare, held_out_cursors
+
+    cursors = held_out_cursors(workspace, held_out, n, seed=0)
+    accepted = accepted_examples(feedback, limit=n)
+    completion = settings.completion.model_copy(
+        update={"model": model, "adapter": "", "context_timeout_ms": 60_000}
+    )
+    runner = LocalRunner(model, cache_dir, dtype="float32")
+    try:
+        report = compare(
+            runner, completion, registry.serving_path(), registry.path(version), cursors, accepted
+        )
+    finally:
+        runner.close()
+    report["against"] = registry.serving()
+    registry.record_evaluation(version, report)
+    return report
+
+
+def _print(report: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    for key, value in report.items():
+        print(f"{key}: {json.dumps(value, default=str)}")
+
+
+def model_main(argv: list[str]) -> int:
+    """Entry point of `tabloop model`."""
+    parser = argparse.ArgumentParser(prog="tabloop model", description="adapter versions")
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("list", help="versions, their evaluation, which one serves")
+    _scope(p)
+    p = sub.add_parser("promote", help="serve a version (if its evaluation shows a gain)")
+    p.add_argument("version", help="v0003 or 3")
+    p.add_argument("--force", action="store_true", help="promote without an evaluated gain")
+    p.add_argument("--margin", type=float, default=0.005)
+    _scope(p)
+    p = sub.add_parser("rollback", help="serve the previously promoted version again")
+    _scope(p)
+    p = sub.add_parser("evaluate", help="evaluate a version against the serving one")
+    p.add_argument("version")
+    p.add_argument("--n", type=int, default=50)
+    _scope(p)
+    args = parser.parse_args(argv)
+    registry = _registry(args)
+    try:
+        if args.action == "list":
+            serving = registry.serving()
+            rows = [
+                {**asdict(v), "name": v.name, "serving": v.version == serving}
+                for v in registry.versions()
+            ]
+            if args.json:
+                print(json.dumps({"serving": serving, "versions": rows}, indent=2))
+            else:
+                print(f"serving: {'base model' if serving is None else f'v{serving:04d}'}")
+                for row in rows:
+                    evaluation = row.get("evaluation") or {}
+                    gain = evaluation.get("edit_similarity_difference", {}).get("mean")
+                    print(f"{row['name']}  {row['status']:<9}  edit-similarity gain {gain}")
+            return 0
+        version = int(str(getattr(args, "version", "0")).lstrip("v") or 0)
+        if args.action == "promote":
+            reason = registry.promote(version, margin=args.margin, force=args.force)
+            print(f"v{version:04d} serves ({reason})")
+        elif args.action == "rollback":
+            previous = registry.rollback()
+            print(f"now serving: {'base model' if previous is None else f'v{previous:04d}'}")
+        elif args.action == "evaluate":
+            workspace, settings, cache_dir = _resolved(args)
+            _train, held_out = split_files(workspace_files(workspace, settings.index.exclude))
+            registry.get(version)  # an unknown version fails before the model loads
+            model = settings.completion.model
+            feedback = FeedbackStore(cache_dir / FEEDBACK_FILE)
+            report = _evaluate(
+                registry,
+                version,
+                workspace,
+                held_out,
+                settings,
+                model,
+                cache_dir,
+                args.n,
+                feedback,
+            )
+            feedback.close()
+            _print(report, args.json)
+    except AdapterRegistryError as exc:
+        print(f"tabloop model {args.action}: {exc}", file=sys.stderr)
+        return 1
+    return 0
