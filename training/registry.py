@@ -168,7 +168,7 @@ class AdapterRegistry:
                 verify_adapter(self.root / f"v{version:04d}", entry["base_model"])
             except AdapterError as exc:
                 raise AdapterRegistryError(f"refusing a damaged adapter: {exc}") from None
-            reason = "forced"
+            reason, refusal = "forced", ""
             if not force:
                 evaluation = entry.get("evaluation")
                 if not evaluation:
@@ -183,15 +183,21 @@ class AdapterRegistry:
                     )
                 allowed, reason = promotion_decision(evaluation, margin)
                 if not allowed:
-                    entry["status"] = "rejected"
-                    raise AdapterRegistryError(f"not promoting v{version:04d}: {reason}")
-            current = state["serving"]
-            if current is not None:
-                self._entry(state, current)["status"] = "retired"
-            state["history"].append(version)
-            state["serving"] = version
-            entry["status"] = "serving"
+                    entry["status"] = "rejected"  # kept on disk when the block ends
+                    refusal = f"not promoting v{version:04d}: {reason}"
+            if not refusal:
+                self._serve(state, entry, version)
+        if refusal:
+            raise AdapterRegistryError(refusal)
         return reason
+
+    def _serve(self, state: dict[str, Any], entry: dict[str, Any], version: int) -> None:
+        current = state["serving"]
+        if current is not None:
+            self._entry(state, current)["status"] = "retired"
+        state["history"].append(version)
+        state["serving"] = version
+        entry["status"] = "serving"
 
     def rollback(self) -> int | None:
         """Serve the version promoted before the current one (None: the base model)."""

@@ -1,0 +1,119 @@
+"""Serving base + adapter in the local runner, swapping without a restart, refusing bad ones."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from completion.adapters import CONFIG, MANIFEST, WEIGHTS, AdapterError, save_adapter
+from completion.runners.loading import load_model
+from completion.runners.local import LocalRunner
+from completion.types import CancelToken
+
+
+def _never(text: str) -> int | None:
+    return None
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
+    return LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), threads=1)
+
+
+@pytest.fixture(scope="module")
+def adapter(runner: LocalRunner, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An adapter whose LoRA B weights are non-zero, so it changes what the model computes."""
+    from training.lora import LoraShape, attach_lora
+
+    _tokenizer, model = load_model(runner.source, "float32", Path(runner.source.location))
+    wrapped = attach_lora(model, LoraShape(rank=2, alpha=4, dropout=0.0))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    target = tmp_path_factory.mktemp("adapters") / "good"
+    save_adapter(wrapped, target, runner.base_model_id, {"version": "v0007"})
+    return target
+
+
+def _logits(runner: LocalRunner) -> torch.Tensor:
+    ids = runner.tokenizer("def add(a, b):\n    return", return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        return runner.model(input_ids=ids).logits[0, -1].clone()
+
+
+def _generate(runner: LocalRunner) -> str:
+    return runner.generate(
+        "def add(a, b):\n    return", max_new_tokens=6, stop=_never, cancel=CancelToken()
+    ).text
+
+
+def test_swap_serves_the_adapter_and_back(runner: LocalRunner, adapter: Path) -> None:
+    base_logits, base_text = _logits(runner), _generate(runner)
+    runner.swap_adapter(adapter)
+    assert runner.adapter == adapter
+    assert runner.model_id == f"{runner.base_model_id}+v0007"
+    assert not torch.allclose(_logits(runner), base_logits)
+    _generate(runner)  # decodes with the adapter (what it says is not asserted)
+    runner.swap_adapter(None)
+    assert runner.model_id == runner.base_model_id
+    assert torch.equal(_logits(runner), base_logits)
+    assert _generate(runner) == base_text
+
+
+def _damage_weights(directory: Path) -> None:
+    path = directory / WEIGHTS
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
+def _wrong_shape(directory: Path) -> None:
+    """Checksums re-made by hand: the manifest agrees, the tensors do not fit the model."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(directory / WEIGHTS))
+    name = next(iter(tensors))
+    tensors[name] = torch.zeros(3, 3)
+    save_file(tensors, str(directory / WEIGHTS))
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["files"][WEIGHTS] = hashlib.sha256((directory / WEIGHTS).read_bytes()).hexdigest()
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+
+
+def _other_base(directory: Path) -> None:
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["base_model"] = "another@model"
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        pytest.param(_damage_weights, "checksum", id="flipped-byte"),
+        pytest.param(lambda d: (d / CONFIG).unlink(), "missing", id="no-config"),
+        pytest.param(lambda d: (d / MANIFEST).unlink(), "manifest", id="no-manifest"),
+        pytest.param(_wrong_shape, "shape", id="wrong-shape"),
+        pytest.param(_other_base, "trained on", id="other-base-model"),
+    ],
+)
+def test_a_bad_adapter_is_refused_and_the_serving_one_keeps_serving(
+    runner: LocalRunner, adapter: Path, tmp_path: Path, damage: object, message: str
+) -> None:
+    runner.swap_adapter(adapter)
+    serving_logits = _logits(runner)
+    bad = tmp_path / "bad"
+    shutil.copytree(adapter, bad)
+    damage(bad)  # type: ignore[operator]
+    with pytest.raises(AdapterError, match=message):
+        runner.swap_adapter(bad)
+    assert runner.adapter == adapter
+    assert runner.model_id.endswith("+v0007")
+    assert torch.equal(_logits(runner), serving_logits)
+    runner.swap_adapter(None)

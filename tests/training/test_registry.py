@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from completion.adapters import WEIGHTS, save_adapter
+from completion.runners.loading import load_model, resolve_source
+from training.lora import LoraShape, attach_lora
+from training.registry import (
+    AdapterRegistry,
+    AdapterRegistryError,
+    promotion_decision,
+    scope_dir,
+)
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(
+    tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, str]:
+    cache = tmp_path_factory.mktemp("cache")
+    source = resolve_source(str(tiny_model_path), cache)
+    _tokenizer, model = load_model(source, "float32", cache)
+    base_id = f"{source.name}@{source.revision}"
+    target = tmp_path_factory.mktemp("adapter") / "a"
+    save_adapter(attach_lora(model, LoraShape(rank=2, alpha=4)), target, base_id, {})
+    return target, base_id
+
+
+def _gain(against: int | None, low: float, exact: float = 0.0) -> dict[str, Any]:
+    return {
+        "against": against,
+        "edit_similarity_difference": {"mean": low + 0.01, "ci95_low": low},
+        "exact_line_difference": {"mean": exact},
+    }
+
+
+@pytest.mark.parametrize(
+    ("evaluation", "allowed"),
+    [
+        pytest.param(_gain(None, 0.02), True, id="gain"),
+        pytest.param(_gain(None, 0.001), False, id="within-margin"),
+        pytest.param(_gain(None, -0.02), False, id="worse"),
+        pytest.param(_gain(None, 0.02, exact=-0.01), False, id="fewer-exact-lines"),
+        pytest.param({}, False, id="no-evaluation"),
+    ],
+)
+def test_promotion_rule(evaluation: dict[str, Any], allowed: bool) -> None:
+    assert promotion_decision(evaluation, 0.005)[0] is allowed
+
+
+def test_versions_promote_and_roll_back(tmp_path: Path, adapter_dir: tuple[Path, str]) -> None:
+    adapter, base_id = adapter_dir
+    registry = AdapterRegistry(scope_dir(tmp_path, workspace=tmp_path / "ws"))
+    first = registry.add(adapter, base_id, {"samples": 8})
+    second = registry.add(adapter, base_id, {"samples": 16})
+    assert [v.name for v in registry.versions()] == ["v0001", "v0002"]
+    assert registry.serving() is None and registry.serving_path() is None
+
+    with pytest.raises(AdapterRegistryError, match="not been evaluated"):
+        registry.promote(first.version)
+    registry.record_evaluation(first.version, _gain(None, -0.01))
+    with pytest.raises(AdapterRegistryError, match="not promoting"):
+        registry.promote(first.version)
+    assert registry.get(first.version).status == "rejected"
+
+    registry.record_evaluation(first.version, _gain(None, 0.03))
+    registry.promote(first.version)
+    assert registry.serving() == 1 and registry.serving_path() == registry.root / "v0001"
+
+    registry.record_evaluation(second.version, _gain(None, 0.03))  # against the base: stale
+    with pytest.raises(AdapterRegistryError, match="evaluate it again"):
+        registry.promote(second.version)
+    registry.record_evaluation(second.version, _gain(1, 0.03))
+    registry.promote(second.version)
+    assert registry.serving() == 2
+    assert registry.get(1).status == "retired"
+
+    assert registry.rollback() == 1
+    assert registry.serving() == 1 and registry.get(1).status == "serving"
+    assert registry.rollback() is None
+    with pytest.raises(AdapterRegistryError, match="nothing to roll back"):
+        registry.rollback()
+    # The state is on disk: a new registry object sees it.
+    assert AdapterRegistry(registry.root).serving() is None
+
+
+def test_a_damaged_adapter_is_refused(tmp_path: Path, adapter_dir: tuple[Path, str]) -> None:
+    adapter, base_id = adapter_dir
+    registry = AdapterRegistry(tmp_path / "reg")
+    with pytest.raises(AdapterRegistryError, match="trained on"):
+        registry.add(adapter, "another-model@123", {})
+    record = registry.add(adapter, base_id, {})
+    weights = registry.root / record.name / WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(AdapterRegistryError, match="damaged adapter"):
+        registry.promote(record.version, force=True)
+    assert registry.serving() is None
+
+
+def test_tenant_scopes_are_checked(tmp_path: Path) -> None:
+    assert scope_dir(tmp_path, tenant="team-a").name == "tenant-team-a"
+    with pytest.raises(ValueError):
+        scope_dir(tmp_path, tenant="../etc")
+    with pytest.raises(ValueError):
+        scope_dir(tmp_path)
