@@ -112,5 +112,12 @@ class CompletionSettings(BaseModel):
     adapter: str = Field(
         "",
         description="LoRA adapter directory served on the local model (`tabloop train model` "
-        "writes them; `tabloop model promote` sets the served one); empty serves the base model.",
+        "writes them); empty serves the workspace's promoted adapter (`tabloop model promote`), "
+        "or the base model when none is promoted.",
+    )
+    feedback_rows: int = Field(
+        20_000,
+        ge=0,
+        description="Shown suggestions kept with their outcome and context in the cache directory "
+        "(never sent) for `tabloop train model`; the oldest go first; 0 keeps none.",
     )

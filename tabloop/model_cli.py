@@ -1,16 +1,16 @@
 """`tabloop train model` and `tabloop model list|promote V|rollback|evaluate V`.
 
-tabloop train model [--workspace DIR | --tenant T] [--budget 20m | --samples N | --tokens N]
+tabloop train model [--workspace DIR] [--budget 20m | --samples N | --tokens N]
                     [--promote] [--fresh] [--json]
-tabloop model list [--workspace DIR | --tenant T] [--json]
+tabloop model list [--workspace DIR] [--json]
 tabloop model promote V [--force] [--margin M]
 tabloop model rollback
 tabloop model evaluate V [--n 50]
 
 A workspace's run lives in its adapter directory under the cache (`runs/current`): killed, it
 resumes from its last checkpoint when the same command runs again; finished, its adapter becomes
-a new candidate version, evaluated against the serving one on the held-out files. A tenant's
-adapters are trained by the backend from events that carry text (backend/adapters).
+a new candidate version, evaluated against the serving one on the held-out files. A promoted
+version reaches a running server without a restart (it follows the registry).
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ FEEDBACK_FILE = "training/feedback.sqlite"
 
 
 def _scope(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--workspace", help="workspace root (default: the current directory)")
-    group.add_argument("--tenant", help="a backend tenant's adapters (trained from its events)")
+    parser.add_argument("--workspace", help="workspace root (default: the current directory)")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -47,10 +45,6 @@ def _resolved(args: argparse.Namespace) -> tuple[Path, config.Settings, Path]:
 
 
 def _registry(args: argparse.Namespace) -> AdapterRegistry:
-    if getattr(args, "tenant", None):
-        from backend.adapters.service import tenant_registry
-
-        return tenant_registry(args.tenant)
     workspace, _settings, cache_dir = _resolved(args)
     return AdapterRegistry(scope_dir(cache_dir, workspace=workspace))
 
@@ -104,10 +98,6 @@ def train_model_main(argv: list[str]) -> int:
     parser.add_argument("--fresh", action="store_true", help="discard an unfinished run")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     args = parser.parse_args(argv)
-    if args.tenant:
-        from backend.adapters.service import train_tenant_main
-
-        return train_tenant_main(args)
     try:
         budget = _budget(args)
     except ValueError as exc:

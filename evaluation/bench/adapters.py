@@ -15,6 +15,7 @@ the largest resident memory while training.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -111,9 +112,28 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
         on_progress=progress,
     )
     print(file=sys.stderr)
-    import gc
-
-    gc.collect()
+    training = {
+        "budget": args.budget,
+        "steps": result.steps,
+        "samples": result.samples,
+        "tokens": result.tokens,
+        "elapsed_s": result.elapsed_s,
+        "samples_per_s": result.samples_per_s,
+        "seconds_per_1000_examples": result.seconds_per_1000_examples,
+        "final_loss": result.loss,
+        "micro_batch": result.micro_batch,
+        "accumulation": result.accumulation,
+        "device": result.device,
+        "max_rss_mb_while_training": round(max(rss), 1),
+    }
+    report: dict[str, Any] = {
+        "corpus": str(root),
+        "held_out_files": held_out,
+        "training": training,
+    }
+    if args.n == 0:  # the cost of training only
+        return report
+    gc.collect()  # the training model's memory goes before the serving one loads
     holes = sample_holes([root / f for f in held_out], args.n, random.Random(args.seed))
     completion = CompletionSettings(
         model=args.model,
@@ -130,41 +150,26 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
         runner.close()
     base = score(holes, base_text, base_ms)
     adapted = score(holes, adapted_text, adapted_ms)
-    return {
-        "corpus": str(root),
-        "held_out_files": held_out,
-        "training": {
-            "budget": args.budget,
-            "steps": result.steps,
-            "samples": result.samples,
-            "tokens": result.tokens,
-            "elapsed_s": result.elapsed_s,
-            "samples_per_s": result.samples_per_s,
-            "seconds_per_1000_examples": result.seconds_per_1000_examples,
-            "final_loss": result.loss,
-            "micro_batch": result.micro_batch,
-            "accumulation": result.accumulation,
-            "device": result.device,
-            "max_rss_mb_while_training": round(max(rss), 1),
-        },
-        "base": base,
-        "adapted": adapted,
-        "exact_line_match_relative_gain": round(
+    report.update(
+        base=base,
+        adapted=adapted,
+        exact_line_match_relative_gain=round(
             adapted["exact_line_match"] / base["exact_line_match"] - 1, 4
         )
         if base["exact_line_match"]
         else None,
-        "exact_line_match_paired_difference": paired_difference(
+        exact_line_match_paired_difference=paired_difference(
             _exact(holes, base_text), _exact(holes, adapted_text)
         ),
-    }
+    )
+    return report
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tabloop bench adapters", description=__doc__)
     parser.add_argument("--corpora", default="email,xml", help="standard-library packages")
     parser.add_argument("--budget", default="8m", help="training wall-clock per corpus")
-    parser.add_argument("--n", type=int, default=60, help="holes per corpus")
+    parser.add_argument("--n", type=int, default=60, help="holes per corpus; 0: training cost only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="bundled")
     parser.add_argument("--learning-rate", type=float, default=3e-4)

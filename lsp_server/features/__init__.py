@@ -11,6 +11,7 @@ from lsp_server.features import (
     documents,
     index,
     inline,
+    learning,
     lifecycle,
     policy,
     prefetch,
@@ -32,4 +33,5 @@ def create_server() -> TabloopServer:
     telemetry.register(server)
     retrieval.register(server)
     index.register(server)
+    learning.register(server)
     return server

@@ -202,6 +202,12 @@ class TelemetryFeature:
     def record(self, event: OutcomeEvent | RetentionEvent | DecisionEvent) -> None:
         if self.client is not None:
             self.client.record(event)
+        if isinstance(event, OutcomeEvent):
+            for hook in self.server.hooks.outcome:
+                try:
+                    hook(event)
+                except Exception:
+                    log.exception("outcome hook failed")
 
     def on_decision(self, decision: Decision, request: CompletionRequest) -> None:
         client = self.client

@@ -1,0 +1,160 @@
+"""The model learns in the server: keeping what users did with suggestions, following adapters.
+
+Every shown suggestion whose outcome becomes known (accepted, partially accepted, ignored,
+dismissed) is kept with its context in the local feedback store (`training.feedback`: bounded,
+in the cache directory, never sent), where `tabloop train model` finds it. Superseded and unseen
+suggestions say nothing about the suggestion and are not kept.
+
+The server also follows the workspace's adapter registry: when `tabloop model promote` or
+`rollback` changes the serving version, the local runner swaps base + adapter on the model
+thread, without a restart. A damaged adapter is refused and the serving one keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+
+from completion.types import CompletionRequest, Decision
+from lsp_server.config import Settings
+from lsp_server.server import TabloopServer
+from telemetry.events import OutcomeEvent
+from training.feedback import Feedback, FeedbackStore
+from training.registry import REGISTRY_FILE, AdapterRegistry, scope_dir
+
+log = logging.getLogger(__name__)
+
+FEEDBACK_FILE = "training/feedback.sqlite"
+PENDING_KEPT = 512
+REGISTRY_POLL_S = 30.0
+DISTRACTION_COST = 0.25
+"""Reward of an ignored or dismissed suggestion (λ of docs/learning.md); accepted earns 1."""
+
+
+def local_reward(event: OutcomeEvent, suggestion: str) -> float | None:
+    """Reward of an outcome at the time it is known (retention is not awaited locally)."""
+    if event.kind == "accepted":
+        return 1.0
+    if event.kind == "partial":
+        return min(1.0, (event.accepted_chars or 0) / max(len(suggestion), 1))
+    if event.kind in ("ignored", "dismissed"):
+        return -DISTRACTION_COST
+    return None  # superseded, not viewed: no judgement of the suggestion
+
+
+class LearningFeature:
+    """Owns the feedback store and follows the adapter registry."""
+
+    def __init__(self, server: TabloopServer) -> None:
+        self.server = server
+        self.store: FeedbackStore | None = None
+        self._pending: OrderedDict[str, Feedback] = OrderedDict()
+        self._registry_stamp: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def on_settings(self, settings: Settings) -> None:
+        wanted = settings.completion.feedback_rows
+        path = settings.cache_path() / FEEDBACK_FILE
+        if self.store is not None and (wanted == 0 or self.store.path != path):
+            self.store.close()
+            self.store = None
+        if wanted > 0 and self.store is None:
+            try:
+                self.store = FeedbackStore(path, max_rows=wanted)
+            except Exception:
+                log.warning("not keeping feedback: could not open %s", path, exc_info=True)
+        elif self.store is not None:
+            self.store.max_rows = wanted
+        if self._timer is None:
+            self._schedule()
+
+    def on_decision(self, decision: Decision, request: CompletionRequest) -> None:
+        if self.store is None or not decision.shown:
+            return
+        self._pending[decision.decision_id] = Feedback(
+            request.path or "",
+            request.prefix,
+            decision.text,
+            request.suffix,
+            "",
+            0.0,
+            max(min(decision.propensity, 1.0), 1e-6),
+        )
+        while len(self._pending) > PENDING_KEPT:
+            self._pending.popitem(last=False)
+
+    def on_outcome(self, event: OutcomeEvent) -> None:
+        item = self._pending.pop(event.decision_id, None)
+        store = self.store
+        if item is None or store is None:
+            return
+        reward = local_reward(event, item.suggestion)
+        if reward is None:
+            return
+        kept = Feedback(
+            item.path, item.prefix, item.suggestion, item.suffix, event.kind, reward,
+            item.propensity,
+        )  # fmt: skip
+        future = asyncio.get_running_loop().run_in_executor(None, store.record, kept)
+        future.add_done_callback(_log_failure)
+
+    def registry(self) -> AdapterRegistry | None:
+        root = self.server.workspace_root
+        if root is None:
+            return None
+        return AdapterRegistry(scope_dir(self.server.settings.cache_path(), workspace=root))
+
+    def _schedule(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._timer = loop.call_later(REGISTRY_POLL_S, self._poll)
+
+    def _poll(self) -> None:
+        self._timer = None
+        self.server.run_task(self.follow_registry(), "adapter-registry")
+        self._schedule()
+
+    async def follow_registry(self) -> None:
+        """Swap the runner's adapter if the registry's serving version changed."""
+        registry = self.registry()
+        engine = self.server.engine
+        swap = getattr(engine.runner, "swap_adapter", None) if engine else None
+        if registry is None or swap is None or self.server.settings.completion.adapter:
+            return  # no workspace, no local runner, or an adapter named in the settings
+        path = registry.root / REGISTRY_FILE
+        stamp = path.stat().st_mtime if path.is_file() else None
+        if stamp == self._registry_stamp:
+            return
+        current = getattr(engine.runner, "adapter", None)
+        target = registry.serving_path()
+        loop = asyncio.get_running_loop()
+        if target != current:
+            try:
+                await loop.run_in_executor(self.server.model_executor, swap, target)
+            except Exception as exc:
+                log.warning("keeping the serving adapter: %s", exc)
+        self._registry_stamp = stamp
+
+    def on_shutdown(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
+def _log_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("could not keep feedback: %s", future.exception())
+
+
+def register(server: TabloopServer) -> None:
+    feature = server.add_feature(LearningFeature(server))
+    server.hooks.settings.append(feature.on_settings)
+    server.hooks.decision.append(feature.on_decision)
+    server.hooks.outcome.append(feature.on_outcome)
+    server.hooks.ready.append(lambda: server.run_task(feature.follow_registry(), "adapter"))
+    server.hooks.shutdown.append(feature.on_shutdown)

@@ -1,0 +1,131 @@
+"""The server keeps feedback locally and follows the workspace's adapter registry."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from completion.adapters import WEIGHTS, save_adapter
+from completion.runners.loading import load_model
+from completion.runners.local import LocalRunner
+from completion.types import CompletionRequest, Decision
+from lsp_server.config import Settings
+from lsp_server.features.learning import DISTRACTION_COST, LearningFeature, local_reward
+from telemetry.events import OutcomeEvent
+from training.lora import LoraShape, attach_lora
+from training.registry import AdapterRegistry, scope_dir
+
+
+def _outcome(kind: str, decision_id: str = "d1", chars: int | None = None) -> OutcomeEvent:
+    return OutcomeEvent(decision_id=decision_id, kind=kind, accepted_chars=chars)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("event", "reward"),
+    [
+        pytest.param(_outcome("accepted", chars=10), 1.0, id="accepted"),
+        pytest.param(_outcome("partial", chars=5), 0.5, id="partial"),
+        pytest.param(_outcome("ignored"), -DISTRACTION_COST, id="ignored"),
+        pytest.param(_outcome("dismissed"), -DISTRACTION_COST, id="dismissed"),
+        pytest.param(_outcome("superseded"), None, id="superseded"),
+        pytest.param(_outcome("not_viewed"), None, id="not-viewed"),
+    ],
+)
+def test_local_reward(event: OutcomeEvent, reward: float | None) -> None:
+    assert local_reward(event, "0123456789") == reward
+
+
+class _Server(SimpleNamespace):
+    def run_task(self, coro: Any, name: str) -> Any:
+        return asyncio.ensure_future(coro)
+
+
+def _server(tmp_path: Path, rows: int = 100, engine: Any = None) -> _Server:
+    settings = Settings.model_validate(
+        {"cacheDir": str(tmp_path / "cache"), "completion": {"feedbackRows": rows}}
+    )
+    return _Server(
+        settings=settings,
+        workspace_root=tmp_path / "ws",
+        engine=engine,
+        model_executor=ThreadPoolExecutor(1),
+    )
+
+
+def _decision(decision_id: str, text: str, action: str = "show") -> Decision:
+    return Decision(decision_id=decision_id, action=action, text=text, propensity=0.8)  # type: ignore[arg-type]
+
+
+async def test_shown_suggestions_and_their_outcomes_are_kept(tmp_path: Path) -> None:
+    server = _server(tmp_path)
+    feature = LearningFeature(server)  # type: ignore[arg-type]
+    feature.on_settings(server.settings)
+    request = CompletionRequest(prefix="x = ", suffix="\n", language="python", path="a.py")
+    feature.on_decision(_decision("d1", "compute()"), request)
+    feature.on_decision(_decision("d2", "other()"), request)
+    feature.on_decision(_decision("d3", "", "silence"), request)
+    feature.on_outcome(_outcome("accepted", "d1", chars=9))
+    feature.on_outcome(_outcome("superseded", "d2"))
+    feature.on_outcome(_outcome("ignored", "d3"))
+    await asyncio.sleep(0.05)
+    for _ in range(100):  # the insert runs in a worker thread
+        if feature.store is not None and feature.store.count():
+            break
+        await asyncio.sleep(0.05)
+    assert feature.store is not None
+    rows = list(feature.store.rows(feature.store.last_id()))
+    assert [(r.suggestion, r.outcome, r.reward, r.propensity) for r in rows] == [
+        ("compute()", "accepted", 1.0, 0.8)
+    ]
+    assert rows[0].prefix == "x = " and rows[0].path == "a.py"
+    assert feature.store.path.is_relative_to(tmp_path / "cache")
+    feature.on_shutdown()
+
+
+def test_no_store_when_turned_off(tmp_path: Path) -> None:
+    server = _server(tmp_path, rows=0)
+    feature = LearningFeature(server)  # type: ignore[arg-type]
+    feature.on_settings(server.settings)
+    assert feature.store is None
+
+
+async def test_the_server_follows_promotions_and_refuses_a_damaged_adapter(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    runner = LocalRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
+    server = _server(tmp_path, engine=SimpleNamespace(runner=runner))
+    feature = LearningFeature(server)  # type: ignore[arg-type]
+    registry = AdapterRegistry(scope_dir(tmp_path / "cache", workspace=tmp_path / "ws"))
+    assert feature.registry() is not None and feature.registry().root == registry.root  # type: ignore[union-attr]
+
+    _tokenizer, model = load_model(runner.source, "float32", tmp_path / "cache")
+    save_adapter(
+        attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", runner.base_model_id, {}
+    )
+    first = registry.add(tmp_path / "a", runner.base_model_id, {})
+    second = registry.add(tmp_path / "a", runner.base_model_id, {})
+
+    await feature.follow_registry()
+    assert runner.adapter is None
+    registry.promote(first.version, force=True)
+    await feature.follow_registry()
+    assert runner.adapter == registry.root / "v0001"
+
+    weights = registry.root / second.name / WEIGHTS
+    registry.promote(second.version, force=True)
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    await feature.follow_registry()
+    assert runner.adapter == registry.root / "v0001"  # the damaged one is refused
+
+    registry.rollback()
+    registry.rollback()
+    await feature.follow_registry()
+    assert runner.adapter is None
+    runner.close()
