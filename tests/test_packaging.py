@@ -13,6 +13,7 @@ PACKAGES = {
     "evaluation",
     "lsp_server",
     "backend",
+    "training",
     "completion",
     "indexer",
     "telemetry",

@@ -128,6 +128,7 @@ class LearningFeature:
         stamp = path.stat().st_mtime if path.is_file() else None
         if stamp == self._registry_stamp:
             return
+        assert engine is not None  # `swap` came from it
         current = getattr(engine.runner, "adapter", None)
         target = registry.serving_path()
         loop = asyncio.get_running_loop()
@@ -137,6 +138,11 @@ class LearningFeature:
             except Exception as exc:
                 log.warning("keeping the serving adapter: %s", exc)
         self._registry_stamp = stamp
+
+    def on_ready(self) -> None:
+        """The model (re)loaded: serve the registry's adapter on it."""
+        self._registry_stamp = None
+        self.server.run_task(self.follow_registry(), "adapter-registry")
 
     def on_shutdown(self) -> None:
         if self._timer is not None:
@@ -156,5 +162,5 @@ def register(server: TabloopServer) -> None:
     server.hooks.settings.append(feature.on_settings)
     server.hooks.decision.append(feature.on_decision)
     server.hooks.outcome.append(feature.on_outcome)
-    server.hooks.ready.append(lambda: server.run_task(feature.follow_registry(), "adapter"))
+    server.hooks.ready.append(feature.on_ready)
     server.hooks.shutdown.append(feature.on_shutdown)
