@@ -367,6 +367,8 @@ class Trainer:
                 "sha256": _sha256(work / _STATE),
             }
             (work / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+            if target.exists():  # a refused checkpoint of this step, from before a resume
+                shutil.rmtree(target)
             os.rename(work, target)
         finally:
             shutil.rmtree(work, ignore_errors=True)
