@@ -111,9 +111,9 @@ class CompletionSettings(BaseModel):
     )
     adapter: str = Field(
         "",
-        description="LoRA adapter directory served on the local model (`tabloop train model` "
-        "writes them); empty serves the workspace's promoted adapter (`tabloop model promote`), "
-        "or the base model when none is promoted.",
+        description="LoRA adapter directory served on the local model by the torch engine "
+        "(`tabloop train model` writes them); empty serves the workspace's promoted adapter "
+        "(`tabloop model promote`) when the engine is torch, else the base model.",
     )
     feedback_rows: int = Field(
         20_000,

@@ -6,8 +6,9 @@ in the cache directory, never sent), where `tabloop train model` finds it. Super
 suggestions say nothing about the suggestion and are not kept.
 
 The server also follows the workspace's adapter registry: when `tabloop model promote` or
-`rollback` changes the serving version, the local runner swaps base + adapter on the model
-thread, without a restart. A damaged adapter is refused and the serving one keeps serving.
+`rollback` changes the serving version, the torch runner swaps base + adapter on the model
+thread, without a restart. A damaged adapter is refused and the serving one keeps serving. The
+fast engine (CTranslate2) cannot serve an adapter yet; the server says so once.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class LearningFeature:
         self._pending: OrderedDict[str, Feedback] = OrderedDict()
         self._registry_stamp: float | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._unservable_reported = False
 
     def on_settings(self, settings: Settings) -> None:
         wanted = settings.completion.feedback_rows
@@ -122,8 +124,18 @@ class LearningFeature:
         registry = self.registry()
         engine = self.server.engine
         swap = getattr(engine.runner, "swap_adapter", None) if engine else None
-        if registry is None or swap is None or self.server.settings.completion.adapter:
-            return  # no workspace, no local runner, or an adapter named in the settings
+        if registry is None or engine is None or self.server.settings.completion.adapter:
+            return  # no workspace, no model yet, or an adapter named in the settings
+        if swap is None:
+            if registry.serving() is not None and not self._unservable_reported:
+                self._unservable_reported = True
+                log.warning(
+                    "adapter v%04d is promoted but %s cannot serve adapters: set "
+                    "completion.engine to torch to serve it",
+                    registry.serving(),
+                    engine.model_id,
+                )
+            return
         path = registry.root / REGISTRY_FILE
         stamp = path.stat().st_mtime if path.is_file() else None
         if stamp == self._registry_stamp:
