@@ -87,6 +87,7 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
     settings = TrainSettings(
         seed=args.seed,
         learning_rate=args.learning_rate,
+        effective_batch=args.effective_batch,
         max_prompt_tokens=args.context_tokens,
         checkpoint_every=10_000,
     )
@@ -174,6 +175,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--model", default="bundled")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--context-tokens", type=int, default=384)
+    parser.add_argument("--effective-batch", type=int, default=8, help="examples per step")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
@@ -193,6 +195,7 @@ def main(argv: list[str]) -> int:
             "model": args.model,
             "learning_rate": args.learning_rate,
             "context_tokens": args.context_tokens,
+            "effective_batch": args.effective_batch,
             "max_new_tokens": args.max_new_tokens,
         },
         "corpora": corpora,
