@@ -1,0 +1,56 @@
+"""`tabloop model list|promote|rollback` over a workspace's adapter registry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from completion.adapters import save_adapter
+from completion.runners.loading import load_model, resolve_source
+from tabloop.cli import main
+from training.lora import LoraShape, attach_lora
+from training.registry import AdapterRegistry, scope_dir
+
+
+def test_list_promote_rollback(
+    tmp_path: Path,
+    tiny_model_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cache, workspace = tmp_path / "cache", tmp_path / "ws"
+    workspace.mkdir()
+    monkeypatch.setenv("TABLOOP_CACHE_DIR", str(cache))
+    source = resolve_source(str(tiny_model_path), cache)
+    _tokenizer, model = load_model(source, "float32", cache)
+    base_id = f"{source.name}@{source.revision}"
+    save_adapter(attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", base_id, {})
+    registry = AdapterRegistry(scope_dir(cache, workspace=workspace))
+    registry.add(tmp_path / "a", base_id, {})
+
+    ws = ["--workspace", str(workspace)]
+    assert main(["model", "promote", "v0001", *ws]) == 1
+    assert "not been evaluated" in capsys.readouterr().err
+    assert main(["model", "promote", "1", "--force", *ws]) == 0
+    assert "v0001 serves (forced)" in capsys.readouterr().out
+    assert main(["model", "list", "--json", *ws]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["serving"] == 1 and listed["versions"][0]["status"] == "serving"
+    assert main(["model", "rollback", *ws]) == 0
+    assert "now serving: base model" in capsys.readouterr().out
+    assert main(["model", "rollback", *ws]) == 1
+    assert "nothing to roll back" in capsys.readouterr().err
+
+
+def test_train_policy_and_plain_train_are_the_same_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv in (["train", "--help"], ["train", "policy", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "usage: tabloop train [" in capsys.readouterr().out  # the policy trainer
+    with pytest.raises(SystemExit):
+        main(["train", "model", "--help"])
+    assert "--budget" in capsys.readouterr().out
