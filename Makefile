@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0 $(PIP_QUIET)
 	$(PIP) -e '.[dev,models,train]' $(PIP_QUIET)
-	$(PY) -c "import torch, transformers, pygls, faiss, sentence_transformers"
+	$(PY) -c "import torch, transformers, ctranslate2, pygls, faiss, sentence_transformers"
 	touch $(STAMP)
 
 demo: $(STAMP)
