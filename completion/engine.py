@@ -31,6 +31,8 @@ from completion.types import (
 log = logging.getLogger(__name__)
 
 PolicySource = Callable[[], gate.Policy]
+# Characters per model token in source code, for estimates before a prompt is tokenised.
+CHARS_PER_TOKEN = 3
 
 
 class Engine:
@@ -63,6 +65,8 @@ class Engine:
         self.prefill_tokens = 0  # prompt tokens computed (not served from the KV cache), all calls
         self.prefetched = 0  # prefetches that cached a suggestion
         self.latency_skips = 0
+        # While the model runs: when the call started and its predicted time to first token.
+        self._busy: tuple[float, float | None] | None = None
 
     @classmethod
     def load(
@@ -225,6 +229,10 @@ class Engine:
         stop = postprocess.stop_rule(request)
         with self._model_lock:
             cancel.raise_if_cancelled()
+            self._busy = (
+                time.perf_counter(),
+                self.latency.predict(self.runner.count_tokens(prompt)),
+            )
             generations: list[Generation]
             if count > 1:
                 generations = self.runner.generate_candidates(  # type: ignore[attr-defined]
@@ -250,9 +258,36 @@ class Engine:
             self.prefill_tokens += read
             if first.stop_reason != "cancelled" and first.new_tokens:
                 self.latency.observe(read, first.prefill_ms)
+            self._busy = None
         timings.model_ms = (time.perf_counter() - model_started) * 1000
         cancel.raise_if_cancelled()
         return generations
+
+    def skip_early(self, request: CompletionRequest, pause_ms: float | None) -> Decision | None:
+        """A latency silence decided before the request waits for the model thread, or None.
+
+        Called on the event loop as the request arrives: a request that would first wait for
+        the call now running (a cancelled request's prompt cannot be interrupted in the fast
+        engine) and then read its own prompt is answered at once when that sum exceeds the
+        pause the user will probably leave. The prompt is not built yet, so its size is
+        estimated from the text around the cursor, bounded by `context_tokens`.
+        """
+        if not self.settings.latency_skip or request.trigger != "automatic" or pause_ms is None:
+            return None
+        if self.cache.enabled and self.cache.find(request) is not None:
+            return None  # answered from the cache, without the model
+        chars = len(request.prefix) + len(request.suffix)
+        estimate = min(self.settings.context_tokens, chars // CHARS_PER_TOKEN + 1)
+        own = self.latency.predict(estimate)
+        if own is None:
+            return None
+        waiting = 0.0
+        busy = self._busy
+        if busy is not None and busy[1] is not None:
+            waiting = max(0.0, busy[1] - (time.perf_counter() - busy[0]) * 1000)
+        if waiting + own <= pause_ms:
+            return None
+        return self._skipped(Timings())
 
     def _too_late(
         self,

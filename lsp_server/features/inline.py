@@ -17,7 +17,7 @@ from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
 from indexer.languages import language_of as language_of_path
 from lsp_server.documents import Document, open_document
 from lsp_server.features.prefetch import PrefetchFeature
-from lsp_server.protocol import ACCEPT_COMMAND
+from lsp_server.protocol import ACCEPT_COMMAND, RequestTiming
 from lsp_server.server import TabloopServer
 
 if TYPE_CHECKING:
@@ -121,12 +121,17 @@ async def decide(
     prefetch = ls.find_feature(PrefetchFeature)
     if prefetch is not None:
         await prefetch.before_request(request)
+    pause_ms = typing.likely_pause_ms(uri)
+    skipped = engine.skip_early(request, pause_ms)
+    if skipped is not None:
+        ls.end_request(uri, ls.begin_request(uri))  # what was in flight here is stale too
+        ls.remember(skipped, request)
+        ls.request_timings.append(_timing(skipped, handler_started))
+        return None
     token = ls.begin_request(uri)
     loop = asyncio.get_running_loop()
     signals = signals_for(ls, uri, typing)
-    complete = functools.partial(
-        engine.complete, request, token, signals, pause_ms=typing.likely_pause_ms(uri)
-    )
+    complete = functools.partial(engine.complete, request, token, signals, pause_ms=pause_ms)
     try:
         decision = await loop.run_in_executor(ls.model_executor, complete)
     except Cancelled:
@@ -144,29 +149,32 @@ async def decide(
         ls.counters.stale += 1
         return None
     ls.remember(decision, request)
-    generation = decision.generation
-    ls.request_timings.append(
-        {
-            "handler_ms": (time.perf_counter() - handler_started) * 1000,
-            "model_ms": decision.timings.model_ms,
-            "context_ms": decision.timings.context_ms,
-            "prompt_tokens": generation.prompt_tokens if generation else 0,
-            "prefill_tokens": (
-                generation.prompt_tokens - generation.reused_tokens if generation else 0
-            ),
-            "cache_hit": float(decision.cache_hit),
-            "cache_source": decision.cache_source,
-            "candidates": 1 + len(decision.alternatives),
-            "retrieval_found": float(decision.features.get("retrieval_found", 0.0)),
-            "action": decision.action,
-            "reason": decision.reason,
-        }
-    )
+    ls.request_timings.append(_timing(decision, handler_started))
     if not decision.shown:
         return None
     if prefetch is not None:
         prefetch.start(decision, request)
     return decision, request
+
+
+def _timing(decision: Decision, handler_started: float) -> RequestTiming:
+    generation = decision.generation
+    timing: RequestTiming = {
+        "handler_ms": (time.perf_counter() - handler_started) * 1000,
+        "model_ms": decision.timings.model_ms,
+        "context_ms": decision.timings.context_ms,
+        "prompt_tokens": generation.prompt_tokens if generation else 0,
+        "prefill_tokens": (
+            generation.prompt_tokens - generation.reused_tokens if generation else 0
+        ),
+        "cache_hit": float(decision.cache_hit),
+        "cache_source": decision.cache_source,
+        "candidates": 1 + len(decision.alternatives),
+        "retrieval_found": float(decision.features.get("retrieval_found", 0.0)),
+        "action": decision.action,
+        "reason": decision.reason,
+    }
+    return timing
 
 
 def accept_command(decision: Decision) -> types.Command:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from completion.engine import Engine
@@ -92,3 +94,15 @@ def test_no_skip_without_a_rhythm_when_asked_or_when_switched_off() -> None:
 def test_a_fast_enough_engine_answers() -> None:
     engine = slow_engine()
     assert engine.complete(request(), pause_ms=1e9).shown
+
+
+def test_an_early_skip_counts_the_call_already_running() -> None:
+    engine = slow_engine()  # 50 ms per prompt token
+    short = CompletionRequest(prefix="x = ", suffix="", language="python")
+    assert engine.skip_early(short, pause_ms=500.0) is None  # about 2 tokens: 100 ms
+    engine._busy = (time.perf_counter(), 10_000.0)  # a call that will read its prompt for 10 s
+    skipped = engine.skip_early(short, pause_ms=500.0)
+    assert skipped is not None and skipped.silence_reason == "latency"
+    assert engine.skip_early(short, pause_ms=None) is None
+    invoked = CompletionRequest(prefix="x = ", suffix="", language="python", trigger="invoked")
+    assert engine.skip_early(invoked, pause_ms=500.0) is None
