@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
+    Column,
     DateTime,
     ForeignKey,
     Index,
@@ -20,6 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.sql.expression import false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit key.
@@ -53,6 +56,10 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    # Who holds the token, as the history records who acted (migration 0004).
+    label: Mapped[str | None] = mapped_column(String(64), default=None)
+    # An admin token reads every tenant's statistics and acts on every tenant's registry.
+    admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class StoredEvent(Base):
@@ -75,3 +82,106 @@ class StoredEvent(Base):
     time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     body: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+
+
+# -- statistics for the dashboard (migration 0004) -----------------------------------------------
+
+# Upper bounds (ms) of the latency histogram's bins; the last bin holds everything above.
+LATENCY_BIN_EDGES_MS: tuple[float, ...] = (
+    10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000,
+)
+LATENCY_BINS = len(LATENCY_BIN_EDGES_MS) + 1
+RETENTION_AFTER_S: tuple[int, ...] = (30, 120, 600)
+# Additive counters of one rollup row, in column order. Every one is a sum, so rows of the same
+# key merge by adding, whichever process rolled them up.
+ROLLUP_COUNTERS: tuple[str, ...] = (
+    "requests",
+    "decisions",
+    "shown",
+    "silenced",
+    "silence_policy",
+    "silence_empty",
+    "silence_latency",
+    "accepted",
+    "partial",
+    "ignored",
+    "dismissed",
+    "outcomes",
+    "accepted_chars",
+    *(f"retention_base_{s}" for s in RETENTION_AFTER_S),
+    *(f"retained_{s}" for s in RETENTION_AFTER_S),
+    "latency_n",
+    "latency_sum_ms",
+    *(f"latency_bin_{i}" for i in range(LATENCY_BINS)),
+)
+ROLLUP_BUCKET_S = 300
+
+
+class StatsRollup(Base):
+    """Event counts of a tenant per 5-minute bucket of event time, split by the serving policy
+    version, the language and the editor of the decision each event belongs to.
+
+    Filled from `events` by SQL aggregation (`backend/services/stats.py`); `bucket` is the
+    bucket's start in Unix seconds, so windows are integer ranges on both databases.
+    """
+
+    __tablename__ = "stats_rollup"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    policy_version: Mapped[str] = mapped_column(String(128), primary_key=True)
+    language: Mapped[str] = mapped_column(String(64), primary_key=True)
+    client_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
+for _name in ROLLUP_COUNTERS:
+    StatsRollup.__table__.append_column(
+        Column(_name, BigInteger, nullable=False, server_default="0")
+    )
+
+
+class StatsWatermark(Base):
+    """The last event id (of a tenant) already counted in `stats_rollup`."""
+
+    __tablename__ = "stats_watermarks"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    last_event_id: Mapped[int] = mapped_column(BigInteger)
+
+
+class IngestMinute(Base):
+    """What a tenant's clients sent in one minute (Unix seconds of its start): batches, their
+    fate, and requests refused by the rate limit."""
+
+    __tablename__ = "ingest_minutes"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    accepted: Mapped[int] = mapped_column(BigInteger, default=0)
+    duplicate: Mapped[int] = mapped_column(BigInteger, default=0)
+    rejected_events: Mapped[int] = mapped_column(BigInteger, default=0)
+    refused_batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    duplicate_batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    rate_limited: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ClientSpool(Base):
+    """The spool of one installation as its sender last reported it (batch `meta`)."""
+
+    __tablename__ = "client_spools"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    install_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    backlog: Mapped[int] = mapped_column(BigInteger)
+    dropped: Mapped[int] = mapped_column(BigInteger)
+    reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
