@@ -146,12 +146,16 @@ def _bench(name: str) -> Command:
         from evaluation.bench import speculative
 
         return speculative.main
+    if name == "dashboard":
+        from evaluation.bench import dashboard
+
+        return dashboard.main
     raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
 
 
 BENCHES = (
     "lsp, complete, engines, index, telemetry, sync, dtype, threads, gate, edits, speculative, "
-    "adapters"
+    "adapters, dashboard"
 )
 
 

@@ -14,6 +14,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Table,
     DateTime,
     ForeignKey,
     Index,
@@ -117,29 +118,33 @@ ROLLUP_COUNTERS: tuple[str, ...] = (
 ROLLUP_BUCKET_S = 300
 
 
-class StatsRollup(Base):
-    """Event counts of a tenant per 5-minute bucket of event time, split by the serving policy
-    version, the language and the editor of the decision each event belongs to.
-
-    Filled from `events` by SQL aggregation (`backend/services/stats.py`); `bucket` is the
-    bucket's start in Unix seconds, so windows are integer ranges on both databases.
-    """
-
-    __tablename__ = "stats_rollup"
-
-    tenant_id: Mapped[int] = mapped_column(
-        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+def _rollup_table(name: str) -> Table:
+    """Event counts of a tenant per bucket of event time (its start in Unix seconds, so windows
+    are integer ranges on both databases), split by the serving policy version, the language
+    and the editor of the decision each event belongs to. Filled by SQL aggregation
+    (`backend/services/stats.py`)."""
+    return Table(
+        name,
+        Base.metadata,
+        Column(
+            "tenant_id",
+            Integer,
+            ForeignKey("tenants.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        Column("bucket", BigInteger, primary_key=True),
+        Column("policy_version", String(128), primary_key=True),
+        Column("language", String(64), primary_key=True),
+        Column("client_name", String(64), primary_key=True),
+        *(Column(n, BigInteger, nullable=False, server_default="0") for n in ROLLUP_COUNTERS),
     )
-    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    policy_version: Mapped[str] = mapped_column(String(128), primary_key=True)
-    language: Mapped[str] = mapped_column(String(64), primary_key=True)
-    client_name: Mapped[str] = mapped_column(String(64), primary_key=True)
 
 
-for _name in ROLLUP_COUNTERS:
-    StatsRollup.__table__.append_column(
-        Column(_name, BigInteger, nullable=False, server_default="0")
-    )
+# 5-minute buckets, for windows up to a day; hourly ones (the sums of the 5-minute rows of each
+# hour) for longer windows: a 30-day window reads 720 buckets per policy, language and editor.
+STATS_ROLLUP = _rollup_table("stats_rollup")
+STATS_ROLLUP_HOURLY = _rollup_table("stats_rollup_hourly")
+HOURLY_BUCKET_S = 3600
 
 
 class StatsWatermark(Base):

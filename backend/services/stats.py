@@ -53,14 +53,16 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import aliased
 
 from backend.db.models import (
+    HOURLY_BUCKET_S,
     LATENCY_BIN_EDGES_MS,
     LATENCY_BINS,
     RETENTION_AFTER_S,
     ROLLUP_BUCKET_S,
     ROLLUP_COUNTERS,
+    STATS_ROLLUP,
+    STATS_ROLLUP_HOURLY,
     ClientSpool,
     IngestMinute,
-    StatsRollup,
     StatsWatermark,
     StoredEvent,
 )
@@ -83,10 +85,14 @@ DIMENSIONS = {"language": "language", "editor": "client_name", "policy": "policy
 MAX_SPLIT_VALUES = 12  # values of a dimension charted; the rest are summed as "(other)"
 MAX_LIST_ROWS = 200  # installations, workspaces: the most recent this many
 # Events folded into the rollup per transaction: a refresh after a bulk load commits in steps.
-REFRESH_CHUNK = 500_000
+REFRESH_CHUNK = 1_000_000
+# Sorting and hashing a chunk of a bulk refresh in memory (PostgreSQL; this transaction only).
+REFRESH_WORK_MEM = "128MB"
 UNKNOWN = ""
 
-ROLLUP = cast(Table, StatsRollup.__table__)
+ROLLUP = STATS_ROLLUP
+HOURLY = STATS_ROLLUP_HOURLY
+KEYS = ("tenant_id", "bucket", "policy_version", "language", "client_name")
 EVENTS = cast(Table, StoredEvent.__table__)
 
 
@@ -170,35 +176,50 @@ def _id_range(table: Any, tenant_id: int, after: int, upto: int | None) -> list[
     return where
 
 
+def _narrow(query: Select[Any]) -> Any:
+    # OFFSET 0 keeps PostgreSQL from merging this projection into the aggregate above it: the
+    # rows sorted and grouped then hold a few small values, not each event's JSON body.
+    return query.offset(0).subquery()
+
+
 def _decision_select(dialect: str, tenant_id: int, after: int, upto: int | None) -> Select[Any]:
     d = EVENTS
-    first = func.coalesce(d.c.body["rank"].as_integer(), 0) == 0
-    reason = d.c.body["silence_reason"].as_string()
-    ms = func.coalesce(d.c.body[("latency", "total_ms")].as_float(), 0.0)
-    show, silence = d.c.label == "show", d.c.label == "silence"
+    rows = _narrow(
+        select(
+            *_dimensions(dialect, d, d),
+            case((func.coalesce(d.c.body["rank"].as_integer(), 0) == 0, 1), else_=0).label(
+                "first"
+            ),
+            d.c.label.label("action"),
+            d.c.body["silence_reason"].as_string().label("reason"),
+            func.coalesce(d.c.body[("latency", "total_ms")].as_float(), 0.0).label("ms"),
+        ).where(*_id_range(d, tenant_id, after, upto), d.c.type == "decision")
+    )
+    first = rows.c.first == 1
+    show, silence = rows.c.action == "show", rows.c.action == "silence"
     values: dict[str, Any] = {name: _zero() for name in ROLLUP_COUNTERS}
     values.update(
         requests=_count(first),
         decisions=func.count(),
         shown=_count(and_(first, show)),
         silenced=_count(and_(first, silence)),
-        silence_policy=_count(and_(first, silence, reason == "policy")),
-        silence_empty=_count(and_(first, silence, reason == "empty")),
-        silence_latency=_count(and_(first, silence, reason == "latency")),
+        silence_policy=_count(and_(first, silence, rows.c.reason == "policy")),
+        silence_empty=_count(and_(first, silence, rows.c.reason == "empty")),
+        silence_latency=_count(and_(first, silence, rows.c.reason == "latency")),
         latency_n=_count(first),
-        latency_sum_ms=_sum(first, sql_cast(ms, BigInteger)),
-        **_latency_bins(first, ms),
+        latency_sum_ms=_sum(first, sql_cast(rows.c.ms, BigInteger)),
+        **_latency_bins(first, rows.c.ms),
     )
-    dims = _dimensions(dialect, d, d)
-    return (
-        select(
-            literal(tenant_id, Integer).label("tenant_id"),
-            *dims,
-            *(values[name].label(name) for name in ROLLUP_COUNTERS),
-        )
-        .where(*_id_range(d, tenant_id, after, upto), d.c.type == "decision")
-        .group_by(*_by_name(dims))
-    )
+    return _grouped(tenant_id, rows, values)
+
+
+def _grouped(tenant_id: int, rows: Any, values: dict[str, Any]) -> Select[Any]:
+    dims = [rows.c.bucket, rows.c.policy_version, rows.c.language, rows.c.client_name]
+    return select(
+        literal(tenant_id, Integer).label("tenant_id"),
+        *dims,
+        *(values[name].label(name) for name in ROLLUP_COUNTERS),
+    ).group_by(*dims)
 
 
 def _joined_select(
@@ -207,31 +228,12 @@ def _joined_select(
     """Outcomes or retention measurements, with the dimensions of their decision."""
     e = EVENTS.alias("e")
     d = EVENTS.alias("d")
-    values: dict[str, Any] = {name: _zero() for name in ROLLUP_COUNTERS}
-    if kind == "outcome":
-        chars = func.coalesce(e.c.body["accepted_chars"].as_integer(), 0)
-        took = e.c.label.in_(("accepted", "partial"))
-        values.update(
-            accepted=_count(e.c.label == "accepted"),
-            partial=_count(e.c.label == "partial"),
-            ignored=_count(e.c.label == "ignored"),
-            dismissed=_count(e.c.label == "dismissed"),
-            outcomes=func.count(),
-            accepted_chars=_sum(took, chars),
-        )
-    else:
-        accepted = func.coalesce(e.c.body["accepted_chars"].as_integer(), 0)
-        retained = func.coalesce(e.c.body["retained_chars"].as_integer(), 0)
-        for after_s in RETENTION_AFTER_S:
-            at = e.c.label == str(after_s)
-            values[f"retention_base_{after_s}"] = _sum(at, accepted)
-            values[f"retained_{after_s}"] = _sum(at, retained)
-    dims = _dimensions(dialect, e, d)
-    return (
+    rows = _narrow(
         select(
-            literal(tenant_id, Integer).label("tenant_id"),
-            *dims,
-            *(values[name].label(name) for name in ROLLUP_COUNTERS),
+            *_dimensions(dialect, e, d),
+            e.c.label.label("kind"),
+            func.coalesce(e.c.body["accepted_chars"].as_integer(), 0).label("accepted_chars"),
+            func.coalesce(e.c.body["retained_chars"].as_integer(), 0).label("retained_chars"),
         )
         .select_from(
             e.outerjoin(
@@ -244,8 +246,24 @@ def _joined_select(
             )
         )
         .where(*_id_range(e, tenant_id, after, upto), e.c.type == kind)
-        .group_by(*_by_name(dims))
     )
+    values: dict[str, Any] = {name: _zero() for name in ROLLUP_COUNTERS}
+    if kind == "outcome":
+        took = rows.c.kind.in_(("accepted", "partial"))
+        values.update(
+            accepted=_count(rows.c.kind == "accepted"),
+            partial=_count(rows.c.kind == "partial"),
+            ignored=_count(rows.c.kind == "ignored"),
+            dismissed=_count(rows.c.kind == "dismissed"),
+            outcomes=func.count(),
+            accepted_chars=_sum(took, rows.c.accepted_chars),
+        )
+    else:
+        for after_s in RETENTION_AFTER_S:
+            at = rows.c.kind == str(after_s)
+            values[f"retention_base_{after_s}"] = _sum(at, rows.c.accepted_chars)
+            values[f"retained_{after_s}"] = _sum(at, rows.c.retained_chars)
+    return _grouped(tenant_id, rows, values)
 
 
 def _event_selects(
@@ -259,14 +277,40 @@ def _event_selects(
 
 
 def _upsert(dialect: str, source: Select[Any]) -> Any:
-    columns = ["tenant_id", "bucket", "policy_version", "language", "client_name"]
-    columns += list(ROLLUP_COUNTERS)
     make = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = make(ROLLUP).from_select(columns, source)
+    statement = make(ROLLUP).from_select([*KEYS, *ROLLUP_COUNTERS], source)
     return statement.on_conflict_do_update(
-        index_elements=["tenant_id", "bucket", "policy_version", "language", "client_name"],
+        index_elements=list(KEYS),
         set_={name: ROLLUP.c[name] + statement.excluded[name] for name in ROLLUP_COUNTERS},
     )
+
+
+def _rebuild_hours(connection: Connection, tenant_id: int, first: int, last: int) -> None:
+    """Make the hourly rows of hours `[first, last]` (Unix seconds of their starts) the sums of
+    their 5-minute rows again: exact whatever was added, and idempotent."""
+    connection.execute(
+        HOURLY.delete().where(
+            HOURLY.c.tenant_id == tenant_id, HOURLY.c.bucket >= first, HOURLY.c.bucket <= last
+        )
+    )
+    width = literal_column(str(HOURLY_BUCKET_S))
+    hour = ((ROLLUP.c.bucket // width) * width).label("hour")  # not "bucket": a column's name
+    dims = [ROLLUP.c.policy_version, ROLLUP.c.language, ROLLUP.c.client_name]
+    source = (
+        select(
+            ROLLUP.c.tenant_id,
+            hour,
+            *dims,
+            *(func.sum(ROLLUP.c[name]).label(name) for name in ROLLUP_COUNTERS),
+        )
+        .where(
+            ROLLUP.c.tenant_id == tenant_id,
+            ROLLUP.c.bucket >= first,
+            ROLLUP.c.bucket < last + HOURLY_BUCKET_S,
+        )
+        .group_by(ROLLUP.c.tenant_id, literal_column("hour"), *dims)
+    )
+    connection.execute(HOURLY.insert().from_select([*KEYS, *ROLLUP_COUNTERS], source))
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -423,6 +467,8 @@ class StatsService:
             upto = min(target, after + REFRESH_CHUNK)
             try:
                 with engine.begin() as connection:
+                    if self.dialect == "postgresql":
+                        connection.exec_driver_sql(f"SET LOCAL work_mem = '{REFRESH_WORK_MEM}'")
                     moved = connection.execute(
                         update(StatsWatermark)
                         .where(
@@ -436,11 +482,29 @@ class StatsService:
                         return self.watermark(tenant_id)  # another process counted this range
                     for source in _event_selects(self.dialect, tenant_id, after, upto):
                         connection.execute(_upsert(self.dialect, source))
+                    hours = self._hours_of(connection, tenant_id, after, upto)
+                    if hours is not None:
+                        _rebuild_hours(connection, tenant_id, *hours)
             except OperationalError as exc:  # SQLite: another writer got there first
                 log.debug("stats refresh of tenant %d deferred: %s", tenant_id, exc)
                 return self.watermark(tenant_id)
             after = upto
         return after
+
+    def _hours_of(
+        self, connection: Connection, tenant_id: int, after: int, upto: int
+    ) -> tuple[int, int] | None:
+        """The first and last hour (Unix seconds) holding events of ids `(after, upto]`."""
+        bucket = _bucket(self.dialect, EVENTS.c.time)
+        found = connection.execute(
+            select(func.min(bucket), func.max(bucket)).where(
+                *_id_range(EVENTS, tenant_id, after, upto)
+            )
+        ).first()
+        if found is None or found[0] is None:
+            return None
+        first, last = int(found[0]), int(found[1])
+        return first - first % HOURLY_BUCKET_S, last - last % HOURLY_BUCKET_S
 
     def _ensure_watermark(self, tenant_id: int) -> None:
         make = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
@@ -459,10 +523,13 @@ class StatsService:
         """Summed counters of a tenant in `[start, end)`, grouped by `group` columns (and by
         `step`-second time slots when `step` is given), from the rollup and the live tail."""
         watermark = self.refresh(tenant_id, max_events=REFRESH_CHUNK)
+        # Hourly rows when the window and its steps are whole hours (7 and 30 days, all time).
+        hourly = (step is None or step % HOURLY_BUCKET_S == 0) and start % HOURLY_BUCKET_S == 0
+        table = HOURLY if hourly and end - start > 86_400 else ROLLUP
         rolled = select(
-            *(ROLLUP.c[name] for name in ("bucket", "policy_version", "language", "client_name")),
-            *(ROLLUP.c[name] for name in ROLLUP_COUNTERS),
-        ).where(ROLLUP.c.tenant_id == tenant_id, ROLLUP.c.bucket >= start, ROLLUP.c.bucket < end)
+            *(table.c[name] for name in KEYS[1:]),
+            *(table.c[name] for name in ROLLUP_COUNTERS),
+        ).where(table.c.tenant_id == tenant_id, table.c.bucket >= start, table.c.bucket < end)
         parts: list[Select[Any]] = [rolled]
         for source in _event_selects(self.dialect, tenant_id, watermark, None):
             sub = source.subquery()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -101,19 +102,25 @@ def test_the_rollup_and_the_live_tail_agree_wherever_they_split(
     server.storage.insert_events(other, [parse_event(c) for c in copies])
     never = StatsService(server.storage, registry, settle_s=1e9)  # reads the tail only
     at_once = StatsService(server.storage, registry, settle_s=0)
-    live = never.overview(other, "24h")
+    # 24 h reads 5-minute rows, 7 and 30 days hourly ones, the split by editor all of them.
+    windows = ("24h", "7d", "30d")
+    now = time.time()  # one window for every read (some retention events lie ahead of now)
+    live = {w: never.overview(other, w, now=now) for w in windows}
+    live_split = never.split(other, "30d", "editor", now=now)
     assert never.watermark(other) == 0
     monkeypatch.setattr(stats_module, "REFRESH_CHUNK", 97)  # an odd split, mid-decision
     at_once.refresh(other, max_events=300)
     assert 0 < never.watermark(other) < max(_ids(server, other))
-    split = never.overview(other, "24h")
+    split = {w: never.overview(other, w, now=now) for w in windows}
     monkeypatch.setattr(stats_module, "REFRESH_CHUNK", 500_000)
     at_once.refresh(other)
-    rolled = never.overview(other, "24h")
-    assert split["summary"] == live["summary"]
-    assert rolled["summary"] == live["summary"]
-    assert rolled["series"] == live["series"]
-    assert live["summary"]["requests"] > 0
+    rolled = {w: never.overview(other, w, now=now) for w in windows}
+    for w in windows:
+        assert split[w]["summary"] == live[w]["summary"], w
+        assert rolled[w]["summary"] == live[w]["summary"], w
+        assert rolled[w]["series"] == live[w]["series"], w
+    assert never.split(other, "30d", "editor", now=now)["rows"] == live_split["rows"]
+    assert live["24h"]["summary"]["requests"] > 0
 
 
 def test_concurrent_refreshes_count_each_event_once(db_url: str) -> None:

@@ -1,4 +1,4 @@
-"""Dashboard: token labels and admin tokens, statistics rollups, ingestion per minute, client
+"""Dashboard: token labels and admin tokens, statistics rollups (5-minute and hourly), ingestion per minute, client
 spools.
 
 Revision ID: 0004
@@ -62,15 +62,16 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("admin", sa.Boolean(), nullable=False, server_default=sa.false())
         )
-    op.create_table(
-        "stats_rollup",
-        _tenant(),
-        sa.Column("bucket", sa.BigInteger(), primary_key=True),
-        sa.Column("policy_version", sa.String(128), primary_key=True),
-        sa.Column("language", sa.String(64), primary_key=True),
-        sa.Column("client_name", sa.String(64), primary_key=True),
-        *(_count(name) for name in ROLLUP_COUNTERS),
-    )
+    for name in ("stats_rollup", "stats_rollup_hourly"):  # 5-minute and hourly buckets
+        op.create_table(
+            name,
+            _tenant(),
+            sa.Column("bucket", sa.BigInteger(), primary_key=True),
+            sa.Column("policy_version", sa.String(128), primary_key=True),
+            sa.Column("language", sa.String(64), primary_key=True),
+            sa.Column("client_name", sa.String(64), primary_key=True),
+            *(_count(name) for name in ROLLUP_COUNTERS),
+        )
     op.create_table(
         "stats_watermarks",
         _tenant(),
@@ -108,6 +109,7 @@ def downgrade() -> None:
     op.drop_table("client_spools")
     op.drop_table("ingest_minutes")
     op.drop_table("stats_watermarks")
+    op.drop_table("stats_rollup_hourly")
     op.drop_table("stats_rollup")
     with op.batch_alter_table("api_tokens") as batch:
         batch.drop_column("admin")
