@@ -16,8 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from backend.policy.registry import PolicyRegistry
 from backend.policy.loop import tenant_ids
+from backend.policy.registry import PolicyRegistry
 from backend.services.stats import WINDOWS, StatsService
 from backend.storage import Storage, default_db_url
 
@@ -67,7 +67,9 @@ def _tenant(storage: Storage, name: str | None) -> tuple[int, str]:
         return found, name
     ids = tenant_ids(storage)
     if len(ids) != 1:
-        raise SystemExit(f"tabloop stats: {len(ids)} tenants in the database: name one with --tenant")
+        raise SystemExit(
+            f"tabloop stats: {len(ids)} tenants in the database: name one with --tenant"
+        )
     return ids[0], dict(storage.tenants())[ids[0]]
 
 

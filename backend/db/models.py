@@ -14,17 +14,17 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
-    Table,
     DateTime,
     ForeignKey,
     Index,
     Integer,
     String,
+    Table,
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.sql.expression import false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit key.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -89,7 +89,20 @@ class StoredEvent(Base):
 
 # Upper bounds (ms) of the latency histogram's bins; the last bin holds everything above.
 LATENCY_BIN_EDGES_MS: tuple[float, ...] = (
-    10, 20, 35, 50, 75, 100, 150, 200, 300, 500, 750, 1000, 2000, 5000,
+    10,
+    20,
+    35,
+    50,
+    75,
+    100,
+    150,
+    200,
+    300,
+    500,
+    750,
+    1000,
+    2000,
+    5000,
 )
 LATENCY_BINS = len(LATENCY_BIN_EDGES_MS) + 1
 RETENTION_AFTER_S: tuple[int, ...] = (30, 120, 600)

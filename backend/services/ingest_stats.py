@@ -77,9 +77,7 @@ class IngestRecorder:
         """Add `counts` (names of `COUNTERS`) to the tenant's current minute."""
         minute = int(self._clock()) // 60 * 60
         with self._lock:
-            row = self._pending.minutes.setdefault(
-                (tenant_id, minute), dict.fromkeys(COUNTERS, 0)
-            )
+            row = self._pending.minutes.setdefault((tenant_id, minute), dict.fromkeys(COUNTERS, 0))
             for name, value in counts.items():
                 row[name] += value
 
@@ -109,8 +107,8 @@ class IngestRecorder:
             current = self._pending.minutes.setdefault(key, dict.fromkeys(COUNTERS, 0))
             for name, value in row.items():
                 current[name] += value
-        for key, report in pending.spools.items():
-            self._pending.spools.setdefault(key, report)
+        for spool_key, report in pending.spools.items():
+            self._pending.spools.setdefault(spool_key, report)
 
     def _write(self, pending: _Pending) -> None:
         make: Any = postgresql.insert if self.storage.dialect == "postgresql" else sqlite.insert

@@ -34,13 +34,11 @@ from sqlalchemy import (
     BigInteger,
     ColumnElement,
     Connection,
-    Float,
     Integer,
     Select,
     Table,
     and_,
     case,
-    cast as sql_cast,
     func,
     literal,
     literal_column,
@@ -48,9 +46,11 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy import (
+    cast as sql_cast,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import aliased
 
 from backend.db.models import (
     HOURLY_BUCKET_S,
@@ -115,12 +115,13 @@ def window_bounds(window: str, now: float | None = None) -> tuple[int, int, int]
 
 def _bucket(dialect: str, column: Any) -> ColumnElement[int]:
     """The start of the 5-minute bucket holding a timestamp column, in Unix seconds."""
-    width = literal_column(str(ROLLUP_BUCKET_S))
+    width: ColumnElement[int] = literal_column(str(ROLLUP_BUCKET_S), BigInteger)
+    epoch: ColumnElement[int]
     if dialect == "postgresql":
         epoch = sql_cast(func.floor(func.extract("epoch", column) / width), BigInteger)
     else:  # SQLite stores the UTC wall time as text: strftime('%s') reads it as UTC
         epoch = sql_cast(func.strftime(literal_column("'%s'"), column), Integer) // width
-    return cast(ColumnElement[int], epoch * width)
+    return epoch * width
 
 
 def _text(table: Any, key: str) -> ColumnElement[str]:
@@ -187,9 +188,7 @@ def _decision_select(dialect: str, tenant_id: int, after: int, upto: int | None)
     rows = _narrow(
         select(
             *_dimensions(dialect, d, d),
-            case((func.coalesce(d.c.body["rank"].as_integer(), 0) == 0, 1), else_=0).label(
-                "first"
-            ),
+            case((func.coalesce(d.c.body["rank"].as_integer(), 0) == 0, 1), else_=0).label("first"),
             d.c.label.label("action"),
             d.c.body["silence_reason"].as_string().label("reason"),
             func.coalesce(d.c.body[("latency", "total_ms")].as_float(), 0.0).label("ms"),
@@ -223,7 +222,11 @@ def _grouped(tenant_id: int, rows: Any, values: dict[str, Any]) -> Select[Any]:
 
 
 def _joined_select(
-    dialect: str, kind: Literal["outcome", "retention"], tenant_id: int, after: int, upto: int | None
+    dialect: str,
+    kind: Literal["outcome", "retention"],
+    tenant_id: int,
+    after: int,
+    upto: int | None,
 ) -> Select[Any]:
     """Outcomes or retention measurements, with the dimensions of their decision."""
     e = EVENTS.alias("e")
@@ -266,9 +269,7 @@ def _joined_select(
     return _grouped(tenant_id, rows, values)
 
 
-def _event_selects(
-    dialect: str, tenant_id: int, after: int, upto: int | None
-) -> list[Select[Any]]:
+def _event_selects(dialect: str, tenant_id: int, after: int, upto: int | None) -> list[Select[Any]]:
     return [
         _decision_select(dialect, tenant_id, after, upto),
         _joined_select(dialect, "outcome", tenant_id, after, upto),
@@ -293,7 +294,7 @@ def _rebuild_hours(connection: Connection, tenant_id: int, first: int, last: int
             HOURLY.c.tenant_id == tenant_id, HOURLY.c.bucket >= first, HOURLY.c.bucket <= last
         )
     )
-    width = literal_column(str(HOURLY_BUCKET_S))
+    width: ColumnElement[int] = literal_column(str(HOURLY_BUCKET_S), BigInteger)
     hour = ((ROLLUP.c.bucket // width) * width).label("hour")  # not "bucket": a column's name
     dims = [ROLLUP.c.policy_version, ROLLUP.c.language, ROLLUP.c.client_name]
     source = (
@@ -541,7 +542,7 @@ class StatsService:
         union = union_all(*parts).subquery("u")
         keys: list[ColumnElement[Any]] = [union.c[name] for name in group]
         if step is not None:
-            slot = literal_column(str(int(step)))
+            slot: ColumnElement[int] = literal_column(str(int(step)), BigInteger)
             keys.insert(0, ((union.c.bucket // slot) * slot).label("t"))
         query = select(*keys, *(func.sum(union.c[name]).label(name) for name in ROLLUP_COUNTERS))
         if keys:
@@ -619,7 +620,9 @@ class StatsService:
 
     def policies(self, tenant_id: int, *, confidence_z: float = 1.645) -> dict[str, Any]:
         """Every version with its off-policy evaluation and live figures since it served."""
-        history = [{**entry, "at": _iso_text(entry["at"])} for entry in self.registry.history(tenant_id)]
+        history = [
+            {**entry, "at": _iso_text(entry["at"])} for entry in self.registry.history(tenant_id)
+        ]
         first_served: dict[str, int] = {}
         for entry in history:
             first_served.setdefault(entry["version"], _epoch(entry["at"]))
@@ -632,7 +635,9 @@ class StatsService:
             report = record.report
             candidate = report.get("candidate", {}) if isinstance(report, dict) else {}
             gain, stderr = report.get("gain"), report.get("gain_stderr")
-            bound = gain - confidence_z * stderr if gain is not None and stderr is not None else None
+            bound = (
+                gain - confidence_z * stderr if gain is not None and stderr is not None else None
+            )
             row = live.get(record.version)
             versions.append(
                 {
@@ -663,9 +668,7 @@ class StatsService:
             "confidence_z": confidence_z,
         }
 
-    def ingestion(
-        self, tenant_id: int, window: str, *, now: float | None = None
-    ) -> dict[str, Any]:
+    def ingestion(self, tenant_id: int, window: str, *, now: float | None = None) -> dict[str, Any]:
         """Batches per minute and their fate, rate-limited requests, client spools, sync."""
         start, end, step = window_bounds(window, now)
         minute_step = max(60, step)
@@ -680,7 +683,7 @@ class StatsService:
             "duplicate_batches",
             "rate_limited",
         ]
-        width = literal_column(str(int(minute_step)))
+        width: ColumnElement[int] = literal_column(str(int(minute_step)), BigInteger)
         slot = ((m.c.minute // width) * width).label("t")
         query = (
             select(slot, *(func.sum(m.c[c]).label(c) for c in counters))

@@ -174,10 +174,13 @@ def seed(url: str, tenant_id: int, total: int, seed_value: int) -> float:
         connection.execute("ALTER TABLE events DROP CONSTRAINT uq_events_tenant_event")
         connection.execute("DROP INDEX ix_events_tenant_decision")
         connection.execute("DROP INDEX ix_events_tenant_type_id")
-        with connection.cursor() as cursor, cursor.copy(
-            "COPY events (tenant_id, event_id, type, decision_id, label, time, received_at, body)"
-            " FROM STDIN"
-        ) as copy:
+        with (
+            connection.cursor() as cursor,
+            cursor.copy(
+                "COPY events (tenant_id, event_id, type, decision_id, label, time, received_at,"
+                " body) FROM STDIN"
+            ) as copy,
+        ):
             for event_id, kind, decision_id, label, at, body in _requests(rng, now, total):
                 copy.write_row((tenant_id, event_id, kind, decision_id, label, at, at, body))
         for statement in SECONDARY:
@@ -214,9 +217,7 @@ def measure(
         with storage.engine.connect() as connection:
             connection.execute(text("ANALYZE stats_rollup"))
             rollup_rows = connection.execute(text("SELECT count(*) FROM stats_rollup")).scalar()
-            size = connection.execute(
-                text("SELECT pg_total_relation_size('events')")
-            ).scalar()
+            size = connection.execute(text("SELECT pg_total_relation_size('events')")).scalar()
         timings: dict[str, list[float]] = {}
         answers: dict[str, Any] = {}
         for window in ("24h", "30d"):

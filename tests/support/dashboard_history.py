@@ -98,10 +98,16 @@ def generate(
         ).all()
         for row_id, at in zip(rows, times, strict=True):
             session.execute(
-                update(PolicyPromotionRow).where(PolicyPromotionRow.id == row_id).values(created_at=at)
+                update(PolicyPromotionRow)
+                .where(PolicyPromotionRow.id == row_id)
+                .values(created_at=at)
             )
         session.commit()
-    history.actions = [("promote", v1, times[0]), ("promote", v2, times[1]), ("rollback", v1, times[2])]
+    history.actions = [
+        ("promote", v1, times[0]),
+        ("promote", v2, times[1]),
+        ("rollback", v1, times[2]),
+    ]
 
     for hour in range(HOURS, 0, -1):
         for _ in range(requests_per_hour):

@@ -159,7 +159,9 @@ def test_an_empty_tenant_answers_empty_figures(backend: BackendServer) -> None:
     assert get(backend, "/v1/stats/overview", window="2d").status_code == 422
 
 
-def test_a_tenant_token_reads_only_its_tenant_and_an_admin_reads_all(backend: BackendServer) -> None:
+def test_a_tenant_token_reads_only_its_tenant_and_an_admin_reads_all(
+    backend: BackendServer,
+) -> None:
     storage = backend.storage
     other = f"other-{uuid.uuid4().hex[:6]}"
     other_token = storage.create_token(other)
@@ -239,9 +241,7 @@ def test_ingestion_counts_batches_refusals_and_spools(db_url: str) -> None:
     ]
 
 
-def test_token_create_with_label_and_admin(
-    db_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_token_create_with_label_and_admin(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     tenant = f"t-{uuid.uuid4().hex[:6]}"
     assert backend_main(["token", "create", "--tenant", tenant, "--label", "erin", "--admin",
                          "--db", db_url]) == 0  # fmt: skip

@@ -1,5 +1,5 @@
-"""Dashboard: token labels and admin tokens, statistics rollups (5-minute and hourly), ingestion per minute, client
-spools.
+"""Dashboard: token labels and admin tokens, statistics rollups (5-minute and hourly),
+ingestion per minute, client spools.
 
 Revision ID: 0004
 Revises: 0003
