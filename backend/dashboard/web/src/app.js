@@ -170,9 +170,10 @@ function card(key, label, value, shown) {
 }
 
 function table(headers, rows, attrs = {}) {
-  return el("table", attrs,
+  // In a scrolling box: a wide table scrolls by itself instead of widening the page.
+  return el("div", { class: "scroll" }, el("table", attrs,
     el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
-    el("tbody", {}, rows));
+    el("tbody", {}, rows)));
 }
 
 function emptyNote(text) { return el("p", { class: "empty-state" }, text); }
@@ -257,7 +258,7 @@ async function policies(root, tenant) {
       if (v.serving) buttons.push(el("button", { type: "button", "data-action": "rollback", "data-version": v.version, onclick: () => act("rollback", data.tenant, v.version) }, "Roll back"));
       if (data.can_approve && !v.serving) buttons.push(el("button", { type: "button", "data-action": "approve", "data-version": v.version, onclick: () => act("approve", data.tenant, v.version) }, "Approve"));
       return el("tr", { "data-version": v.version, class: v.serving ? "serving" : v.rolled_back ? "rolled-back" : "" },
-        el("td", {}, v.version), el("td", {}, when(v.created_at)),
+        el("td", {}, v.version), el("td", {}, new Date(v.created_at).toLocaleDateString()),
         el("td", {}, v.serving ? "serving" : v.rolled_back ? "rolled back" : v.promote ? "passed" : "not promoted"),
         el("td", {}, dec(e.dr)), el("td", {}, dec(e.snips)),
         el("td", {}, e.gain === null || e.gain === undefined ? "–" : `${dec(e.gain)} (≥ ${dec(e.gain_lower_bound)})`),
