@@ -145,7 +145,7 @@ def _act(
     try:
         if action == "promote":
             if not body.version:
-                raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail="version needed")
+                raise HTTPException(422, detail="version needed")
             registry.promote(
                 tenant_id, body.version, actor=actor, reason=body.reason or "promoted by hand"
             )
@@ -158,7 +158,7 @@ def _act(
                     status.HTTP_404_NOT_FOUND, detail="this registry has no approvals"
                 )
             if not body.version:
-                raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail="version needed")
+                raise HTTPException(422, detail="version needed")
             approve(tenant_id, body.version, actor=actor)
     except RegistryError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
