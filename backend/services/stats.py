@@ -89,6 +89,7 @@ REFRESH_CHUNK = 1_000_000
 # Sorting and hashing a chunk of a bulk refresh in memory (PostgreSQL; this transaction only).
 REFRESH_WORK_MEM = "128MB"
 UNKNOWN = ""
+ALL_TIME_END = 2**62 // 3600 * 3600  # "since ever": whole hours, so the hourly rows serve it
 
 ROLLUP = STATS_ROLLUP
 HOURLY = STATS_ROLLUP_HOURLY
@@ -99,15 +100,23 @@ EVENTS = cast(Table, StoredEvent.__table__)
 def window_bounds(window: str, now: float | None = None) -> tuple[int, int, int]:
     """`(start, end, step)` in Unix seconds for a window name; ValueError for an unknown one.
 
-    `end` is the end of the current rollup bucket, `start` a whole number of steps before it.
+    `end` is the end of the current bucket of the rollup the window reads (the hour for windows
+    in whole hours, which read hourly rows: a bucket is never cut), `start` a whole number of
+    steps before it.
     """
     if window not in WINDOWS:
         raise ValueError(f"window must be one of {', '.join(WINDOWS)}")
     length, step = WINDOWS[window]
     now = time.time() if now is None else now
-    end = (int(now) // ROLLUP_BUCKET_S + 1) * ROLLUP_BUCKET_S
+    width = HOURLY_BUCKET_S if _reads_hourly(length, step) else ROLLUP_BUCKET_S
+    end = (int(now) // width + 1) * width
     start = (end - length) // step * step
     return start, end, step
+
+
+def _reads_hourly(length: int, step: int | None) -> bool:
+    """Whether a window of `length` seconds in steps of `step` reads the hourly rollup."""
+    return length > 86_400 and (step is None or step % HOURLY_BUCKET_S == 0)
 
 
 # -- SQL building blocks ------------------------------------------------------------------------
@@ -525,8 +534,9 @@ class StatsService:
         `step`-second time slots when `step` is given), from the rollup and the live tail."""
         watermark = self.refresh(tenant_id, max_events=REFRESH_CHUNK)
         # Hourly rows when the window and its steps are whole hours (7 and 30 days, all time).
-        hourly = (step is None or step % HOURLY_BUCKET_S == 0) and start % HOURLY_BUCKET_S == 0
-        table = HOURLY if hourly and end - start > 86_400 else ROLLUP
+        hourly = _reads_hourly(end - start, step) and start % HOURLY_BUCKET_S == 0
+        hourly = hourly and end % HOURLY_BUCKET_S == 0
+        table = HOURLY if hourly else ROLLUP
         rolled = select(
             *(table.c[name] for name in KEYS[1:]),
             *(table.c[name] for name in ROLLUP_COUNTERS),
@@ -628,7 +638,7 @@ class StatsService:
             first_served.setdefault(entry["version"], _epoch(entry["at"]))
         live = {
             str(r["policy_version"]): r
-            for r in self._rows(tenant_id, 0, 2**62, ("policy_version",), None)
+            for r in self._rows(tenant_id, 0, ALL_TIME_END, ("policy_version",), None)
         }
         versions = []
         for record in self.registry.versions(tenant_id):
