@@ -12,8 +12,14 @@ PIP_LOG := $(VENV)/pip.log
 PIP := $(PY) -m pip install --quiet
 PIP_QUIET := >$(PIP_LOG) 2>&1 || (cat $(PIP_LOG); exit 1)
 VSCODE := editors/vscode
+# The backend's dashboard: web sources and the charting library from npm, built into the
+# package (backend/dashboard/static, not committed; wheels include it).
+DASHBOARD_WEB := backend/dashboard/web
+DASHBOARD_INDEX := backend/dashboard/static/index.html
+DASHBOARD_SOURCES := $(DASHBOARD_WEB)/package.json $(DASHBOARD_WEB)/package-lock.json \
+	$(DASHBOARD_WEB)/build.mjs $(wildcard $(DASHBOARD_WEB)/src/*)
 
-.PHONY: demo test lint typecheck pytest test-vscode bench venv dist clean
+.PHONY: demo test lint typecheck pytest test-vscode bench venv dist clean dashboard
 
 venv: $(STAMP)
 
@@ -26,7 +32,14 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, transformers, ctranslate2, pygls, faiss, sentence_transformers"
 	touch $(STAMP)
 
-demo: $(STAMP)
+# Rebuilt when a source changes; needs npm (and the registry, once, for `npm ci`).
+$(DASHBOARD_INDEX): $(DASHBOARD_SOURCES)
+	@command -v npm >/dev/null 2>&1 || { echo "npm is needed to build the dashboard"; exit 1; }
+	cd $(DASHBOARD_WEB) && npm ci --no-audit --no-fund && npm run build
+
+dashboard: $(DASHBOARD_INDEX)
+
+demo: $(STAMP) $(DASHBOARD_INDEX)
 	$(VENV)/bin/tabloop demo
 
 # Style, then the layers and import cycles (the import-linter contracts in pyproject.toml).
@@ -38,7 +51,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(DASHBOARD_INDEX)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-vscode:
@@ -60,8 +73,8 @@ bench: $(STAMP)
 	done
 
 # A wheel and an sdist in dist/ (tabloop is not on PyPI yet: install from these or the checkout).
-dist: $(STAMP)
+dist: $(STAMP) $(DASHBOARD_INDEX)
 	$(PY) -m build --no-isolation --outdir dist .
 
 clean:
-	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist .pytest_cache .mypy_cache .ruff_cache backend/dashboard/static

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 
 from backend.policy.settings import TrainerSettings
-from backend.routes import completions, events, health, index_sync, policy
+from backend.routes import completions, dashboard, events, health, index_sync, policy, stats
 from backend.services.bodies import BodyLimits
 from backend.services.completions import RunnerLoader
 from backend.services.container import BackendServices
@@ -115,6 +115,6 @@ def create_app(
             {"detail": "database unavailable"}, status_code=503, headers={"Retry-After": "1"}
         )
 
-    for module in (health, events, policy, index_sync, completions):
+    for module in (health, events, policy, index_sync, completions, stats, dashboard):
         app.include_router(module.router)
     return app

@@ -2,7 +2,7 @@
 
 tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 0.25]
                 [--train-interval 60]
-tabloop backend token create --tenant NAME [--db URL]
+tabloop backend token create --tenant NAME [--label WHO] [--admin] [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
 """
 
@@ -103,6 +103,14 @@ def _token_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="action", required=True)
     create = sub.add_parser("create", help="make a token for a tenant (created if new)")
     create.add_argument("--tenant", required=True, help="tenant name")
+    create.add_argument(
+        "--label", default=None, help="who holds the token; the history records it as who acted"
+    )
+    create.add_argument(
+        "--admin",
+        action="store_true",
+        help="the token also reads every tenant's statistics and acts on every registry",
+    )
     _db_argument(create)
     revoke = sub.add_parser("revoke", help="make a token unusable")
     revoke.add_argument("token")
@@ -116,7 +124,7 @@ def _tokens(argv: list[str]) -> int:
     try:
         if args.action == "create":
             try:
-                print(storage.create_token(args.tenant))
+                print(storage.create_token(args.tenant, label=args.label, admin=args.admin))
             except ValueError as exc:
                 print(f"tabloop backend: {exc}", file=sys.stderr)
                 return 2

@@ -21,6 +21,8 @@ from backend.ratelimit import RateLimiter
 from backend.services.completions import CompletionService
 from backend.services.container import BackendServices
 from backend.services.ingest import IngestLimits
+from backend.services.ingest_stats import IngestRecorder
+from backend.services.stats import StatsService
 from backend.storage import Storage
 from backend.sync.store import IndexSyncStore
 
@@ -76,6 +78,16 @@ async def get_index_sync(services: Services) -> IndexSyncStore:
     return services.index_sync
 
 
+async def get_stats(services: Services) -> StatsService:
+    """Aggregates of the tenants' events."""
+    return services.stats
+
+
+async def get_ingest_stats(services: Services) -> IngestRecorder:
+    """Counters of what clients sent, per tenant and minute."""
+    return services.ingest_stats
+
+
 StorageDep = Annotated[Storage, Depends(get_storage)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 IngestLimitsDep = Annotated[IngestLimits, Depends(get_ingest_limits)]
@@ -83,3 +95,5 @@ RateLimiterDep = Annotated[RateLimiter, Depends(get_rate_limiter)]
 RegistryDep = Annotated[PolicyRegistry, Depends(get_registry)]
 CompletionServiceDep = Annotated[CompletionService, Depends(get_completion_service)]
 IndexSyncStoreDep = Annotated[IndexSyncStore, Depends(get_index_sync)]
+StatsDep = Annotated[StatsService, Depends(get_stats)]
+IngestStatsDep = Annotated[IngestRecorder, Depends(get_ingest_stats)]

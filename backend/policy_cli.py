@@ -2,8 +2,8 @@
 
 tabloop train [--tenant NAME] [--db URL] [--lambda 0.25] [--json]
 tabloop policy list [--tenant NAME] [--db URL] [--json]
-tabloop policy promote VERSION [--tenant NAME] [--db URL]
-tabloop policy rollback [--tenant NAME] [--db URL]
+tabloop policy promote VERSION [--tenant NAME] [--db URL] [--actor NAME]
+tabloop policy rollback [--tenant NAME] [--db URL] [--actor NAME]
 """
 
 from __future__ import annotations
@@ -89,6 +89,10 @@ def policy_main(argv: list[str]) -> int:
     _common(promote)
     rollback = sub.add_parser("rollback", help="serve the previous version again")
     _common(rollback)
+    for acting in (promote, rollback):
+        acting.add_argument(
+            "--actor", default="cli", help="who acts, as the history records it (default: cli)"
+        )
     args = parser.parse_args(argv)
     storage = Storage(args.db or default_db_url())
     try:
@@ -97,10 +101,10 @@ def policy_main(argv: list[str]) -> int:
         if args.action == "list":
             _print_list(registry, tenant, args.json)
         elif args.action == "promote":
-            registry.promote(tenant, args.version, actor="cli", reason="promoted by hand")
+            registry.promote(tenant, args.version, actor=args.actor, reason="promoted by hand")
             print(f"serving {args.version}")
         else:
-            print(f"serving {registry.rollback(tenant, actor='cli')}")
+            print(f"serving {registry.rollback(tenant, actor=args.actor)}")
     except RegistryError as exc:
         print(f"tabloop policy: {exc}", file=sys.stderr)
         return 1

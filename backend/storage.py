@@ -63,6 +63,14 @@ def tenant_name_problem(name: str) -> str | None:
     return None
 
 
+def token_label_problem(label: str) -> str | None:
+    """Why `label` cannot label a token, or None (the same rule as tenant names, 64 chars)."""
+    if len(label) > 64:
+        return "a token label is 1 to 64 characters"
+    problem = tenant_name_problem(label)
+    return problem.replace("tenant name", "token label") if problem else None
+
+
 def hash_token(token: str) -> str:
     """SHA-256 of a token; tokens are 256-bit random, so a fast hash is enough."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -112,10 +120,18 @@ def make_engine(url: str) -> Engine:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request acts for."""
+    """Who a request acts for: the token's tenant, its label, and whether it is an admin's
+    (which reads and acts on every tenant)."""
 
     tenant_id: int
     tenant: str
+    label: str | None = None
+    admin: bool = False
+
+    @property
+    def actor(self) -> str:
+        """How the history names this token's holder: its label, else its tenant."""
+        return f"token:{self.label}" if self.label else f"token@{self.tenant}"
 
 
 class Storage:
@@ -157,8 +173,16 @@ class Storage:
                 return int(session.scalars(select(Tenant.id).where(Tenant.name == name)).one())
             return tenant.id
 
-    def create_token(self, tenant: str) -> str:
-        """A new bearer token for `tenant` (created when missing); only its hash is kept."""
+    def create_token(self, tenant: str, *, label: str | None = None, admin: bool = False) -> str:
+        """A new bearer token for `tenant` (created when missing); only its hash is kept.
+
+        `label` names its holder (the history records it as who acted); an `admin` token reads
+        and acts on every tenant. ValueError for a tenant name or label not allowed.
+        """
+        if label is not None:
+            problem = token_label_problem(label)
+            if problem is not None:
+                raise ValueError(problem)
         tenant_id = self.ensure_tenant(tenant)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self.sessions() as session:
@@ -167,6 +191,8 @@ class Storage:
                     tenant_id=tenant_id,
                     token_hash=hash_token(token),
                     created_at=datetime.now(UTC),
+                    label=label,
+                    admin=admin,
                 )
             )
             session.commit()
@@ -203,11 +229,11 @@ class Storage:
         now = time.monotonic()
         with self.sessions() as session:
             row = session.execute(
-                select(Tenant.id, Tenant.name)
+                select(Tenant.id, Tenant.name, ApiToken.label, ApiToken.admin)
                 .join(ApiToken, ApiToken.tenant_id == Tenant.id)
                 .where(ApiToken.token_hash == key, ApiToken.revoked_at.is_(None))
             ).first()
-        principal = Principal(row[0], row[1]) if row else None
+        principal = Principal(row[0], row[1], row[2], bool(row[3])) if row else None
         if principal is not None:  # unknown tokens are not cached: they may be created next
             if len(self._principals) >= TOKEN_CACHE_MAX:
                 self._principals.clear()
@@ -336,14 +362,29 @@ class Storage:
             "retention": retention,
         }
 
+    def tenants(self) -> list[tuple[int, str]]:
+        """`(id, name)` of every tenant, by name."""
+        with self.sessions() as session:
+            rows = session.execute(select(Tenant.id, Tenant.name).order_by(Tenant.name)).all()
+        return [(int(row[0]), str(row[1])) for row in rows]
+
+    def tenant_id(self, name: str) -> int | None:
+        """The id of tenant `name`, or None (never creates one)."""
+        with self.sessions() as session:
+            found = session.scalar(select(Tenant.id).where(Tenant.name == name))
+        return int(found) if found is not None else None
+
     def session(self) -> Session:
         """A new ORM session, for routes added by other areas of the backend."""
         return self.sessions()
 
 
 def _sqlite_datetime(value: datetime) -> str:
-    # What SQLAlchemy's SQLite DateTime stores (the wall time as given, offset dropped), so rows
-    # written here read back exactly like rows written through the ORM.
+    # What SQLAlchemy's SQLite DateTime stores (the wall time, offset dropped), so rows written
+    # here read back exactly like rows written through the ORM. In UTC first: an event stamped
+    # +02:00 must sort and bucket with the others (PostgreSQL's timestamptz does this itself).
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
     return (
         f"{value.year:04d}-{value.month:02d}-{value.day:02d} "
         f"{value.hour:02d}:{value.minute:02d}:{value.second:02d}.{value.microsecond:06d}"

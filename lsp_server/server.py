@@ -105,6 +105,8 @@ class TabloopServer(LanguageServer):
         self.resolved: config.Resolved = config.resolve(None)
         self.workspace_root: Path | None = None
         self.init_options: Any = None
+        # The editor's name and version from `initialize` (`clientInfo`), put on decision events.
+        self.client_info: types.ClientInfo | None = None
         self.client_config: Any = None
         self.engine: Engine | None = None
         self._import_lock = threading.Lock()

@@ -62,6 +62,12 @@ def _policy(argv: list[str]) -> int:
     return policy_main(argv)
 
 
+def _stats(argv: list[str]) -> int:
+    from backend.stats_cli import stats_main
+
+    return stats_main(argv)
+
+
 # Commands implemented next to the code they drive, which parse their own arguments:
 # name -> (function taking the remaining arguments and returning an exit status, help).
 DELEGATED: dict[str, tuple[Command, str]] = {
@@ -71,6 +77,7 @@ DELEGATED: dict[str, tuple[Command, str]] = {
     "train": (_train, "train policy (the default) or model (an adapter)"),
     "model": (_model, "list, promote, roll back or evaluate model adapters"),
     "policy": (_policy, "list, promote or roll back policies"),
+    "stats": (_stats, "the loop's figures of a tenant (the dashboard's overview)"),
 }
 
 
@@ -139,12 +146,16 @@ def _bench(name: str) -> Command:
         from evaluation.bench import speculative
 
         return speculative.main
+    if name == "dashboard":
+        from evaluation.bench import dashboard
+
+        return dashboard.main
     raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
 
 
 BENCHES = (
     "lsp, complete, engines, index, telemetry, sync, dtype, threads, gate, edits, speculative, "
-    "adapters"
+    "adapters, dashboard"
 )
 
 

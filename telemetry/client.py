@@ -165,6 +165,7 @@ class TelemetryClient:
                     backoff_initial_s=settings.backoff_initial_s,
                     backoff_max_s=settings.backoff_max_s,
                     transport=self._transport,
+                    install_id=self.install_id,
                 )
                 self.sender.start()
             self._writer = threading.Thread(

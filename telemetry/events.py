@@ -203,6 +203,18 @@ def parse_event(data: object) -> DecisionEvent | OutcomeEvent | RetentionEvent:
     return EVENT_ADAPTER.validate_python(data)
 
 
+class BatchMeta(BaseModel):
+    """What a sender says about itself with a batch (`{"events": [...], "meta": {...}}`): its
+    installation, how many events wait in its spool after this batch, and how many its spool
+    has dropped since it was created. Optional; a backend that cannot read it ignores it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    install_id: Token
+    spool_backlog: Annotated[int, Field(ge=0, le=2**53)]
+    spool_dropped: Annotated[int, Field(ge=0, le=2**53)]
+
+
 class Rejection(BaseModel):
     """One event of a batch the backend refused, and why."""
 

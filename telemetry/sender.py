@@ -48,7 +48,7 @@ from common.http import (
     Unavailable,
     parse_retry_after,
 )
-from telemetry.events import EVENT_ADAPTER, IngestResponse
+from telemetry.events import EVENT_ADAPTER, BatchMeta, IngestResponse
 from telemetry.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
@@ -120,12 +120,14 @@ def screen_batch(batch: list[SpooledEvent]) -> tuple[list[SpooledEvent], dict[st
     return good, bad
 
 
-def encode_batch(batch: list[SpooledEvent]) -> bytes:
-    """The gzipped request body for spooled events (already JSON: joined, not re-encoded).
+def encode_batch(batch: list[SpooledEvent], meta: BatchMeta | None = None) -> bytes:
+    """The gzipped request body for spooled events (already JSON: joined, not re-encoded),
+    with the sender's `meta` when given.
 
     Every body must have passed `screen_batch`.
     """
-    payload = b'{"events":[' + b",".join(event.body for event in batch) + b"]}"
+    tail = b"]}" if meta is None else b'],"meta":' + meta.model_dump_json().encode() + b"}"
+    payload = b'{"events":[' + b",".join(event.body for event in batch) + tail
     return gzip.compress(payload, compresslevel=5)
 
 
@@ -148,8 +150,13 @@ class Sender:
         refused_rest_max_s: float = 3600.0,
         transport: httpx.BaseTransport | None = None,
         rng: random.Random | None = None,
+        install_id: str | None = None,
     ) -> None:
         self.spool = spool
+        # With an installation id, each batch says how full the spool is (`BatchMeta`); a
+        # backend that answers such a batch 400 is older than `meta`: it is left out from then.
+        self.install_id = install_id
+        self._send_meta = install_id is not None
         self.url = url.rstrip("/") + EVENTS_PATH
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
@@ -273,7 +280,8 @@ class Sender:
             self.stats.invalid_events += moved
         if not batch:
             return Export.FINAL
-        body = encode_batch(batch)
+        meta = self._meta(len(batch))
+        body = encode_batch(batch, meta)
         # The final flush runs after `_stop` is set: its waits must not end at once, and its
         # deadline (the shutdown budget) already bounds them.
         final_flush = self._stop.is_set()
@@ -291,6 +299,11 @@ class Sender:
         except Refused as exc:
             self._copy_stats()
             self.stats.last_error = f"HTTP {exc.status}: {exc.response.text[:200]}"
+            if exc.status == 400 and meta is not None:
+                # Perhaps a backend that does not know `meta`: send the batch again without it.
+                log.info("backend refused a batch with meta; sending without it from now on")
+                self._send_meta = False
+                return Export.DELIVERED
             if exc.status == 413 and len(batch) > 1:
                 # Too large together: halve the batch and let drain() go on with it.
                 self._batch_limit = max(1, len(batch) // 2)
@@ -300,6 +313,21 @@ class Sender:
             return self._held()
         self._copy_stats()
         return self._delivered(batch, response)
+
+    def _meta(self, sending: int) -> BatchMeta | None:
+        """The spool's backlog after this batch and its dropped count, or None (not sent)."""
+        if not self._send_meta or self.install_id is None:
+            return None
+        try:
+            stats = self.spool.stats()
+            return BatchMeta(
+                install_id=self.install_id,
+                spool_backlog=max(0, stats.events - sending),
+                spool_dropped=stats.dropped_events,
+            )
+        except Exception:  # statistics must never stop a batch
+            log.debug("no batch meta", exc_info=True)
+            return None
 
     def _copy_stats(self) -> None:
         """Mirror the client's counters (it sends for this sender alone)."""

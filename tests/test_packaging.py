@@ -42,3 +42,9 @@ def test_wheel_holds_the_packages_and_the_command(tmp_path: Path) -> None:
     assert "evaluation/bench/lsp.py" in names
     assert not any(name.startswith(("bench/", "tests/")) for name in names)
     assert "tabloop = tabloop.cli:main" in scripts
+    # The dashboard as `make dashboard` built it (ignored by git, named as a build artefact),
+    # without its web sources or npm's folder.
+    assert "backend/dashboard/static/index.html" in names
+    assets = [n for n in names if n.startswith("backend/dashboard/static/assets/")]
+    assert {n.rsplit(".", 2)[0].rsplit("/", 1)[1] for n in assets} == {"uplot", "app"}
+    assert not any(name.startswith("backend/dashboard/web/") for name in names)

@@ -12,15 +12,19 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
+    Column,
     DateTime,
     ForeignKey,
     Index,
     Integer,
     String,
+    Table,
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit key.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -53,6 +57,10 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    # Who holds the token, as the history records who acted (migration 0004).
+    label: Mapped[str | None] = mapped_column(String(64), default=None)
+    # An admin token reads every tenant's statistics and acts on every tenant's registry.
+    admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class StoredEvent(Base):
@@ -75,3 +83,123 @@ class StoredEvent(Base):
     time: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     body: Mapped[dict[str, Any]] = mapped_column(JsonDocument)
+
+
+# -- statistics for the dashboard (migration 0004) -----------------------------------------------
+
+# Upper bounds (ms) of the latency histogram's bins; the last bin holds everything above.
+LATENCY_BIN_EDGES_MS: tuple[float, ...] = (
+    10,
+    20,
+    35,
+    50,
+    75,
+    100,
+    150,
+    200,
+    300,
+    500,
+    750,
+    1000,
+    2000,
+    5000,
+)
+LATENCY_BINS = len(LATENCY_BIN_EDGES_MS) + 1
+RETENTION_AFTER_S: tuple[int, ...] = (30, 120, 600)
+# Additive counters of one rollup row, in column order. Every one is a sum, so rows of the same
+# key merge by adding, whichever process rolled them up.
+ROLLUP_COUNTERS: tuple[str, ...] = (
+    "requests",
+    "decisions",
+    "shown",
+    "silenced",
+    "silence_policy",
+    "silence_empty",
+    "silence_latency",
+    "accepted",
+    "partial",
+    "ignored",
+    "dismissed",
+    "outcomes",
+    "accepted_chars",
+    *(f"retention_base_{s}" for s in RETENTION_AFTER_S),
+    *(f"retained_{s}" for s in RETENTION_AFTER_S),
+    "latency_n",
+    "latency_sum_ms",
+    *(f"latency_bin_{i}" for i in range(LATENCY_BINS)),
+)
+ROLLUP_BUCKET_S = 300
+
+
+def _rollup_table(name: str) -> Table:
+    """Event counts of a tenant per bucket of event time (its start in Unix seconds, so windows
+    are integer ranges on both databases), split by the serving policy version, the language
+    and the editor of the decision each event belongs to. Filled by SQL aggregation
+    (`backend/services/stats.py`)."""
+    return Table(
+        name,
+        Base.metadata,
+        Column(
+            "tenant_id",
+            Integer,
+            ForeignKey("tenants.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        Column("bucket", BigInteger, primary_key=True),
+        Column("policy_version", String(128), primary_key=True),
+        Column("language", String(64), primary_key=True),
+        Column("client_name", String(64), primary_key=True),
+        *(Column(n, BigInteger, nullable=False, server_default="0") for n in ROLLUP_COUNTERS),
+    )
+
+
+# 5-minute buckets, for windows up to a day; hourly ones (the sums of the 5-minute rows of each
+# hour) for longer windows: a 30-day window reads 720 buckets per policy, language and editor.
+STATS_ROLLUP = _rollup_table("stats_rollup")
+STATS_ROLLUP_HOURLY = _rollup_table("stats_rollup_hourly")
+HOURLY_BUCKET_S = 3600
+
+
+class StatsWatermark(Base):
+    """The last event id (of a tenant) already counted in `stats_rollup`."""
+
+    __tablename__ = "stats_watermarks"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    last_event_id: Mapped[int] = mapped_column(BigInteger)
+
+
+class IngestMinute(Base):
+    """What a tenant's clients sent in one minute (Unix seconds of its start): batches, their
+    fate, and requests refused by the rate limit."""
+
+    __tablename__ = "ingest_minutes"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    minute: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    events: Mapped[int] = mapped_column(BigInteger, default=0)
+    accepted: Mapped[int] = mapped_column(BigInteger, default=0)
+    duplicate: Mapped[int] = mapped_column(BigInteger, default=0)
+    rejected_events: Mapped[int] = mapped_column(BigInteger, default=0)
+    refused_batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    duplicate_batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    rate_limited: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ClientSpool(Base):
+    """The spool of one installation as its sender last reported it (batch `meta`)."""
+
+    __tablename__ = "client_spools"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    install_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    backlog: Mapped[int] = mapped_column(BigInteger)
+    dropped: Mapped[int] = mapped_column(BigInteger)
+    reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -15,7 +15,13 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from backend.auth import CurrentPrincipal
-from backend.deps import IngestLimitsDep, MetricsDep, RateLimiterDep, StorageDep
+from backend.deps import (
+    IngestLimitsDep,
+    IngestStatsDep,
+    MetricsDep,
+    RateLimiterDep,
+    StorageDep,
+)
 from backend.routes.body import json_body_openapi, read_json_body
 from backend.services.ingest import EventBatch, Refusal, ingest_body
 
@@ -30,8 +36,13 @@ async def ingest_events(
     limits: IngestLimitsDep,
     limiter: RateLimiterDep,
     metrics: MetricsDep,
+    counts: IngestStatsDep,
 ) -> JSONResponse:
-    """Store a batch of telemetry events for the token's tenant."""
+    """Store a batch of telemetry events for the token's tenant.
+
+    Every batch is also counted for the dashboard, per tenant and minute: its events and their
+    fate, a refusal (a rate-limited request apart), and the sender's spool when it says.
+    """
     body = await read_json_body(request, limits.max_body_bytes)
     result = await run_in_threadpool(ingest_body, storage, principal, body, limits, limiter)
     tenant = principal.tenant
@@ -43,6 +54,13 @@ async def ingest_events(
             tenant=tenant,
         )
         metrics.inc("tabloop_ingest_requests_total", status=str(result.status), tenant=tenant)
+        counts.count(
+            principal.tenant_id,
+            batches=1,
+            events=result.events,
+            refused_batches=1,
+            rate_limited=int(result.status == 429),
+        )
         headers = {"Retry-After": str(result.retry_after)} if result.retry_after else None
         return JSONResponse({"detail": result.detail}, status_code=result.status, headers=headers)
     answer = result.answer
@@ -55,4 +73,16 @@ async def ingest_events(
             "tabloop_events_rejected_total", len(answer.rejected), reason="invalid", tenant=tenant
         )
     metrics.inc("tabloop_ingest_requests_total", status="200", tenant=tenant)
+    counts.count(
+        principal.tenant_id,
+        batches=1,
+        events=len(answer.accepted) + len(answer.duplicate) + len(answer.rejected),
+        accepted=len(answer.accepted),
+        duplicate=len(answer.duplicate),
+        rejected_events=len(answer.rejected),
+        duplicate_batches=int(bool(answer.duplicate) and not answer.accepted),
+    )
+    if result.meta is not None:
+        meta = result.meta
+        counts.spool(principal.tenant_id, meta.install_id, meta.spool_backlog, meta.spool_dropped)
     return JSONResponse(answer.model_dump())

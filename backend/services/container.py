@@ -20,6 +20,8 @@ from backend.ratelimit import RateLimiter
 from backend.services.bodies import BodyLimits
 from backend.services.completions import CompletionService, RunnerLoader
 from backend.services.ingest import IngestLimits
+from backend.services.ingest_stats import IngestRecorder
+from backend.services.stats import StatsService
 from backend.storage import Storage
 from backend.sync.store import IndexSyncStore
 from common.paths import default_cache_dir
@@ -39,6 +41,10 @@ class BackendServices:
     registry: PolicyRegistry
     completions: CompletionService
     index_sync: IndexSyncStore
+    stats: StatsService
+    """Aggregates for the dashboard, `/v1/stats` and `tabloop stats`."""
+    ingest_stats: IngestRecorder
+    """Batches, refusals and client spools per tenant and minute, written every few seconds."""
     bodies: BodyLimits = field(default_factory=BodyLimits)
     """Depth and read-timeout bounds on every JSON request body."""
     trainer: TrainingScheduler | None = None
@@ -90,6 +96,8 @@ class BackendServices:
                 completion or CompletionSettings(), cache_dir or default_cache_dir(), runner_loader
             ),
             index_sync=IndexSyncStore(storage),
+            stats=StatsService(storage, registry),
+            ingest_stats=IngestRecorder(storage),
             bodies=bodies or BodyLimits(),
             trainer=TrainingScheduler(storage, trainer_settings, registry) if train else None,
             owns_storage=owns_storage,
@@ -98,6 +106,7 @@ class BackendServices:
 
     def start(self) -> None:
         """Start the background work: the trainer, and loading the model when asked."""
+        self.ingest_stats.start()
         if self.trainer is not None:
             self.trainer.start()
         if self.preload_model:
@@ -112,6 +121,10 @@ class BackendServices:
         """
         trainer_done = self.trainer is None or self.trainer.stop()
         self.completions.close()
+        try:
+            self.ingest_stats.stop()
+        except Exception:  # the database may already be gone; these are only statistics
+            log.warning("ingest statistics not written at stop", exc_info=True)
         if not trainer_done:
             log.error("leaving the storage open for the trainer thread that is still running")
             return

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from backend.ratelimit import RateLimiter
 from backend.storage import AnyEvent, Principal, Storage
-from telemetry.events import Event, IngestResponse, Rejection, parse_event
+from telemetry.events import BatchMeta, Event, IngestResponse, Rejection, parse_event
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,13 @@ def _first_error(exc: ValidationError) -> str:
 
 
 class EventBatch(BaseModel):
-    """The request body when every event in it is valid (the fast path)."""
+    """The request body when every event in it is valid (the fast path), with the sender's
+    optional `meta` (its spool's backlog and drops, for the dashboard)."""
 
     model_config = ConfigDict(extra="forbid")
 
     events: list[Event]
+    meta: BatchMeta | None = None
 
 
 Valid = list[tuple[int, AnyEvent, str, str]]  # index in the batch, event, its id, its JSON
@@ -138,6 +140,19 @@ class Ingested:
 
     answer: IngestResponse
     stored_by_type: dict[str, int]
+    meta: BatchMeta | None = None
+
+
+def _meta(payload: dict[str, Any]) -> BatchMeta | None:
+    """The batch's `meta`, or None when absent or unreadable: it is only statistics, so a
+    malformed one costs the batch nothing."""
+    raw = payload.get("meta")
+    if raw is None:
+        return None
+    try:
+        return BatchMeta.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def ingest_body(
@@ -149,9 +164,12 @@ def ingest_body(
 ) -> Ingested | Refusal:
     """Decode, validate, rate-limit and store one request body (runs in a worker thread)."""
     items: list[Any] | None = None
+    meta: BatchMeta | None = None
     try:
         # Fast path: pydantic parses and validates the whole body in one pass.
-        events: list[AnyEvent] = EventBatch.model_validate_json(body).events
+        batch = EventBatch.model_validate_json(body)
+        events: list[AnyEvent] = batch.events
+        meta = batch.meta
         count = len(events)
     except ValidationError:
         # Something is wrong somewhere: decode it ourselves to say which events, or why not.
@@ -160,8 +178,9 @@ def ingest_body(
         except ValueError as exc:  # not UTF-8, not JSON, or an integer past Python's digit limit
             return Refusal(400, "malformed", f"body is not JSON: {exc}")
         items = payload.get("events") if isinstance(payload, dict) else None
-        if not isinstance(items, list) or set(payload) != {"events"}:
-            return Refusal(400, "malformed", 'body must be {"events": [...]}')
+        if not isinstance(items, list) or not set(payload) <= {"events", "meta"}:
+            return Refusal(400, "malformed", 'body must be {"events": [...]} (and "meta")')
+        meta = _meta(payload)
         count = len(items)
     if count > limits.max_batch_events:
         return Refusal(413, "batch_too_large", f"at most {limits.max_batch_events} events a batch")
@@ -191,4 +210,4 @@ def ingest_body(
             inserted.discard(event_id)  # a second copy in the same batch is a duplicate
         else:
             answer.duplicate.append(event_id)
-    return Ingested(answer, stored_by_type)
+    return Ingested(answer, stored_by_type, meta)

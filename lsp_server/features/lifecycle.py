@@ -163,6 +163,7 @@ def register(server: TabloopServer) -> None:
         # Only cheap work here: the answer must not wait for models.
         ls.workspace_root = workspace_root(params)
         ls.init_options = params.initialization_options
+        ls.client_info = params.client_info
         ls.resolve_settings()
 
     @server.feature(types.INITIALIZED)

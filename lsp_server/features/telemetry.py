@@ -82,8 +82,11 @@ def decision_event(
     install_id: str,
     level: Level,
     candidates: int = 1,
+    client: types.ClientInfo | None = None,
 ) -> DecisionEvent:
-    """The telemetry event of one decision (or one of `candidates`); text only at `full`."""
+    """The telemetry event of one decision (or one of `candidates`); text only at `full`.
+    `client` is the editor's `clientInfo` from `initialize` (its name and version, cut to the
+    schema's 64 characters)."""
     text = decision.text
     full = level == "full"
     return DecisionEvent(
@@ -117,6 +120,8 @@ def decision_event(
         request_id=decision.request_id if candidates > 1 else None,
         rank=decision.rank,
         candidates=candidates,
+        client_name=client.name[:64] if client is not None else None,
+        client_version=client.version[:64] if client is not None and client.version else None,
     )
 
 
@@ -222,6 +227,7 @@ class TelemetryFeature:
                         install_id=client.install_id,
                         level=client.level,
                         candidates=len(candidates),
+                        client=self.server.client_info,
                     )
                 except ValidationError as exc:
                     if not self._invalid_reported:

@@ -47,6 +47,7 @@ SUGGESTION = "separator.join(kept)"
 ACCEPTED_WORD = SUGGESTION[:2]  # what an accept-word takes of it
 IGNORE_AFTER_S = 2.0
 RETENTION_SCALE = 20.0  # the 30 s checkpoint comes after 1.5 s
+EDITOR_NAME, EDITOR_VERSION = "zqx-editor", "9.8.7"  # clientInfo, carried by every decision
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,7 @@ async def client(
     await lsp_client.initialize_session(
         types.InitializeParams(
             capabilities=types.ClientCapabilities(),
+            client_info=types.ClientInfo(name=EDITOR_NAME, version=EDITOR_VERSION),
             root_uri=workspace.as_uri(),
             initialization_options=options,
         )
@@ -225,6 +227,7 @@ async def test_full_accept_and_retention_after_later_edits(
     assert (outcome["kind"], outcome["accepted_chars"]) == ("accepted", len(SUGGESTION))
     (decision,) = await stored(telemetry_backend, "decision", decision_id)
     assert decision["action"] == "show" and decision["suggestion_chars"] == len(SUGGESTION)
+    assert (decision["client_name"], decision["client_version"]) == (EDITOR_NAME, EDITOR_VERSION)
     (retention,) = await stored(telemetry_backend, "retention", decision_id)
     assert retention["after_s"] == 30
     assert retention["accepted_chars"] == len(SUGGESTION)

@@ -1,0 +1,104 @@
+"""`tabloop stats`: the dashboard's Overview in the terminal.
+
+tabloop stats [--tenant NAME] [--window 24h] [--db URL] [--json]
+
+Reads the backend's database with the same code as `GET /v1/stats/overview` (SQL aggregation in
+the database), so a terminal and the browser show the same figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from backend.policy.loop import tenant_ids
+from backend.policy.registry import PolicyRegistry
+from backend.services.stats import WINDOWS, StatsService
+from backend.storage import Storage, default_db_url
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f} %"
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f} ms"
+
+
+def overview_table(doc: dict[str, Any]) -> Table:
+    """The Overview's summary as a rich table."""
+    s = doc["summary"]
+    table = Table(title=f"{doc['tenant']}, last {doc['window']} (serving {doc['serving']})")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    silences = s["silences"]
+    rows = [
+        ("requests", f"{s['requests']:,}"),
+        ("shown", _pct(s["shown_share"])),
+        ("accepted (full)", _pct(s["accept_rate"])),
+        ("accepted (partial)", _pct(s["partial_rate"])),
+        ("accepted characters", f"{s['accepted_chars']:,}"),
+        *(
+            (f"retained after {after} s", f"{chars:,} ({_pct(s['retained_share'][after])})")
+            for after, chars in s["retained_chars"].items()
+        ),
+        *((f"silenced: {reason}", f"{count:,}") for reason, count in silences.items()),
+        ("latency p50", _ms(s["latency_ms"]["p50"])),
+        ("latency p95", _ms(s["latency_ms"]["p95"])),
+        ("promotions and rollbacks", str(len(doc["markers"]))),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def _tenant(storage: Storage, name: str | None) -> tuple[int, str]:
+    """The tenant `--tenant` names, else the only one; exits with the reason otherwise (a
+    report never creates a tenant)."""
+    if name is not None:
+        found = storage.tenant_id(name)
+        if found is None:
+            raise SystemExit(f"tabloop stats: no tenant {name!r}")
+        return found, name
+    ids = tenant_ids(storage)
+    if len(ids) != 1:
+        raise SystemExit(
+            f"tabloop stats: {len(ids)} tenants in the database: name one with --tenant"
+        )
+    return ids[0], dict(storage.tenants())[ids[0]]
+
+
+def stats_main(argv: list[str]) -> int:
+    """Entry point of `tabloop stats`."""
+    parser = argparse.ArgumentParser(
+        prog="tabloop stats", description="the loop's figures of a tenant over a window"
+    )
+    parser.add_argument("--db", default=None, help=f"database URL (default: {default_db_url()})")
+    parser.add_argument("--tenant", default=None, help="tenant name (default: the only one)")
+    parser.add_argument("--window", default="24h", choices=list(WINDOWS))
+    parser.add_argument("--json", action="store_true", help="print the overview as JSON")
+    args = parser.parse_args(argv)
+    storage = Storage(args.db or default_db_url())
+    try:
+        tenant_id, name = _tenant(storage, args.tenant)
+        stats = StatsService(storage, PolicyRegistry(storage))
+        doc = {"tenant": name, **stats.overview(tenant_id, args.window)}
+    finally:
+        storage.close()
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        console = Console()
+        console.print(overview_table(doc))
+        if doc["empty"]:
+            console.print(f"no events in the last {args.window}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(stats_main(sys.argv[1:]))
