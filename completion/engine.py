@@ -256,7 +256,8 @@ class Engine:
             first = generations[0]
             read = first.prompt_tokens - first.reused_tokens
             self.prefill_tokens += read
-            if first.stop_reason != "cancelled" and first.new_tokens:
+            # A call cancelled after its prompt was read still tells how long reading took.
+            if first.prefill_done or (first.stop_reason != "cancelled" and first.new_tokens):
                 self.latency.observe(read, first.prefill_ms)
             self._busy = None
         timings.model_ms = (time.perf_counter() - model_started) * 1000

@@ -106,6 +106,8 @@ class Generation:
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     stop_reason: Literal["stop", "length", "cancelled", "eos"] = "stop"
+    # The whole prompt was read (`prefill_ms` is its full time), even if cancelled afterwards.
+    prefill_done: bool = False
     # Speculative decoding (greedy local runner): tokens proposed by the drafter, how many of them
     # the model agreed with, and how many forward passes checked a draft.
     draft_tokens: int = 0

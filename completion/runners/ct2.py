@@ -41,13 +41,37 @@ def default_threads() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-class _Stream:
-    """The text of the tokens generated so far, cut by the stop rule, with their log-probs."""
+def cut_at(text: str, stop_strings: tuple[str, ...], stop: StopRule) -> int | None:
+    """Where to end `text`: at a stop string of the template, or where the stop rule says."""
+    cuts = [index for token in stop_strings if (index := text.find(token)) >= 0]
+    # An incomplete UTF-8 sequence decodes to U+FFFD; judge the text once it is complete.
+    rule = stop(text) if not text.endswith("\ufffd") else None
+    if rule is not None:
+        cuts.append(rule)
+    return min(cuts) if cuts else None
 
-    def __init__(self, runner: Ct2Runner, prompt_ids: list[int], stop: StopRule) -> None:
-        self.runner = runner
+
+class _Stream:
+    """The text of the tokens generated so far, cut by the stop rule, with their log-probs.
+
+    It holds the tokenizer and the stop data, never the runner: the engine's worker thread may
+    drop the last reference to the callback that holds a stream, and a runner released there
+    would join that thread from itself.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        stop_ids: frozenset[int],
+        stop_strings: tuple[str, ...],
+        prompt_ids: list[int],
+        stop: StopRule,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_ids
+        self.stop_strings = stop_strings
         self.anchor = prompt_ids[-1:]
-        self.head = runner.decode(self.anchor)
+        self.head = self._decode(self.anchor)
         self.stop = stop
         self.ids: list[int] = []
         self.logprobs: list[float] = []
@@ -55,16 +79,19 @@ class _Stream:
         self.text = ""
         self.reason: Literal["stop", "length", "eos"] = "length"
 
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
     def add(self, token_id: int, logprob: float) -> bool:
         """Take one generated token; True when generation should stop here."""
-        if token_id in self.runner.stop_ids:
+        if token_id in self.stop_ids:
             self.reason = "eos"
             return True
         self.ids.append(token_id)
         self.logprobs.append(logprob)
-        self.text = self.runner.decode(self.anchor + self.ids)[len(self.head) :]
+        self.text = self._decode(self.anchor + self.ids)[len(self.head) :]
         self.ends.append(len(self.text))
-        cut = self.runner.cut(self.text, self.stop)
+        cut = cut_at(self.text, self.stop_strings, self.stop)
         if cut is not None:
             self.text = self.text[:cut]
             kept = next((i + 1 for i, end in enumerate(self.ends) if end >= cut), len(self.ends))
@@ -168,18 +195,6 @@ class Ct2Runner:
         """Number of tokens `text` takes in this model's tokenizer."""
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
-
-    def cut(self, text: str, stop: StopRule) -> int | None:
-        """Where to end `text`: at a stop string of the template, or where the stop rule says."""
-        cuts = [index for token in self.stop_strings if (index := text.find(token)) >= 0]
-        # An incomplete UTF-8 sequence decodes to U+FFFD; judge the text once it is complete.
-        rule = stop(text) if not text.endswith("\ufffd") else None
-        if rule is not None:
-            cuts.append(rule)
-        return min(cuts) if cuts else None
-
     def _options(self, max_new_tokens: int, temperature: float) -> dict[str, Any]:
         sampling: dict[str, Any] = {"sampling_topk": 1}
         if temperature > 0:
@@ -275,13 +290,14 @@ class Ct2Runner:
             for result in results:
                 result.stop_reason = "cancelled"
             return results
+        stop_ids = frozenset(self.stop_ids)
         streams = []
         for index, ids in enumerate(batch):
             if heads is None:
-                streams.append(_Stream(self, ids, stop))
+                streams.append(_Stream(self.tokenizer, stop_ids, self.stop_strings, ids, stop))
                 continue
             # A candidate whose first token was chosen here: its prompt ends with that token.
-            stream = _Stream(self, ids[:-1], stop)
+            stream = _Stream(self.tokenizer, stop_ids, self.stop_strings, ids[:-1], stop)
             stream.add(*heads[index])
             streams.append(stream)
         done = [False] * len(batch)
@@ -316,6 +332,7 @@ class Ct2Runner:
             result.token_logprobs = stream.logprobs
             result.new_tokens = len(stream.ids)
             result.prefill_ms = (first - started) * 1000
+            result.prefill_done = first_at[index] is not None
             result.decode_ms = (ended - first) * 1000
             result.stop_reason = "cancelled" if cancelled else stream.reason
         return results

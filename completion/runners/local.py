@@ -293,6 +293,7 @@ class LocalRunner:
                 self._prefix_cache.put(entry)
                 return result
         result.prefill_ms = (time.perf_counter() - started) * 1000
+        result.prefill_done = True
 
         decode_started = time.perf_counter()
         output = _Output(self, prompt_ids[-1:], stop, max_new_tokens, result)

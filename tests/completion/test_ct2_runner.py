@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,10 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_model_path: Path, cache_dir: Path) -> Ct2Runner:
-    return Ct2Runner(str(tiny_model_path), cache_dir, threads=1)
+def runner(tiny_model_path: Path, cache_dir: Path) -> Iterator[Ct2Runner]:
+    loaded = Ct2Runner(str(tiny_model_path), cache_dir, threads=1)
+    yield loaded
+    loaded.close()
 
 
 def test_auto_engine_is_ctranslate2_with_int8(runner: Ct2Runner, tiny_model_path: Path) -> None:
@@ -215,3 +218,15 @@ def test_conversion_survives_a_removed_cache(runner: Ct2Runner, tiny_model_path:
     shutil.rmtree(runner.path)
     again = Ct2Runner(str(tiny_model_path), cache, threads=1)
     assert verify(again.path) is None
+
+
+def test_a_call_cancelled_after_its_prompt_still_reports_the_prompt_time(runner: Ct2Runner) -> None:
+    token = CancelToken()
+
+    def cancel_at_first(text: str) -> int | None:
+        token.cancel("superseded")
+        return None
+
+    result = runner.generate(PROMPT, max_new_tokens=8, stop=cancel_at_first, cancel=token)
+    assert result.stop_reason == "cancelled"
+    assert result.prefill_done and result.prefill_ms > 0
