@@ -154,7 +154,7 @@ class Player:
             response: UserResponse | None = None
             reward = 0.0
             if decision.shown:
-                response = simulated_user(decision.text, position.truth, self.min_partial_chars)
+                response = simulated_user(decision.text, position.hole, self.min_partial_chars)
                 reward = reward_of(response, len(decision.text), self.distraction_cost)
                 session.observe(response.kind != "ignored")
             tally.add(response, decision.shown, bool(decision.text), reward)
