@@ -127,6 +127,7 @@ def main(argv: list[str]) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from backend.policy.settings import RewardSettings
     from completion.engine import Engine
     from completion.gate import FeatureSpace
     from evaluation.replay import Player, always_show, engine_settings, load_cached_runner
@@ -137,7 +138,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     policy = always_show()
     engine = Engine(settings, runner, policy_source=lambda: policy, seed=args.seed)
     positions = sample_positions(args.corpus, args.positions, args.seed)
-    player = Player(engine, None, distraction_cost=0.0, min_partial_chars=4)
+    player = Player(engine, None, RewardSettings(distraction_cost=0.0), min_partial_chars=4)
     player.log = []
     try:
         player.play(positions)
