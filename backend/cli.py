@@ -1,10 +1,10 @@
 """`tabloop backend`: run the training backend, and manage tenant tokens.
 
-tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 0.25]
+tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 4]
                 [--train-interval 60]
 tabloop backend token create --tenant NAME [--label WHO] [--admin] [--db URL]
-tabloop backend tenant set NAME --require-approval|--no-require-approval [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
+tabloop backend tenant set NAME --require-approval|--no-require-approval [--db URL]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         dest="distraction_cost",
         type=_non_negative,
         default=None,
-        help="trainer: reward of a shown suggestion that was ignored is -lambda (default 0.25)",
+        help="trainer: reward of a shown suggestion that was ignored is -lambda characters (default 4)",
     )
     parser.add_argument(
         "--train-interval",

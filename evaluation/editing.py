@@ -44,7 +44,7 @@ class EditingSession:
 
     session_id: str = "replay"
     install_id: str = "replay"
-    level: Level = "basic"
+    level: Level = "metrics"
     clock_s: float = 0.0
     signals: SessionSignals = field(init=False)
     events: list[Event] = field(default_factory=list)

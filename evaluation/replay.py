@@ -248,6 +248,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hidden", type=int, default=None, help="hidden units of the policy (0: logistic)"
     )
+    parser.add_argument(
+        "--prompt-fix-positions",
+        type=int,
+        default=None,
+        help="held-out positions (the first N) on which the prompt fix is measured (default: all)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
@@ -342,8 +348,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 )
             }
             # The prompt fix's effect: always-show on the same positions with the old prompt.
+            fix_positions = test_positions[: args.prompt_fix_positions]
             unfixed = settings.model_copy(update={"prompt_at_line_break": False})
-            before_fix = _evaluate(args, test_positions, runner, unfixed, always_show(), rewards)
+            before_fix = _evaluate(args, fix_positions, runner, unfixed, always_show(), rewards)
+            after_fix = (
+                evaluation["always_show"]
+                if len(fix_positions) == len(test_positions)
+                else _evaluate(args, fix_positions, runner, settings, always_show(), rewards)
+            )
             # The same comparison on the positions it learned from, to show how well it carries
             # over (and to choose settings such as λ without looking at the held-out corpus).
             seen = {
@@ -372,12 +384,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "event_to_serving_s": max(delays) if delays else None,
         "event_to_serving_note": None if promoted else "no round promoted a candidate",
         "prompt_fix": {
+            "positions": len(fix_positions),
             "base_accept_rate_before": before_fix["accept_rate"],
-            "base_accept_rate_after": evaluation["always_show"]["accept_rate"],
+            "base_accept_rate_after": after_fix["accept_rate"],
+            "base_full_accept_rate_before": before_fix["full_accept_rate"],
+            "base_full_accept_rate_after": after_fix["full_accept_rate"],
             "leading_whitespace_share_before": before_fix["leading_whitespace_share"],
-            "leading_whitespace_share_after": evaluation["always_show"]["leading_whitespace_share"],
+            "leading_whitespace_share_after": after_fix["leading_whitespace_share"],
             "base_accepted_chars_before": before_fix["accepted_chars"],
-            "base_accepted_chars_after": evaluation["always_show"]["accepted_chars"],
+            "base_accepted_chars_after": after_fix["accepted_chars"],
+            "base_reward_before": before_fix["reward"],
+            "base_reward_after": after_fix["reward"],
         },
         "canary_rollback": canary,
     }

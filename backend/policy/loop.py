@@ -79,8 +79,8 @@ def run_training(
     canary = settle_canary(registry, storage, tenant_id, settings, now=now)
     if canary is not None and canary["outcome"] == "wait":
         # One change at a time: no new candidate while a canary is still being judged.
-        serving = registry.serving_version(tenant_id)
-        summary = RunSummary(tenant_id, started, time.time(), 0, serving, canary=canary)
+        serving_now = registry.serving_version(tenant_id)
+        summary = RunSummary(tenant_id, started, time.time(), 0, serving_now, canary=canary)
         summary.report = {"skipped": f"canary {canary['version']} is still being judged"}
         return summary
     serving = registry.serving_policy(tenant_id)

@@ -73,7 +73,7 @@ class Recorder:
     """The telemetry client's part the feature uses: who it is, its level, `record`."""
 
     def __init__(self) -> None:
-        self.level = "basic"
+        self.level = "metrics"
         self.session_id = "session"
         self.install_id = "install"
         self.events: list[Any] = []
@@ -204,7 +204,7 @@ def test_replay_and_server_build_the_same_features_and_events() -> None:
     played = positions()
     model = engine()
 
-    replay = EditingSession(session_id="session", install_id="install", level="basic")
+    replay = EditingSession(session_id="session", install_id="install", level="metrics")
     replay_vectors, replay_events, replay_kinds = [], [], []
     for position in played:
         signals = replay.arrive(position)
