@@ -75,7 +75,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         dest="distraction_cost",
         type=_non_negative,
         default=None,
-        help="trainer: reward of a shown suggestion that was ignored is -lambda characters (default 4)",
+        help="trainer: an ignored suggestion costs lambda characters (default 4)",
     )
     parser.add_argument(
         "--train-interval",
