@@ -225,6 +225,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-positions", type=int, default=300)
     parser.add_argument("--test-positions", type=int, default=200)
     parser.add_argument("--model", default="bundled", help="completion model (see settings)")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "ctranslate2", "torch"),
+        default="auto",
+        help="inference engine of the local runner (outputs are cached per engine's model id)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--context-tokens", type=int, default=512)
     parser.add_argument(
@@ -284,6 +290,7 @@ def engine_settings(args: argparse.Namespace) -> CompletionSettings:
         max_new_tokens=args.max_new_tokens,
         context_tokens=args.context_tokens,
         threads=args.threads,
+        engine=getattr(args, "engine", "auto"),
         # No typing-through cache: every position asks the model (through the output cache),
         # so a decision never depends on which positions happened to come before it.
         cache=False,
@@ -410,6 +417,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         },
         "model": runner.model_id,
         "settings": {
+            "engine": args.engine,
             "max_new_tokens": args.max_new_tokens,
             "context_tokens": args.context_tokens,
             "threads": args.threads,

@@ -177,6 +177,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--positions", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="bundled")
+    parser.add_argument("--engine", choices=("auto", "ctranslate2", "torch"), default="auto")
     parser.add_argument("--max-new-tokens", type=int, default=10)
     parser.add_argument("--context-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=0)
