@@ -67,8 +67,6 @@ class Tally:
     accepted_chars: int = 0
     retained_chars: int = 0
     reward: float = 0.0
-    reward_squares: float = 0.0  # of each play's reward (for the spread between plays)
-    plays: int = 0
     leading_whitespace: int = 0  # suggestions that start with a space or tab
 
     def add(self, response: UserResponse | None, shown: bool, text: str, reward: float) -> None:
@@ -140,7 +138,7 @@ class Player:
         )
 
     def play(self, positions: list[Position]) -> Tally:
-        tally = Tally(plays=1)
+        tally = Tally()
         session = self.session
         for position in positions:
             signals = session.arrive(position)
@@ -161,7 +159,6 @@ class Player:
                     self.telemetry.record(event)
                 self.last_event_at = time.time()
             session.events.clear()
-        tally.reward_squares = tally.reward**2
         return tally
 
 
