@@ -1,6 +1,6 @@
 """`tabloop backend`: run the training backend, and manage tenant tokens.
 
-tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 4]
+tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 1]
                 [--train-interval 60]
 tabloop backend token create --tenant NAME [--label WHO] [--admin] [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
@@ -75,7 +75,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         dest="distraction_cost",
         type=_non_negative,
         default=None,
-        help="trainer: an ignored suggestion costs lambda characters (default 4)",
+        help="trainer: an ignored suggestion costs lambda characters (default 1)",
     )
     parser.add_argument(
         "--train-interval",

@@ -15,9 +15,13 @@ class RewardSettings(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     distraction_cost: float = Field(
-        0.25,
+        1.0,
         ge=0.0,
-        description="λ: the reward of a shown suggestion that was ignored or dismissed is -λ.",
+        description=(
+            "λ, in characters: the reward of a shown suggestion that was ignored or dismissed "
+            "is -λ (an accepted one earns its retained characters). Chosen on training data "
+            "(docs/learning.md)."
+        ),
     )
     retention_after_s: int = Field(
         120, description="Checkpoint whose retained share scales an accepted suggestion's reward."
