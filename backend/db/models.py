@@ -21,7 +21,6 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
-    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
