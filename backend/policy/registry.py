@@ -33,6 +33,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend.policy.models import PolicyPromotionRow, PolicyVersionRow
+from backend.policy.settings import TrainerSettings
 from backend.storage import Storage
 from completion.gate import (
     BUILTIN_VERSION,
@@ -394,10 +395,18 @@ class PolicyRegistry:
             session.commit()
 
     def approve(
-        self, tenant_id: int, version: str, *, share: float, actor: str | None = None
+        self,
+        tenant_id: int,
+        version: str,
+        *,
+        share: float | None = None,
+        actor: str | None = None,
     ) -> str:
-        """Release a version waiting for approval: into a canary at `share`, or (share 0)
-        straight to serving. Returns what it became (`canary` or `serving`)."""
+        """Release a version waiting for approval: into a canary at `share` (default: the
+        trainer's default `canary_share`), or (share 0) straight to serving. Returns what it
+        became (`canary` or `serving`)."""
+        if share is None:
+            share = float(TrainerSettings.model_fields["canary_share"].default)
         if version not in self.pending_approval(tenant_id):
             raise RegistryError(f"{version} is not waiting for approval")
         with self.storage.session() as session:
