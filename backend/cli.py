@@ -1,9 +1,10 @@
 """`tabloop backend`: run the training backend, and manage tenant tokens.
 
-tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 0.25]
+tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 1]
                 [--train-interval 60]
 tabloop backend token create --tenant NAME [--label WHO] [--admin] [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
+tabloop backend tenant set NAME --require-approval|--no-require-approval [--db URL]
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         dest="distraction_cost",
         type=_non_negative,
         default=None,
-        help="trainer: reward of a shown suggestion that was ignored is -lambda (default 0.25)",
+        help="trainer: an ignored suggestion costs lambda characters (default 1)",
     )
     parser.add_argument(
         "--train-interval",
@@ -116,6 +117,39 @@ def _token_parser() -> argparse.ArgumentParser:
     revoke.add_argument("token")
     _db_argument(revoke)
     return parser
+
+
+def _tenant_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tabloop backend tenant", description="tenant settings")
+    sub = parser.add_subparsers(dest="action", required=True)
+    change = sub.add_parser("set", help="change a tenant's settings (the tenant is created if new)")
+    change.add_argument("tenant", help="tenant name")
+    change.add_argument(
+        "--require-approval",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="candidates that pass evaluation wait for `tabloop policy approve` before serving",
+    )
+    _db_argument(change)
+    return parser
+
+
+def _tenants(argv: list[str]) -> int:
+    args = _tenant_parser().parse_args(argv)
+    if args.require_approval is None:
+        print("tabloop backend tenant set: nothing to set (--require-approval?)", file=sys.stderr)
+        return 2
+    storage = Storage(args.db or default_db_url())
+    try:
+        storage.set_require_approval(args.tenant, args.require_approval)
+    except ValueError as exc:
+        print(f"tabloop backend: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        storage.close()
+    state = "required" if args.require_approval else "not required"
+    print(f"{args.tenant}: approval {state}")
+    return 0
 
 
 def _tokens(argv: list[str]) -> int:
@@ -241,6 +275,8 @@ def backend_main(argv: list[str]) -> int:
     """Entry point of `tabloop backend ...`."""
     if argv[:1] == ["token"]:
         return _tokens(argv[1:])
+    if argv[:1] == ["tenant"]:
+        return _tenants(argv[1:])
     return _serve(argv)
 
 

@@ -4,6 +4,7 @@ tabloop train [--tenant NAME] [--db URL] [--lambda 0.25] [--json]
 tabloop policy list [--tenant NAME] [--db URL] [--json]
 tabloop policy promote VERSION [--tenant NAME] [--db URL] [--actor NAME]
 tabloop policy rollback [--tenant NAME] [--db URL] [--actor NAME]
+tabloop policy approve VERSION [--tenant NAME] [--db URL] [--canary-share 0.1] [--actor NAME]
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def train_main(argv: list[str]) -> int:
         dest="distraction_cost",
         type=float,
         default=None,
-        help="cost of an ignored suggestion (default 0.25)",
+        help="cost of an ignored suggestion, in characters (default: the trainer's)",
     )
     parser.add_argument("--min-events", type=int, default=None, help="fewest rewarded decisions")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
@@ -87,9 +88,20 @@ def policy_main(argv: list[str]) -> int:
     promote = sub.add_parser("promote", help="serve a version")
     promote.add_argument("version")
     _common(promote)
-    rollback = sub.add_parser("rollback", help="serve the previous version again")
+    rollback = sub.add_parser(
+        "rollback", help="serve the previous version again (or end the running canary)"
+    )
     _common(rollback)
-    for acting in (promote, rollback):
+    approve = sub.add_parser("approve", help="release a version waiting for approval")
+    approve.add_argument("version")
+    approve.add_argument(
+        "--canary-share",
+        type=float,
+        default=None,
+        help="share of decisions it makes first (default: the trainer's; 0 serves it at once)",
+    )
+    _common(approve)
+    for acting in (promote, rollback, approve):
         acting.add_argument(
             "--actor", default="cli", help="who acts, as the history records it (default: cli)"
         )
@@ -100,6 +112,12 @@ def policy_main(argv: list[str]) -> int:
         registry = PolicyRegistry(storage)
         if args.action == "list":
             _print_list(registry, tenant, args.json)
+        elif args.action == "approve":
+            share = args.canary_share
+            if share is None:
+                share = TrainerSettings.model_validate({}).canary_share
+            state = registry.approve(tenant, args.version, share=share, actor=args.actor)
+            print(f"{args.version}: {state}")
         elif args.action == "promote":
             registry.promote(tenant, args.version, actor=args.actor, reason="promoted by hand")
             print(f"serving {args.version}")
@@ -125,7 +143,9 @@ def _print_list(registry: PolicyRegistry, tenant: int, as_json: bool) -> None:
         return
     print(f"serving: {registry.serving_version(tenant)}")
     for r in records:
-        mark = "*" if r.serving else ("x" if r.rolled_back else " ")
+        mark = {"serving": "*", "canary": "~", "pending-approval": "?", "rolled-back": "x"}.get(
+            r.state, " "
+        )
         candidate = r.report.get("candidate", {}).get("dr", {}).get("value")
         serving = r.report.get("serving", {}).get("dr", {}).get("value")
         estimate = (
@@ -134,7 +154,7 @@ def _print_list(registry: PolicyRegistry, tenant: int, as_json: bool) -> None:
             else ""
         )
         when = f"{r.created_at:%Y-%m-%d %H:%M}"
-        print(f"{mark} {r.version:<6} {when} parent={r.parent_version} {estimate}")
+        print(f"{mark} {r.version:<6} {when} {r.state:<16} parent={r.parent_version} {estimate}")
 
 
 if __name__ == "__main__":

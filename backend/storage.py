@@ -173,6 +173,23 @@ class Storage:
                 return int(session.scalars(select(Tenant.id).where(Tenant.name == name)).one())
             return tenant.id
 
+    def set_require_approval(self, tenant: str, required: bool) -> int:
+        """Whether candidates of `tenant` (created when missing) wait for an approval before
+        they serve; returns the tenant's id."""
+        tenant_id = self.ensure_tenant(tenant)
+        with self.sessions() as session:
+            row = session.get(Tenant, tenant_id)
+            assert row is not None  # just ensured
+            row.require_approval = required
+            session.commit()
+        return tenant_id
+
+    def requires_approval(self, tenant_id: int) -> bool:
+        """The tenant's approval setting (False for an unknown tenant)."""
+        with self.sessions() as session:
+            found = session.scalar(select(Tenant.require_approval).where(Tenant.id == tenant_id))
+        return bool(found)
+
     def create_token(self, tenant: str, *, label: str | None = None, admin: bool = False) -> str:
         """A new bearer token for `tenant` (created when missing); only its hash is kept.
 

@@ -14,11 +14,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from completion.settings import CompletionSettings
-from completion.types import CompletionRequest, Snippet
+from completion.types import CompletionRequest, Generation, Snippet, StopRule
 
 ANCHOR_LINES = 16
 # No token is longer than this many characters in practice (long runs of indentation are the
@@ -225,3 +225,68 @@ def assemble(
         request.prefix, budget.prefix_tokens(suffix_used, snippet_used), count_tokens
     )
     return PromptParts(prefix, suffix, snippets, prefix_used, suffix_used, snippet_used)
+
+
+@dataclass(frozen=True)
+class TypedIndent:
+    """Indentation the user typed on an otherwise empty line, left out of the prompt.
+
+    A prompt that ends in indentation cuts the model's own first token (the indent) in two, and
+    models then often write more whitespace before the code. So the prompt ends at the line
+    break, the model writes the line's indentation itself, and that indentation is taken off its
+    output again (`heal`): the suggestion starts at the cursor as before.
+    """
+
+    text: str
+
+    def prompt_request(self, request: CompletionRequest) -> CompletionRequest:
+        """The request whose prefix the prompt is built from: without the typed indentation."""
+        return replace(request, prefix=request.prefix[: len(request.prefix) - len(self.text)])
+
+    def split(self, generated: str) -> tuple[str, int] | None:
+        """The suggestion in `generated` and how many characters of indentation went before it;
+        None while the model has written nothing but indentation yet."""
+        lead = generated[: len(generated) - len(generated.lstrip(" \t"))]
+        if lead == generated:
+            return None
+        # The model's own indentation when it agrees with the typed one, else all of it: the
+        # typed indentation stands and the code follows it.
+        cut = len(self.text) if generated.startswith(self.text) else len(lead)
+        return generated[cut:], cut
+
+    def stop(self, rule: StopRule) -> StopRule:
+        """`rule` (written for the suggestion after the cursor) for the model's raw output."""
+
+        def healed(generated: str) -> int | None:
+            parts = self.split(generated)
+            if parts is None:
+                return None
+            body, cut = parts
+            inner = rule(body)
+            return None if inner is None else cut + inner
+
+        return healed
+
+    def heal(self, generation: Generation) -> Generation:
+        """The generation as if the prompt had ended at the cursor.
+
+        The indentation is one token of the output in the usual case: its log-probability is
+        dropped, so the confidence features judge the code.
+        """
+        parts = self.split(generation.text)
+        if parts is None:
+            return replace(generation, text="")
+        body, cut = parts
+        logprobs = generation.token_logprobs
+        if cut and len(logprobs) > 1:
+            logprobs = logprobs[1:]
+        return replace(generation, text=body, token_logprobs=list(logprobs))
+
+
+def typed_indent(request: CompletionRequest) -> TypedIndent | None:
+    """The indentation to leave out of the prompt: the cursor's line before the cursor, when
+    that is indentation only (None otherwise)."""
+    line_prefix = request.line_prefix
+    if line_prefix and not line_prefix.strip(" \t"):
+        return TypedIndent(line_prefix)
+    return None

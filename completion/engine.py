@@ -15,7 +15,14 @@ from pathlib import Path
 
 from completion import fim, gate, postprocess
 from completion.cache import TypingThroughCache
-from completion.context import ContextBudget, ContextSource, LineTokenCounter, assemble
+from completion.context import (
+    ContextBudget,
+    ContextSource,
+    LineTokenCounter,
+    TypedIndent,
+    assemble,
+    typed_indent,
+)
 from completion.latency import LatencyModel
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
@@ -190,8 +197,9 @@ class Engine:
     ) -> tuple[str, gate.Signals]:
         context_started = time.perf_counter()
         budget = ContextBudget.from_settings(self.settings)
+        indent = self._typed_indent(request)
         prompt_parts = assemble(
-            request,
+            indent.prompt_request(request) if indent else request,
             budget,
             count_tokens=self.token_counter,
             source=self.context_source,
@@ -210,6 +218,10 @@ class Engine:
         )
         return prompt, signals
 
+    def _typed_indent(self, request: CompletionRequest) -> TypedIndent | None:
+        """Indentation left out of the prompt (`completion.promptAtLineBreak`)."""
+        return typed_indent(request) if self.settings.prompt_at_line_break else None
+
     def _wanted(self, request: CompletionRequest) -> int:
         """How many candidates to compute: several only when the user asked explicitly."""
         if request.trigger != "invoked" or not hasattr(self.runner, "generate_candidates"):
@@ -227,6 +239,9 @@ class Engine:
         cancel.raise_if_cancelled()
         model_started = time.perf_counter()
         stop = postprocess.stop_rule(request)
+        indent = self._typed_indent(request)
+        if indent is not None:
+            stop = indent.stop(stop)
         with self._model_lock:
             cancel.raise_if_cancelled()
             self._busy = (
@@ -252,6 +267,8 @@ class Engine:
                         temperature=self.settings.temperature,
                     )
                 ]
+            if indent is not None:
+                generations = [indent.heal(generation) for generation in generations]
             self.model_calls += 1
             first = generations[0]
             read = first.prompt_tokens - first.reused_tokens

@@ -81,6 +81,11 @@ class CompletionSettings(BaseModel):
     min_chars: int = Field(
         2, ge=1, description="Shortest suggestion worth showing, in non-blank characters."
     )
+    prompt_at_line_break: bool = Field(
+        True,
+        description="When the cursor stands after indentation only, end the prompt at the line "
+        "break and let the model write the indentation (off only to measure).",
+    )
     cache: bool = Field(
         True, description="Reuse KV prefixes and typed-through suggestions (off only to measure)."
     )

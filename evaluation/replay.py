@@ -18,24 +18,28 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from backend.local import LocalBackend
 from backend.policy.dataset import latest_event_id
 from backend.policy.loop import TrainingScheduler
-from backend.policy.settings import TrainerSettings
+from backend.policy.rewards import as_utc, outcome_reward
+from backend.policy.settings import RewardSettings, TrainerSettings
 from common.config import configured_cache_dir
 from completion.engine import Engine
-from completion.gate import Policy, Signals, builtin_policy
+from completion.gate import CanaryPolicy, Policy, ShowWeights, builtin_policy
 from completion.output_cache import CachedRunner
 from completion.policy_client import PolicyClient
 from completion.settings import CompletionSettings
 from completion.types import Decision
+from evaluation.editing import EditingSession
 from evaluation.simulation import (
     Position,
     UserResponse,
@@ -43,12 +47,11 @@ from evaluation.simulation import (
     simulated_user,
 )
 from telemetry.client import TelemetryClient
-from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
 from telemetry.settings import TelemetrySettings
 
 log = logging.getLogger(__name__)
 
-SECONDS_PER_CHAR = 0.2  # the simulated typist: 5 characters a second between positions
+EXTRA_ROUNDS = 3
 
 
 @dataclass
@@ -59,19 +62,23 @@ class Tally:
     suggestions: int = 0  # non-empty suggestions produced
     shown: int = 0
     accepted: int = 0  # accepted whole or in part
+    fully_accepted: int = 0
+    partially_accepted: int = 0
     accepted_chars: int = 0
     retained_chars: int = 0
     reward: float = 0.0
+    leading_whitespace: int = 0  # suggestions that start with a space or tab
 
-    def add(
-        self, response: UserResponse | None, shown: bool, had_text: bool, reward: float
-    ) -> None:
+    def add(self, response: UserResponse | None, shown: bool, text: str, reward: float) -> None:
         self.requests += 1
-        self.suggestions += had_text
+        self.suggestions += bool(text)
+        self.leading_whitespace += text[:1] in (" ", "\t")
         self.shown += shown
         self.reward += reward
         if response is not None and response.kind != "ignored":
             self.accepted += 1
+            self.fully_accepted += response.kind == "accepted"
+            self.partially_accepted += response.kind == "partial"
             self.accepted_chars += response.accepted_chars
             self.retained_chars += response.retained_chars
 
@@ -82,6 +89,11 @@ class Tally:
             "suggestions": self.suggestions / draws,
             "shown": self.shown / draws,
             "accept_rate": self.accepted / self.shown if self.shown else 0.0,
+            "full_accept_rate": self.fully_accepted / self.shown if self.shown else 0.0,
+            "partial_accept_rate": self.partially_accepted / self.shown if self.shown else 0.0,
+            "leading_whitespace_share": (
+                self.leading_whitespace / self.suggestions if self.suggestions else 0.0
+            ),
             "accepted_chars": self.accepted_chars / draws,
             "retained_chars": self.retained_chars / draws,
             "reward": self.reward / draws,
@@ -89,123 +101,65 @@ class Tally:
         }
 
 
-@dataclass
-class Session:
-    """The simulated user's state that the server would observe (the `Signals`)."""
-
-    clock_s: float = 0.0
-    last_accept_s: float = -1e6
-    recent: list[bool] = field(default_factory=list)
-
-    def signals(self) -> Signals:
-        rate = sum(self.recent) / len(self.recent) if self.recent else 0.0
-        return Signals(
-            typing_speed_cps=1.0 / SECONDS_PER_CHAR,
-            seconds_since_last_accept=min(self.clock_s - self.last_accept_s, 1e6),
-            recent_accept_rate=rate,
-        )
-
-    def observe(self, accepted: bool) -> None:
-        self.recent = [*self.recent[-19:], accepted]
-        if accepted:
-            self.last_accept_s = self.clock_s
-
-
-def reward_of(response: UserResponse, suggestion_chars: int, distraction_cost: float) -> float:
-    """The reward the trainer computes from the events of this response (see rewards.py)."""
-    if response.kind == "ignored":
-        return -distraction_cost
+def reward_of(response: UserResponse, suggestion_chars: int, settings: RewardSettings) -> float:
+    """The reward the trainer computes from the events of this response (`outcome_reward`)."""
     retained = response.retained_chars / response.accepted_chars if response.accepted_chars else 0
-    if response.kind == "accepted":
-        return retained
-    return min(1.0, response.accepted_chars / suggestion_chars) * retained
+    reward = outcome_reward(
+        response.kind, suggestion_chars, response.accepted_chars, retained, settings
+    )
+    assert reward is not None  # the simulated user always judges what it is shown
+    return reward
 
 
 class Player:
-    """Plays positions through the engine and the simulated user, optionally reporting events."""
+    """Plays positions through the engine and the simulated user, optionally reporting events.
+
+    The user's session (signals, outcomes, retention, decision events) goes through the server's
+    own code (`evaluation.editing.EditingSession`).
+    """
 
     def __init__(
         self,
         engine: Engine,
         telemetry: TelemetryClient | None,
-        distraction_cost: float,
+        rewards: RewardSettings,
         min_partial_chars: int,
     ) -> None:
         self.engine = engine
         self.telemetry = telemetry
-        self.distraction_cost = distraction_cost
+        self.rewards = rewards
         self.min_partial_chars = min_partial_chars
         self.last_event_at = 0.0
         # When a list, every decision is kept here with the user's response (None: not shown).
         self.log: list[tuple[Decision, UserResponse | None]] | None = None
+        self.session = EditingSession(
+            session_id=telemetry.session_id if telemetry else "replay",
+            install_id=telemetry.install_id if telemetry else "replay",
+        )
 
     def play(self, positions: list[Position]) -> Tally:
         tally = Tally()
-        session = Session()
-        current_path = ""
-        previous_end = 0
+        session = self.session
         for position in positions:
-            if position.path != current_path:  # a new file: a new stretch of typing
-                current_path, previous_end, session = position.path, 0, Session()
-            session.clock_s += SECONDS_PER_CHAR * max(0, len(position.prefix) - previous_end)
-            previous_end = len(position.prefix)
+            signals = session.arrive(position)
             request = position.request()
-            decision = self.engine.complete(request, signals=session.signals())
+            decision = self.engine.complete(request, signals=signals)
+            session.decided(position, request, decision)
             response: UserResponse | None = None
             reward = 0.0
             if decision.shown:
-                response = simulated_user(decision.text, position.truth, self.min_partial_chars)
-                reward = reward_of(response, len(decision.text), self.distraction_cost)
-                session.observe(response.kind != "ignored")
-            tally.add(response, decision.shown, bool(decision.text), reward)
+                response = simulated_user(decision.text, position.hole, self.min_partial_chars)
+                reward = reward_of(response, len(decision.text), self.rewards)
+                session.respond(position, decision, response)
+            tally.add(response, decision.shown, decision.text, reward)
             if self.log is not None:
                 self.log.append((decision, response))
             if self.telemetry is not None:
-                self._report(decision, position, response)
+                for event in session.events:
+                    self.telemetry.record(event)
+                self.last_event_at = time.time()
+            session.events.clear()
         return tally
-
-    def _report(
-        self, decision: Decision, position: Position, response: UserResponse | None
-    ) -> None:
-        assert self.telemetry is not None
-        text = decision.text
-        self.telemetry.record(
-            DecisionEvent(
-                decision_id=decision.decision_id,
-                session_id=self.telemetry.session_id,
-                install_id=self.telemetry.install_id,
-                language=position.language,
-                trigger="automatic",
-                policy_version=decision.policy_version,
-                model_id=decision.model_id[:200],
-                action=decision.action,
-                propensity=decision.propensity,
-                features=decision.features,
-                suggestion_chars=len(text),
-                suggestion_lines=text.count("\n") + 1 if text else 0,
-                cache_hit=decision.cache_hit,
-            )
-        )
-        if response is not None:
-            partial = response.kind == "partial"
-            self.telemetry.record(
-                OutcomeEvent(
-                    decision_id=decision.decision_id,
-                    kind=response.kind,
-                    accepted_chars=None if response.kind == "ignored" else response.accepted_chars,
-                    reason="diverged" if response.kind == "ignored" else None,
-                )
-            )
-            if response.kind == "accepted" or partial:
-                self.telemetry.record(
-                    RetentionEvent(
-                        decision_id=decision.decision_id,
-                        after_s=120,
-                        accepted_chars=response.accepted_chars,
-                        retained_chars=response.retained_chars,
-                    )
-                )
-        self.last_event_at = time.time()
 
 
 def always_show() -> Policy:
@@ -231,16 +185,30 @@ def _change_pct(new: float, old: float) -> float | None:
 
 
 def _changes(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """A policy's figures against the always-show baseline's, on the same positions."""
+    """A policy's figures against a baseline's (always-show unless said), on the same positions.
+
+    `reward_gain_lower_bound` is the one-sided 95% lower bound of the reward gain: the gain less
+    1.64 standard errors of the paired per-position gains over the held-out plays.
+    """
+    gains = [a - b for a, b in zip(new["position_rewards"], base["position_rewards"], strict=True)]
+    n = len(gains)
+    gain = sum(gains)
+    mean = gain / n if n else 0.0
+    variance = sum((g - mean) ** 2 for g in gains) / (n - 1) if n > 1 else 0.0
+    stderr = math.sqrt(variance * n)  # of the sum over positions
+    figures = ("shown", "accept_rate", "full_accept_rate", "accepted_chars", "retained_chars")
     return {
-        "baseline": base,
-        "learned": new,
-        "shown_change_pct": _change_pct(new["shown"], base["shown"]),
-        "accept_rate_change_pct": _change_pct(new["accept_rate"], base["accept_rate"]),
-        "accepted_chars_change_pct": _change_pct(new["accepted_chars"], base["accepted_chars"]),
-        "retained_chars_change_pct": _change_pct(new["retained_chars"], base["retained_chars"]),
+        "baseline": _public(base),
+        "learned": _public(new),
+        **{f"{name}_change_pct": _change_pct(new[name], base[name]) for name in figures},
         "reward_change": round(new["reward"] - base["reward"], 3),
+        "reward_gain_stderr": round(stderr, 3),
+        "reward_gain_lower_bound": round(gain - 1.64 * stderr, 3),
     }
+
+
+def _public(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in figures.items() if k != "position_rewards"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -254,13 +222,25 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-positions", type=int, default=300)
     parser.add_argument("--test-positions", type=int, default=200)
     parser.add_argument("--model", default="bundled", help="completion model (see settings)")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "ctranslate2", "torch"),
+        default="auto",
+        help="inference engine of the local runner (outputs are cached per engine's model id)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--context-tokens", type=int, default=512)
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads (0: every core but one)"
     )
     parser.add_argument("--cache", type=Path, default=None, help="model output cache file")
-    parser.add_argument("--lambda", dest="distraction_cost", type=float, default=0.25)
+    parser.add_argument(
+        "--lambda",
+        dest="distraction_cost",
+        type=float,
+        default=None,
+        help="distraction cost in characters (default: the trainer's default)",
+    )
     parser.add_argument("--min-partial-chars", type=int, default=4)
     parser.add_argument("--train-interval", type=float, default=10.0, help="trainer period, s")
     parser.add_argument("--refresh", type=float, default=2.0, help="policy client period, s")
@@ -270,6 +250,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--hidden", type=int, default=None, help="hidden units of the policy (0: logistic)"
+    )
+    parser.add_argument(
+        "--prompt-fix-positions",
+        type=int,
+        default=None,
+        help="held-out positions (the first N) on which the prompt fix is measured (default: all)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -301,6 +287,7 @@ def engine_settings(args: argparse.Namespace) -> CompletionSettings:
         max_new_tokens=args.max_new_tokens,
         context_tokens=args.context_tokens,
         threads=args.threads,
+        engine=getattr(args, "engine", "auto"),
         # No typing-through cache: every position asks the model (through the output cache),
         # so a decision never depends on which positions happened to come before it.
         cache=False,
@@ -326,8 +313,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "interval_s": args.train_interval,
         "min_events": min(200, len(train_positions)),
         "seed": args.seed,
-        "rewards": {"distraction_cost": args.distraction_cost},
     }
+    if args.distraction_cost is not None:
+        overrides["rewards"] = {"distraction_cost": args.distraction_cost}
     if args.min_ess is not None:
         overrides["min_ess"] = args.min_ess
     if args.hidden is not None:
@@ -354,30 +342,65 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
                 args, train_positions, runner, settings, telemetry, policies, scheduler, backend
             )
             learned = policies.current()
+            rewards = trainer_settings.rewards
             evaluation = {
-                name: _evaluate(args, test_positions, runner, settings, policy)
+                name: _evaluate(args, test_positions, runner, settings, policy, rewards)
                 for name, policy in (
                     ("always_show", always_show()),
                     ("builtin", builtin_policy()),
                     ("learned", learned),
                 )
             }
+            # The prompt fix's effect: always-show on the same positions with the old prompt.
+            fix_positions = test_positions[: args.prompt_fix_positions]
+            unfixed = settings.model_copy(update={"prompt_at_line_break": False})
+            before_fix = _evaluate(args, fix_positions, runner, unfixed, always_show(), rewards)
+            after_fix = (
+                evaluation["always_show"]
+                if len(fix_positions) == len(test_positions)
+                else _evaluate(args, fix_positions, runner, settings, always_show(), rewards)
+            )
             # The same comparison on the positions it learned from, to show how well it carries
             # over (and to choose settings such as λ without looking at the held-out corpus).
             seen = {
-                name: _evaluate(args, train_positions, runner, settings, policy)
+                name: _evaluate(args, train_positions, runner, settings, policy, rewards)
                 for name, policy in (("always_show", always_show()), ("learned", learned))
             }
+            canary = _canary_drill(
+                args, train_positions, runner, settings, telemetry, policies, scheduler, backend
+            )
         finally:
             policies.close()
             telemetry.shutdown(5.0)
             backend.stop()
             runner.close()
-    delays = [r["event_to_serving_s"] for r in rounds if r["event_to_serving_s"] is not None]
+    promoted = [r for r in rounds if r["promoted"]]
+    delays = [r["event_to_serving_s"] for r in promoted if r["event_to_serving_s"] is not None]
+    against_builtin = _changes(evaluation["builtin"], evaluation["learned"])
     summary = {
         **_changes(evaluation["always_show"], evaluation["learned"]),
+        "vs_builtin": {
+            k: v for k, v in against_builtin.items() if k not in ("baseline", "learned")
+        },
         "learned_version": learned.version,
+        "promotions": len(promoted),
+        # Measured for every promotion; a run that promoted nothing says so.
         "event_to_serving_s": max(delays) if delays else None,
+        "event_to_serving_note": None if promoted else "no round promoted a candidate",
+        "prompt_fix": {
+            "positions": len(fix_positions),
+            "base_accept_rate_before": before_fix["accept_rate"],
+            "base_accept_rate_after": after_fix["accept_rate"],
+            "base_full_accept_rate_before": before_fix["full_accept_rate"],
+            "base_full_accept_rate_after": after_fix["full_accept_rate"],
+            "leading_whitespace_share_before": before_fix["leading_whitespace_share"],
+            "leading_whitespace_share_after": after_fix["leading_whitespace_share"],
+            "base_accepted_chars_before": before_fix["accepted_chars"],
+            "base_accepted_chars_after": after_fix["accepted_chars"],
+            "base_reward_before": before_fix["reward"],
+            "base_reward_after": after_fix["reward"],
+        },
+        "canary_rollback": canary,
     }
     return {
         "command": "tabloop eval replay " + " ".join(argv),
@@ -391,10 +414,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         },
         "model": runner.model_id,
         "settings": {
+            "engine": args.engine,
             "max_new_tokens": args.max_new_tokens,
             "context_tokens": args.context_tokens,
             "threads": args.threads,
-            "lambda": args.distraction_cost,
+            "lambda": trainer_settings.rewards.distraction_cost,
+            "lambda_from_command_line": args.distraction_cost is not None,
+            "canary_share": trainer_settings.canary_share,
             "show_floor": trainer_settings.show_floor,
             "min_ess": trainer_settings.min_ess,
             "hidden": trainer_settings.hidden,
@@ -405,7 +431,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         },
         "model_cache": {"hits": runner.hits, "misses": runner.misses},
         "summary": summary,
-        "held_out": evaluation,
+        "held_out": {name: _public(figures) for name, figures in evaluation.items()},
+        "held_out_before_prompt_fix": _public(before_fix),
         "training_corpus": _changes(seen["always_show"], seen["learned"]),
         "rounds": rounds,
         "wall_s": round(time.time() - started, 1),
@@ -422,11 +449,19 @@ def _rounds(
     scheduler: TrainingScheduler,
     backend: LocalBackend,
 ) -> list[dict[str, Any]]:
-    rounds = []
-    for number in range(1, args.rounds + 1):
+    rewards = scheduler.settings.rewards
+    registry, tenant = scheduler.registry, backend.principal.tenant_id
+    rounds: list[dict[str, Any]] = []
+    number = 0
+    # The configured rounds, then up to EXTRA_ROUNDS more while a canary waits for its verdict:
+    # the loop ends with a version serving alone.
+    while number < args.rounds or (
+        registry.canary(tenant) is not None and number < args.rounds + EXTRA_ROUNDS
+    ):
+        number += 1
         serving = policies.current()
         engine = Engine(settings, runner, policy_source=policies.current, seed=args.seed + number)
-        player = Player(engine, telemetry, args.distraction_cost, args.min_partial_chars)
+        player = Player(engine, telemetry, rewards, args.min_partial_chars)
         tally = player.play(positions)
         last_event = player.last_event_at
         delivered = deliver(telemetry)
@@ -443,6 +478,7 @@ def _rounds(
                 "trained": run_report,
                 "promoted": promoted,
                 "event_to_serving_s": event_to_serving,
+                "canary_share": serving.share if isinstance(serving, CanaryPolicy) else None,
             }
         )
         log.warning("round %d: %s", number, json.dumps(rounds[-1]["trained"])[:300])
@@ -477,6 +513,9 @@ def _await_training(
         "gain_stderr": summary.report.get("gain_stderr"),
         "reasons": summary.report.get("reasons"),
         "candidate_shown_rate": summary.report.get("candidate", {}).get("shown_rate"),
+        "state": summary.state,
+        "canary": summary.canary,
+        "pruned": summary.report.get("pruned"),
     }
     if not summary.promoted:
         return None, None, report
@@ -487,21 +526,100 @@ def _await_training(
     return summary.candidate, None, report
 
 
+def wrong_sign(policy: Policy, version: str) -> Policy:
+    """`policy` with its logit negated: it shows what it would silence, and the reverse."""
+    state = {
+        name: -value if name.startswith(("linear.", "mlp_out.")) else value
+        for name, value in policy.weights.state().items()
+    }
+    weights = ShowWeights.from_state(state, dim=policy.weights.dim, hidden=policy.weights.hidden)
+    return policy.derive(
+        version,
+        weights=weights,
+        metadata={"parent": policy.version, "description": "canary drill: the wrong sign"},
+    )
+
+
+def _canary_drill(
+    args: argparse.Namespace,
+    positions: list[Position],
+    runner: CachedRunner,
+    settings: CompletionSettings,
+    telemetry: TelemetryClient,
+    policies: PolicyClient,
+    scheduler: TrainingScheduler,
+    backend: LocalBackend,
+) -> dict[str, Any]:
+    """A bad candidate goes into canary; rounds on the training positions judge it live. Reports
+    whether the scheduled trainer rolled it back on its own, and how long it took."""
+    registry, tenant = scheduler.registry, backend.principal.tenant_id
+    serving = registry.serving_policy(tenant)
+    bad = registry.add(tenant, lambda v: wrong_sign(serving, v), {"drill": "wrong sign"})
+    share = scheduler.settings.canary_share or 0.1
+    started = time.time()
+    registry.start_canary(tenant, bad.version, share=share, actor="replay", reason="canary drill")
+    rewards = scheduler.settings.rewards
+    played = 0
+    # Until the trainer settles it, or it has had the most decisions a canary may have.
+    limit = scheduler.settings.canary_max_decisions + len(positions)
+    number = 0
+    while registry.canary(tenant) is not None and played < limit and positions:
+        number += 1
+        policies.refresh_now()
+        engine = Engine(settings, runner, policy_source=policies.current, seed=777 + number)
+        Player(engine, telemetry, rewards, args.min_partial_chars).play(positions)
+        played += len(positions)
+        deliver(telemetry)
+        newest = latest_event_id(backend.storage, tenant)
+        _await_training(scheduler, policies, newest, time.time(), args)
+    ended = [
+        row
+        for row in registry.history(tenant)
+        if row["action"] in ("canary-rollback", "canary-promote")
+        and as_utc(datetime.fromisoformat(row["at"])).timestamp() >= started - 1
+    ]
+    outcome = ended[-1] if ended else None
+    return {
+        "version": bad.version,
+        "share": share,
+        "rolled_back": outcome is not None and outcome["action"] == "canary-rollback",
+        "outcome": outcome["action"] if outcome else "still running",
+        "seconds_to_rollback": (
+            round(as_utc(datetime.fromisoformat(outcome["at"])).timestamp() - started, 2)
+            if outcome
+            else None
+        ),
+        "decisions_played": played,
+        "figures": outcome["figures"] if outcome else None,
+    }
+
+
 def _evaluate(
     args: argparse.Namespace,
     positions: list[Position],
     runner: CachedRunner,
     settings: CompletionSettings,
     policy: Policy,
+    rewards: RewardSettings,
 ) -> dict[str, Any]:
     tally = Tally()
+    per_position = [0.0] * len(positions)
     for draw in range(args.eval_draws):
         engine = Engine(settings, runner, policy_source=lambda: policy, seed=10_000 + draw)
-        played = Player(engine, None, args.distraction_cost, args.min_partial_chars).play(positions)
+        player = Player(engine, None, rewards, args.min_partial_chars)
+        player.log = []
+        played = player.play(positions)
+        for i, (decision, response) in enumerate(player.log):
+            if response is not None:
+                per_position[i] += reward_of(response, len(decision.text), rewards)
         for key, value in asdict(played).items():
             setattr(tally, key, getattr(tally, key) + value)
     figures = tally.report(args.eval_draws)
-    return {"version": policy.version, **{k: round(v, 4) for k, v in figures.items()}}
+    return {
+        "version": policy.version,
+        **{k: round(v, 4) for k, v in figures.items()},
+        "position_rewards": [r / args.eval_draws for r in per_position],
+    }
 
 
 if __name__ == "__main__":

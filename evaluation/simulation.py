@@ -1,9 +1,12 @@
 """Pieces of the replay simulator: cursor positions in real files and a simulated user.
 
-The simulated user writes each file top to bottom. At a sampled position the text before the
-cursor exists and nothing after it does; the user accepts a suggestion when it says what the file
-really says next, takes a prefix of it when at least `min_partial_chars` of it are right, and
-otherwise ignores it. Accepted text survives (is retained) as far as it matches the truth.
+The simulated user edits a file that is already written, as in an editor: at a sampled position
+the rest of the cursor's line is missing (the *hole*) and everything after it is there (the
+*suffix*). Brackets the line opened before the cursor and closes at its end stand after the
+cursor already, as an editor's auto-closing puts them, so such a request has code after the
+cursor on its line and gets the single-line stop rule. The user accepts a suggestion when it says
+what the hole really says, takes a prefix of it when at least `min_partial_chars` of it are
+right, and otherwise ignores it. Accepted text survives (is retained) as far as it matches.
 """
 
 from __future__ import annotations
@@ -28,15 +31,26 @@ class Position:
 
     path: str
     prefix: str
-    truth: str  # the rest of the file, as it was really written
+    truth: str  # the rest of the file, as it was really written: hole + suffix
     language: str
     line: int
     character: int
 
+    @property
+    def suffix(self) -> str:
+        """The code after the cursor that is already there (the auto-closed brackets, if any,
+        then the next line break and the rest of the file)."""
+        return self.truth[hole_length(self.prefix, self.truth) :]
+
+    @property
+    def hole(self) -> str:
+        """What the user is about to type: the rest of the line before its auto-closed tail."""
+        return self.truth[: hole_length(self.prefix, self.truth)]
+
     def request(self) -> CompletionRequest:
         return CompletionRequest(
             prefix=self.prefix,
-            suffix="",
+            suffix=self.suffix,
             language=self.language,
             path=self.path,
             uri=Path(self.path).as_uri(),
@@ -44,6 +58,31 @@ class Position:
             line=self.line,
             character=self.character,
         )
+
+
+_PAIRS = {"(": ")", "[": "]", "{": "}"}
+
+
+def hole_length(prefix: str, truth: str) -> int:
+    """Length of the hole at the start of `truth`: the rest of the cursor's line, less the run of
+    closing brackets at its end that close brackets opened on the line before the cursor (the
+    editor inserted those when they were opened). The hole is never empty: when nothing but
+    closers would be left, the whole rest of the line is the hole."""
+    line_end = truth.find("\n")
+    rest = truth if line_end < 0 else truth[:line_end]
+    code = rest.rstrip()
+    open_stack: list[str] = []
+    for ch in prefix[prefix.rfind("\n") + 1 :]:
+        if ch in _PAIRS:
+            open_stack.append(_PAIRS[ch])
+        elif open_stack and ch == open_stack[-1]:
+            open_stack.pop()
+    closed = 0
+    while open_stack and code[: len(code) - closed].endswith(open_stack[-1]):
+        closed += 1
+        open_stack.pop()
+    hole = len(code) - closed
+    return hole if code[:hole].strip() else len(rest)
 
 
 def corpus_files(root: Path) -> list[Path]:

@@ -76,7 +76,7 @@ DELEGATED: dict[str, tuple[Command, str]] = {
     "backend": (_backend, "run the training backend, manage tokens"),
     "train": (_train, "train policy (the default) or model (an adapter)"),
     "model": (_model, "list, promote, roll back or evaluate model adapters"),
-    "policy": (_policy, "list, promote or roll back policies"),
+    "policy": (_policy, "list, promote, approve or roll back policies"),
     "stats": (_stats, "the loop's figures of a tenant (the dashboard's overview)"),
 }
 

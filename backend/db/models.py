@@ -44,6 +44,8 @@ class Tenant(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # A candidate that passes evaluation waits in `pending-approval` for `tabloop policy approve`.
+    require_approval: Mapped[bool] = mapped_column(default=False, server_default=false())
 
 
 class ApiToken(Base):

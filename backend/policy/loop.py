@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import select
 
 from backend.db.models import Tenant
+from backend.policy.canary import release, settle_canary
 from backend.policy.dataset import latest_event_id, load_logged
 from backend.policy.registry import PolicyRegistry, RegistryError
 from backend.policy.settings import TrainerSettings
@@ -42,6 +43,9 @@ class RunSummary:
     promoted: bool = False
     report: dict[str, Any] = field(default_factory=dict)
     through_event_id: int = 0  # newest event row the run could see (set by the scheduler)
+    # The candidate's state after the run: canary, serving, pending-approval (None: kept out).
+    state: str | None = None
+    canary: dict[str, Any] | None = None  # the running canary's verdict at the run's start
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +54,8 @@ class RunSummary:
             "serving_before": self.serving_before,
             "candidate": self.candidate,
             "promoted": self.promoted,
+            "state": self.state,
+            "canary": self.canary,
             "seconds": round(self.finished_at - self.started_at, 3),
             "report": self.report,
         }
@@ -70,6 +76,13 @@ def run_training(
     started = time.time()
     if registry is None:
         registry = PolicyRegistry(storage, builtin_floor=settings.show_floor)
+    canary = settle_canary(registry, storage, tenant_id, settings, now=now)
+    if canary is not None and canary["outcome"] == "wait":
+        # One change at a time: no new candidate while a canary is still being judged.
+        serving_now = registry.serving_version(tenant_id)
+        summary = RunSummary(tenant_id, started, time.time(), 0, serving_now, canary=canary)
+        summary.report = {"skipped": f"canary {canary['version']} is still being judged"}
+        return summary
     serving = registry.serving_policy(tenant_id)
     data = load_logged(
         storage,
@@ -79,7 +92,9 @@ def run_training(
         settings=settings.rewards,
     )
     decisions = data.decisions
-    summary = RunSummary(tenant_id, started, started, len(decisions), serving.version)
+    summary = RunSummary(
+        tenant_id, started, started, len(decisions), serving.version, canary=canary
+    )
     skipped = dict(data.skipped.most_common())
     if skipped:
         log.warning("tenant %s: skipped invalid stored events %s", tenant_id, skipped)
@@ -104,13 +119,20 @@ def run_training(
     summary.candidate = candidate.version
     summary.report = run.report
     if run.verdict.promote:
-        registry.promote(
+        summary.state = release(
+            registry,
+            storage,
             tenant_id,
             candidate.version,
+            settings,
             actor=TRAINER_ACTOR,
             reason=f"DR gain {run.verdict.gain:+.4f} ± {run.verdict.gain_stderr:.4f}",
+            figures={"gain": run.verdict.gain, "gain_stderr": run.verdict.gain_stderr},
         )
-        summary.promoted = True
+        summary.promoted = summary.state != "pending-approval"
+    pruned = registry.prune(tenant_id, settings.keep_candidates)
+    if pruned:
+        summary.report = {**summary.report, "pruned": pruned}
     summary.finished_at = time.time()
     log.info(
         "tenant %s: %s from %d decisions, %s",

@@ -62,3 +62,5 @@ class PolicyPromotionRow(Base):
     actor: Mapped[str] = mapped_column(String(64))
     reason: Mapped[str] = mapped_column(String(512))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # What the change was judged on (a canary's live gain and its standard error, ...).
+    figures: Mapped[dict[str, Any] | None] = mapped_column(JsonDocument, default=None)

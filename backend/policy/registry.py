@@ -1,8 +1,17 @@
-"""The per-tenant policy registry: every version kept, one serving, rollback by history.
+"""The per-tenant policy registry: versions, one serving, canaries, approvals, rollback.
 
-The serving version of a tenant is the newest row of `policy_promotions`; no row (or a row with
-no version) means the built-in policy. A rollback marks the serving version as rolled back and
-serves the newest earlier promoted version that was not rolled back itself (else the built-in).
+`policy_promotions` is the history of a tenant's policies, one row per transition:
+
+- `promote`, `rollback`, `canary-promote`, `canary-rollback` set the serving version (the newest
+  such row's version; no row, or a row with no version, means the built-in policy);
+- `canary` starts a canary: the version serves a share of decisions beside the serving one until
+  a `canary-promote` (it serves alone) or a `canary-rollback` (it is marked rolled back);
+- `pending-approval` holds a candidate that passed evaluation for a tenant that requires
+  approval; `approve` releases it (into a canary, or straight to serving with no canary share).
+
+A rollback marks the serving version as rolled back and serves the newest earlier promoted
+version that was not rolled back itself (else the built-in). Rows carry the figures a transition
+was judged on. Versions never promoted are pruned beyond the newest few (`prune`).
 
 Nothing stored here carries an infinity or a NaN: JSON has neither (PostgreSQL's JSONB and the
 artefact's canonical form refuse them), so a report's non-finite numbers are stored as null and
@@ -11,6 +20,7 @@ a policy with non-finite weights is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Callable
@@ -23,9 +33,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend.policy.models import PolicyPromotionRow, PolicyVersionRow
+from backend.policy.settings import TrainerSettings
 from backend.storage import Storage
 from completion.gate import (
     BUILTIN_VERSION,
+    CanaryPolicy,
     Policy,
     PolicyError,
     builtin_policy,
@@ -36,6 +48,25 @@ from completion.gate import (
 
 class RegistryError(Exception):
     """An operation on the registry that cannot be done (unknown version, ...)."""
+
+
+SERVING_ACTIONS = ("promote", "rollback", "canary-promote", "canary-rollback")
+CANARY = "canary"
+PENDING = "pending-approval"
+APPROVE = "approve"
+# Versions named by these rows were (or are waiting to be) in front of users: never pruned.
+KEPT_ACTIONS = (*SERVING_ACTIONS, CANARY, PENDING, APPROVE)
+OPERATOR = "operator"
+
+
+@dataclass(frozen=True)
+class CanaryState:
+    """A version serving a share of decisions beside the serving one."""
+
+    version: str
+    previous: str
+    share: float
+    started_at: datetime
 
 
 @dataclass(frozen=True)
@@ -49,6 +80,7 @@ class PolicyRecord:
     serving: bool
     rolled_back: bool
     report: dict[str, Any]
+    state: str = "candidate"  # serving | canary | pending-approval | rolled-back | candidate
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +90,7 @@ class PolicyRecord:
             "checksum": self.checksum,
             "serving": self.serving,
             "rolled_back": self.rolled_back,
+            "state": self.state,
             "promote": self.report.get("promote"),
             "reasons": self.report.get("reasons", []),
         }
@@ -77,6 +110,18 @@ class ServedArtifact:
 
 def _checksum(artifact: bytes) -> str:
     return "sha256:" + hashlib.sha256(artifact).hexdigest()
+
+
+def _state(
+    row: PolicyVersionRow, serving: str, canary: CanaryState | None, pending: set[str]
+) -> str:
+    if row.version == serving:
+        return "serving"
+    if canary is not None and row.version == canary.version:
+        return CANARY
+    if row.version in pending:
+        return PENDING
+    return "rolled-back" if row.rolled_back else "candidate"
 
 
 def finite_json(value: Any) -> Any:
@@ -147,6 +192,8 @@ class PolicyRegistry:
     def versions(self, tenant_id: int) -> list[PolicyRecord]:
         """Every version of a tenant, oldest first."""
         serving = self.serving_version(tenant_id)
+        canary = self.canary(tenant_id)
+        pending = set(self.pending_approval(tenant_id))
         with self.storage.session() as session:
             rows = session.scalars(
                 select(PolicyVersionRow)
@@ -162,6 +209,7 @@ class PolicyRegistry:
                 serving=row.version == serving,
                 rolled_back=row.rolled_back,
                 report=row.report,
+                state=_state(row, serving, canary, pending),
             )
             for row in rows
         ]
@@ -180,21 +228,70 @@ class PolicyRegistry:
     # -- serving --------------------------------------------------------------------------
 
     def serving_version(self, tenant_id: int) -> str:
-        """Name of the version that serves the tenant now."""
+        """Name of the version that serves the tenant now (beside a canary, if one runs)."""
         with self.storage.session() as session:
-            latest = session.scalars(
+            latest = self._latest(session, tenant_id, SERVING_ACTIONS)
+        return latest.version if latest is not None and latest.version else BUILTIN_VERSION
+
+    def canary(self, tenant_id: int) -> CanaryState | None:
+        """The canary running for the tenant, if any."""
+        with self.storage.session() as session:
+            latest = self._latest(session, tenant_id, (*SERVING_ACTIONS, CANARY))
+        if latest is None or latest.action != CANARY or latest.version is None:
+            return None
+        figures = latest.figures or {}
+        return CanaryState(
+            version=latest.version,
+            previous=str(figures.get("previous") or BUILTIN_VERSION),
+            share=float(figures.get("share", 0.0)),
+            started_at=latest.created_at,
+        )
+
+    def pending_approval(self, tenant_id: int) -> list[str]:
+        """Versions waiting for `approve`, oldest first."""
+        with self.storage.session() as session:
+            rows = session.scalars(
                 select(PolicyPromotionRow)
                 .where(PolicyPromotionRow.tenant_id == tenant_id)
-                .order_by(PolicyPromotionRow.id.desc())
-                .limit(1)
-            ).first()
-        return latest.version if latest is not None and latest.version else BUILTIN_VERSION
+                .order_by(PolicyPromotionRow.id)
+            ).all()
+        last: dict[str, str] = {}
+        for row in rows:
+            if row.version is not None:
+                last.pop(row.version, None)
+                last[row.version] = row.action
+        return [version for version, action in last.items() if action == PENDING]
+
+    @staticmethod
+    def _latest(
+        session: Session, tenant_id: int, actions: tuple[str, ...]
+    ) -> PolicyPromotionRow | None:
+        return session.scalars(
+            select(PolicyPromotionRow)
+            .where(
+                PolicyPromotionRow.tenant_id == tenant_id,
+                PolicyPromotionRow.action.in_(actions),
+            )
+            .order_by(PolicyPromotionRow.id.desc())
+            .limit(1)
+        ).first()
 
     def serving_policy(self, tenant_id: int) -> Policy:
         return self.policy(tenant_id, self.serving_version(tenant_id))
 
     def serving_artifact(self, tenant_id: int) -> ServedArtifact:
         """The artefact clients of the tenant should run."""
+        canary = self.canary(tenant_id)
+        if canary is not None:
+            mixture = CanaryPolicy(
+                **{
+                    field.name: getattr(self.policy(tenant_id, canary.version), field.name)
+                    for field in dataclasses.fields(Policy)
+                },
+                previous=self.policy(tenant_id, canary.previous),
+                share=canary.share,
+            )
+            return ServedArtifact(canary.version, to_artifact(mixture))
         version = self.serving_version(tenant_id)
         if version == BUILTIN_VERSION:
             return ServedArtifact(version, self._builtin_artifact)
@@ -202,25 +299,177 @@ class PolicyRegistry:
             row = self._row(session, tenant_id, version)
             return ServedArtifact(version, row.artifact.encode())
 
-    def promote(self, tenant_id: int, version: str, *, actor: str, reason: str = "") -> None:
-        """Make `version` the serving one (clearing a rollback mark it may carry)."""
+    def promote(
+        self,
+        tenant_id: int,
+        version: str,
+        *,
+        actor: str | None = None,
+        reason: str = "",
+        figures: dict[str, Any] | None = None,
+        action: str = "promote",
+    ) -> None:
+        """Make `version` the serving one (clearing a rollback mark it may carry); a canary
+        running ends with it."""
         with self.storage.session() as session:
             if version != BUILTIN_VERSION:
                 self._row(session, tenant_id, version).rolled_back = False
-            session.add(
-                PolicyPromotionRow(
-                    tenant_id=tenant_id,
-                    version=None if version == BUILTIN_VERSION else version,
-                    action="promote",
-                    actor=actor[:64],
-                    reason=reason[:512],
-                    created_at=datetime.now(UTC),
-                )
+            self._record(session, tenant_id, version, action, actor, reason, figures)
+            session.commit()
+
+    def start_canary(
+        self,
+        tenant_id: int,
+        version: str,
+        *,
+        share: float,
+        actor: str | None = None,
+        reason: str = "",
+        figures: dict[str, Any] | None = None,
+    ) -> None:
+        """Let `version` make `share` of the decisions beside the serving version."""
+        if not 0.0 < share <= 1.0:
+            raise RegistryError(f"canary share {share} outside (0, 1]")
+        previous = self.serving_version(tenant_id)
+        with self.storage.session() as session:
+            self._row(session, tenant_id, version)  # it must exist
+            self._record(
+                session,
+                tenant_id,
+                version,
+                CANARY,
+                actor,
+                reason or f"canary at {share:.0%} beside {previous}",
+                {**(figures or {}), "share": share, "previous": previous},
             )
             session.commit()
 
-    def rollback(self, tenant_id: int, *, actor: str, reason: str = "") -> str:
-        """Serve the previous good version again; returns the version now serving."""
+    def finish_canary(
+        self,
+        tenant_id: int,
+        *,
+        promote: bool,
+        actor: str | None = None,
+        reason: str = "",
+        figures: dict[str, Any] | None = None,
+    ) -> str:
+        """End the running canary: it serves alone (`promote`) or is rolled back; returns the
+        version serving now. Raises `RegistryError` when no canary runs."""
+        canary = self.canary(tenant_id)
+        if canary is None:
+            raise RegistryError("no canary is running")
+        with self.storage.session() as session:
+            if promote:
+                self._record(
+                    session, tenant_id, canary.version, "canary-promote", actor, reason, figures
+                )
+                serving = canary.version
+            else:
+                self._row(session, tenant_id, canary.version).rolled_back = True
+                self._record(
+                    session,
+                    tenant_id,
+                    canary.previous,
+                    "canary-rollback",
+                    actor,
+                    reason or f"rollback of canary {canary.version}",
+                    figures,
+                )
+                serving = canary.previous
+            session.commit()
+        return serving
+
+    def hold_for_approval(
+        self,
+        tenant_id: int,
+        version: str,
+        *,
+        actor: str | None = None,
+        reason: str = "",
+        figures: dict[str, Any] | None = None,
+    ) -> None:
+        """`version` passed evaluation; it waits for `approve` (state `pending-approval`)."""
+        with self.storage.session() as session:
+            self._row(session, tenant_id, version)
+            self._record(session, tenant_id, version, PENDING, actor, reason, figures)
+            session.commit()
+
+    def approve(
+        self,
+        tenant_id: int,
+        version: str,
+        *,
+        share: float | None = None,
+        actor: str | None = None,
+    ) -> str:
+        """Release a version waiting for approval: into a canary at `share` (default: the
+        trainer's default `canary_share`), or (share 0) straight to serving. Returns what it
+        became (`canary` or `serving`)."""
+        if share is None:
+            share = float(TrainerSettings.model_fields["canary_share"].default)
+        if version not in self.pending_approval(tenant_id):
+            raise RegistryError(f"{version} is not waiting for approval")
+        with self.storage.session() as session:
+            self._record(session, tenant_id, version, APPROVE, actor, "approved", None)
+            session.commit()
+        if share > 0:
+            self.start_canary(tenant_id, version, share=share, actor=actor, reason="approved")
+            return CANARY
+        self.promote(tenant_id, version, actor=actor, reason="approved")
+        return "serving"
+
+    def prune(self, tenant_id: int, keep: int) -> list[str]:
+        """Delete versions that never served (nor wait to), beyond the newest `keep` of them;
+        returns the versions deleted."""
+        with self.storage.session() as session:
+            named = set(
+                session.scalars(
+                    select(PolicyPromotionRow.version).where(
+                        PolicyPromotionRow.tenant_id == tenant_id,
+                        PolicyPromotionRow.action.in_(KEPT_ACTIONS),
+                        PolicyPromotionRow.version.is_not(None),
+                    )
+                ).all()
+            )
+            rows = session.scalars(
+                select(PolicyVersionRow)
+                .where(PolicyVersionRow.tenant_id == tenant_id)
+                .order_by(PolicyVersionRow.number.desc())
+            ).all()
+            unpromoted = [row for row in rows if row.version not in named]
+            doomed = unpromoted[keep:]
+            for row in doomed:
+                session.delete(row)
+            session.commit()
+        return [row.version for row in doomed]
+
+    @staticmethod
+    def _record(
+        session: Session,
+        tenant_id: int,
+        version: str | None,
+        action: str,
+        actor: str | None,
+        reason: str,
+        figures: dict[str, Any] | None,
+    ) -> None:
+        session.add(
+            PolicyPromotionRow(
+                tenant_id=tenant_id,
+                version=None if version in (None, BUILTIN_VERSION) else version,
+                action=action,
+                actor=(actor or OPERATOR)[:64],
+                reason=reason[:512],
+                created_at=datetime.now(UTC),
+                figures=finite_json(figures) if figures is not None else None,
+            )
+        )
+
+    def rollback(self, tenant_id: int, *, actor: str | None = None, reason: str = "") -> str:
+        """Serve the previous good version again; returns the version now serving. A running
+        canary is what is rolled back when there is one."""
+        if self.canary(tenant_id) is not None:
+            return self.finish_canary(tenant_id, promote=False, actor=actor, reason=reason)
         current = self.serving_version(tenant_id)
         if current == BUILTIN_VERSION:
             raise RegistryError("the built-in policy is serving; there is nothing to roll back")
@@ -228,7 +477,10 @@ class PolicyRegistry:
             self._row(session, tenant_id, current).rolled_back = True
             history = session.scalars(
                 select(PolicyPromotionRow.version)
-                .where(PolicyPromotionRow.tenant_id == tenant_id)
+                .where(
+                    PolicyPromotionRow.tenant_id == tenant_id,
+                    PolicyPromotionRow.action.in_(SERVING_ACTIONS),
+                )
                 .order_by(PolicyPromotionRow.id.desc())
             ).all()
             rolled = set(
@@ -242,15 +494,14 @@ class PolicyRegistry:
             previous = next(
                 (v for v in history if v is not None and v != current and v not in rolled), None
             )
-            session.add(
-                PolicyPromotionRow(
-                    tenant_id=tenant_id,
-                    version=previous,
-                    action="rollback",
-                    actor=actor[:64],
-                    reason=(reason or f"rollback of {current}")[:512],
-                    created_at=datetime.now(UTC),
-                )
+            self._record(
+                session,
+                tenant_id,
+                previous,
+                "rollback",
+                actor,
+                reason or f"rollback of {current}",
+                None,
             )
             session.commit()
         return previous or BUILTIN_VERSION
@@ -270,6 +521,7 @@ class PolicyRegistry:
                 "actor": row.actor,
                 "reason": row.reason,
                 "at": row.created_at.isoformat(),
+                "figures": row.figures,
             }
             for row in rows
         ]

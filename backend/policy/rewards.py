@@ -1,13 +1,17 @@
 """From events to rewards: join each decision with its outcome and retention.
 
-Reward of one decision (λ = `distraction_cost`):
+Reward of one decision, in characters of code (λ = `distraction_cost`, in characters too):
 
 - silence: 0;
-- accepted: +1 x (retained share at the retention checkpoint);
-- partial: the accepted share of the suggestion x its retained share;
-- ignored or dismissed: -λ;
-- superseded (the user typed on before the suggestion could be judged): not a choice the user
-  made, so the decision is left out of training.
+- accepted: the characters accepted x their retained share at the retention checkpoint (the
+  characters still there);
+- partial: the same for the characters taken (a partial acceptance counts by its share);
+- ignored or dismissed: -λ, the cost of a distraction;
+- superseded (the user typed on before the suggestion could be judged) and not viewed: not a
+  choice the user made, so the decision is left out of training.
+
+Counting characters rather than suggestions makes a long suggestion that is kept worth more than
+a short one: a policy that keeps only short sure things loses reward, not just accepted code.
 
 A decision still waiting for its outcome or retention is left out until the wait configured in
 `RewardSettings` has passed; then a missing outcome counts as ignored and a missing retention as
@@ -61,12 +65,18 @@ def outcome_reward(
     retained_share: float,
     settings: RewardSettings,
 ) -> Reward | None:
-    """The reward of a shown suggestion's outcome; None when it should not be learned from."""
+    """The reward of a shown suggestion's outcome; None when it should not be learned from.
+
+    Accepted: the suggestion's characters (the accepted count when it is given), partial: the
+    accepted characters (at most the suggestion's), each times the retained share.
+    """
     if kind == "accepted":
-        return 1.0 * retained_share
+        chars = accepted_chars if accepted_chars else suggestion_chars
+        return float(chars) * retained_share
     if kind == "partial":
-        share = min(1.0, (accepted_chars or 0) / suggestion_chars) if suggestion_chars else 0.0
-        return share * retained_share
+        taken = accepted_chars or 0
+        chars = min(taken, suggestion_chars) if suggestion_chars else taken
+        return float(chars) * retained_share
     if kind in ("ignored", "dismissed"):
         return -settings.distraction_cost
     return None

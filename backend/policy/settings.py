@@ -15,9 +15,13 @@ class RewardSettings(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     distraction_cost: float = Field(
-        0.25,
+        1.0,
         ge=0.0,
-        description="λ: the reward of a shown suggestion that was ignored or dismissed is -λ.",
+        description=(
+            "λ, in characters: the reward of a shown suggestion that was ignored or dismissed "
+            "is -λ (an accepted one earns its retained characters). Chosen on training data "
+            "(docs/learning.md)."
+        ),
     )
     retention_after_s: int = Field(
         120, description="Checkpoint whose retained share scales an accepted suggestion's reward."
@@ -100,6 +104,39 @@ class TrainerSettings(BaseModel):
     )
     show_floor: float = Field(
         0.05, ge=0.0, le=1.0, description="Exploration floor written into new policy versions."
+    )
+    canary_share: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Share of decisions a newly promoted version makes while it is a canary (chosen per "
+            "decision; the previous version makes the rest). 0 promotes at once."
+        ),
+    )
+    canary_min_decisions: int = Field(
+        200, ge=10, description="Fewest live rewarded decisions before a canary is judged."
+    )
+    canary_max_decisions: int = Field(
+        2000,
+        ge=10,
+        description="A canary not shown to be no worse after this many decisions is rolled back.",
+    )
+    canary_tolerance: float = Field(
+        0.5,
+        ge=0.0,
+        description=(
+            "A canary takes all traffic when its live reward per request, less `confidence_z` "
+            "standard errors, is no more than this below the previous version's (characters)."
+        ),
+    )
+    keep_candidates: int = Field(
+        20,
+        ge=0,
+        description=(
+            "Newest never-promoted versions kept per tenant; older ones are deleted "
+            "(promoted, serving, canary and pending versions are always kept)."
+        ),
     )
     interval_s: float = Field(
         60.0, gt=0.0, description="Seconds between scheduled training runs inside the backend."

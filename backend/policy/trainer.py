@@ -108,7 +108,8 @@ def reward_model_for(
         space=policy.space,
         ridge=settings.reward_model_ridge,
         lo=-settings.rewards.distraction_cost,
-        hi=1.0,
+        # Rewards are characters: the most any logged suggestion earned bounds the prediction.
+        hi=max([1.0, *(d.reward for d in train if d.shown)]),
     )
 
 

@@ -5,7 +5,8 @@ Serving needs only numpy; the trainer's torch model lives in `backend.policy.sho
 - `features`: `Signals`, `extract_features` and the `FeatureSpace` that turns the raw values into
   a vector, shared by serving and training so a feature means the same thing on both sides.
 - `policy`: the `Normaliser`, the logit's `ShowWeights` (logistic plus optional MLP, in numpy),
-  the `Policy` that draws an action with its propensity, and the built-in policy.
+  the `Policy` that draws an action with its propensity, the `CanaryPolicy` mixture of a new
+  version with the previous one, and the built-in policy.
 - `artifact`: the versioned, checksummed JSON document a policy travels in.
 
 The names most callers need are importable from here (`from completion import gate`).
@@ -28,6 +29,7 @@ from completion.gate.features import (
 from completion.gate.policy import (
     BUILTIN_VERSION,
     DEFAULT_SHOW_FLOOR,
+    CanaryPolicy,
     Normaliser,
     Policy,
     PolicyError,
@@ -41,6 +43,7 @@ __all__ = [
     "DEFAULT_SHOW_FLOOR",
     "LANGUAGES",
     "OTHER",
+    "CanaryPolicy",
     "FeatureSpace",
     "FeatureValue",
     "Features",

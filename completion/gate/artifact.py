@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from completion.gate.features import FeatureSpace, NumericFeature
-from completion.gate.policy import Normaliser, Policy, PolicyError, ShowWeights
+from completion.gate.policy import CanaryPolicy, Normaliser, Policy, PolicyError, ShowWeights
 
 ARTIFACT_FORMAT = "tabloop.policy/1"
 TRANSFORMS = ("identity", "log1p")
@@ -51,9 +51,8 @@ def _space_from_json(data: Mapping[str, Any]) -> FeatureSpace:
     return FeatureSpace(numeric, categorical)
 
 
-def to_artifact(policy: Policy) -> bytes:
-    """The policy as a small, checksummed JSON document."""
-    body = {
+def _body(policy: Policy) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "format": ARTIFACT_FORMAT,
         "version": policy.version,
         "show_floor": policy.show_floor,
@@ -68,6 +67,21 @@ def to_artifact(policy: Policy) -> bytes:
         },
         "metadata": policy.metadata,
     }
+    if isinstance(policy, CanaryPolicy):
+        assert policy.previous is not None
+        # Inside the checksummed body: the previous version travels with the candidate. A
+        # client that does not know canaries reads the candidate alone.
+        body["metadata"] = {
+            **policy.metadata,
+            "canary": {"share": policy.share, "previous": _body(policy.previous)},
+        }
+    return body
+
+
+def to_artifact(policy: Policy) -> bytes:
+    """The policy as a small, checksummed JSON document (a canary carries its previous
+    version and share in its metadata)."""
+    body = _body(policy)
     checksum = "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
     return json.dumps({**body, "checksum": checksum}, sort_keys=True).encode()
 
@@ -82,27 +96,47 @@ def from_artifact(data: bytes) -> Policy:
         expected = "sha256:" + hashlib.sha256(_canonical(doc)).hexdigest()
         if checksum != expected:
             raise PolicyError("policy checksum does not match its content")
-        space = _space_from_json(doc["features"])
-        normaliser = Normaliser(
-            tuple(float(v) for v in doc["normaliser"]["mean"]),
-            tuple(float(v) for v in doc["normaliser"]["scale"]),
-        )
-        if len(normaliser.mean) != space.dim or len(normaliser.scale) != space.dim:
-            raise PolicyError("normaliser does not match the feature space")
-        if any(s <= 0 for s in normaliser.scale):
-            raise PolicyError("normaliser has a non-positive scale")
-        weights = ShowWeights.from_state(
-            doc["model"]["state"], dim=space.dim, hidden=int(doc["model"]["hidden"])
-        )
-        return Policy(
+        return _policy_of(doc)
+    except PolicyError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PolicyError(f"malformed policy artefact: {exc}") from exc
+
+
+def _policy_of(doc: dict[str, Any]) -> Policy:
+    """The policy of a verified artefact body (raises like `from_artifact`)."""
+    if doc.get("format") != ARTIFACT_FORMAT:
+        raise PolicyError("not a tabloop policy artefact")
+    space = _space_from_json(doc["features"])
+    normaliser = Normaliser(
+        tuple(float(v) for v in doc["normaliser"]["mean"]),
+        tuple(float(v) for v in doc["normaliser"]["scale"]),
+    )
+    if len(normaliser.mean) != space.dim or len(normaliser.scale) != space.dim:
+        raise PolicyError("normaliser does not match the feature space")
+    if any(s <= 0 for s in normaliser.scale):
+        raise PolicyError("normaliser has a non-positive scale")
+    weights = ShowWeights.from_state(
+        doc["model"]["state"], dim=space.dim, hidden=int(doc["model"]["hidden"])
+    )
+    metadata = dict(doc.get("metadata") or {})
+    canary = metadata.pop("canary", None)
+    if canary is not None:
+        return CanaryPolicy(
             version=str(doc["version"]),
             space=space,
             normaliser=normaliser,
             weights=weights,
             show_floor=float(doc["show_floor"]),
-            metadata=dict(doc.get("metadata") or {}),
+            metadata=metadata,
+            previous=_policy_of(dict(canary["previous"])),
+            share=float(canary["share"]),
         )
-    except PolicyError:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise PolicyError(f"malformed policy artefact: {exc}") from exc
+    return Policy(
+        version=str(doc["version"]),
+        space=space,
+        normaliser=normaliser,
+        weights=weights,
+        show_floor=float(doc["show_floor"]),
+        metadata=metadata,
+    )

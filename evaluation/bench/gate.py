@@ -12,6 +12,12 @@ The baseline is measured in the same run, on the same suggestions: a gate that s
 random (a seeded uniform score), with its AUC and the accepted characters it loses at the same
 skip shares. A pre-model gate pays only where it loses clearly fewer than that.
 
+`reward_defaults` shows, for each distraction cost λ (characters), what a gate that learned the
+reward (retained characters, -λ when ignored) would trade against always-show on these
+suggestions: a ridge model of the reward is cross-validated, and a suggestion is shown when its
+out-of-fold prediction is positive. The trainer's default λ is chosen from this on the training
+corpus only. The built-in policy's figures on the same suggestions stand beside it.
+
     tabloop bench gate --corpus DIR [--positions 400] [--cache FILE] [--json]
 
 Model outputs come from (and go to) the replay's output cache, so a corpus the replay already
@@ -44,6 +50,7 @@ PRE_MODEL_FEATURES = (
 )
 FOLDS = 5
 SKIP_SHARES = (0.1, 0.2, 0.3)
+LAMBDAS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
 
 
 def auc(score: np.ndarray, positive: np.ndarray) -> float:
@@ -94,6 +101,60 @@ def cross_validated_scores(x: np.ndarray, y: np.ndarray, seed: int = 0) -> np.nd
     return scores
 
 
+def cross_validated_ridge(
+    x: np.ndarray, target: np.ndarray, ridge: float = 1.0, seed: int = 0
+) -> np.ndarray:
+    """Out-of-fold predictions of a ridge regression (intercept not shrunk), as the trainer's
+    reward model fits it."""
+    order = np.random.default_rng(seed).permutation(len(target))
+    predictions = np.zeros(len(target))
+    for fold in range(FOLDS):
+        test = order[fold::FOLDS]
+        train = np.setdiff1d(order, test)
+        mean, std = x[train].mean(axis=0), x[train].std(axis=0) + 1e-9
+        design = np.hstack([(x[train] - mean) / std, np.ones((len(train), 1))])
+        penalty = ridge * np.eye(design.shape[1])
+        penalty[-1, -1] = 0.0
+        coef = np.linalg.solve(design.T @ design + penalty, design.T @ target[train])
+        predictions[test] = np.hstack([(x[test] - mean) / std, np.ones((len(test), 1))]) @ coef
+    return predictions
+
+
+def trade(shown: np.ndarray, accepted: np.ndarray, chars: np.ndarray) -> dict[str, float | None]:
+    """What showing only `shown` changes against showing everything (percent)."""
+
+    def pct(new: float, old: float) -> float | None:
+        return round(100.0 * (new - old) / old, 2) if old else None
+
+    base_rate = accepted.mean() if len(accepted) else 0.0
+    rate = accepted[shown].mean() if shown.any() else 0.0
+    return {
+        "shown_change_pct": pct(float(shown.sum()), float(len(shown))),
+        "accept_rate_change_pct": pct(float(rate), float(base_rate)),
+        "accepted_chars_change_pct": pct(float(chars[shown].sum()), float(chars.sum())),
+    }
+
+
+def reward_defaults(
+    x: np.ndarray,
+    accepted: np.ndarray,
+    accepted_chars: np.ndarray,
+    retained_chars: np.ndarray,
+    seed: int,
+) -> dict[str, Any]:
+    """Per λ, the trade a gate that learned the reward would make (see the module's doc)."""
+    out: dict[str, Any] = {}
+    for lam in LAMBDAS:
+        reward = np.where(accepted, retained_chars, -lam)
+        shown = cross_validated_ridge(x, reward, seed=seed) > 0
+        gained = float(np.where(shown, reward, 0.0).sum() - reward.sum())
+        out[f"{lam:g}"] = {
+            **trade(shown, accepted, accepted_chars),
+            "reward_change_per_suggestion": round(gained / len(reward), 3) if len(reward) else None,
+        }
+    return out
+
+
 def lost_chars_when_skipping(score: np.ndarray, chars: np.ndarray) -> dict[str, float | None]:
     """Share of accepted characters lost when the lowest-scored share of calls is skipped."""
     order = np.argsort(score, kind="mergesort")
@@ -116,6 +177,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--positions", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default="bundled")
+    parser.add_argument("--engine", choices=("auto", "ctranslate2", "torch"), default="auto")
     parser.add_argument("--max-new-tokens", type=int, default=10)
     parser.add_argument("--context-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=0)
@@ -127,8 +189,9 @@ def main(argv: list[str]) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from backend.policy.settings import RewardSettings
     from completion.engine import Engine
-    from completion.gate import FeatureSpace
+    from completion.gate import FeatureSpace, builtin_policy
     from evaluation.replay import Player, always_show, engine_settings, load_cached_runner
     from evaluation.simulation import sample_positions
 
@@ -137,7 +200,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     policy = always_show()
     engine = Engine(settings, runner, policy_source=lambda: policy, seed=args.seed)
     positions = sample_positions(args.corpus, args.positions, args.seed)
-    player = Player(engine, None, distraction_cost=0.0, min_partial_chars=4)
+    player = Player(engine, None, RewardSettings(distraction_cost=0.0), min_partial_chars=4)
     player.log = []
     try:
         player.play(positions)
@@ -147,6 +210,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     features = [d.features for d, _ in played]
     accepted = [r.kind != "ignored" for _, r in played]
     chars = [r.accepted_chars for _, r in played]
+    retained = np.array([r.retained_chars for _, r in played], dtype=np.float64)
+    builtin_shows = builtin_policy().intent_batch(features) > 0.5 if features else np.zeros(0, bool)
 
     space = FeatureSpace()
     x = np.nan_to_num(space.matrix(features))
@@ -172,6 +237,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "gate_cv_auc": _rounded(auc(after_model, y)),
         "pre_model_cv_auc": _rounded(auc(pre_model, y)),
         "pre_model_accepted_chars_lost": lost_chars_when_skipping(pre_model, accepted_chars),
+        "reward_defaults": reward_defaults(x, y, accepted_chars, retained, args.seed),
+        "builtin_policy": trade(builtin_shows, y, accepted_chars) if len(y) else None,
         "baseline": {
             "gate": "random skip (seeded), same suggestions",
             "auc": _rounded(auc(random_skip, y)),

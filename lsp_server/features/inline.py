@@ -6,13 +6,13 @@ import asyncio
 import functools
 import logging
 import time
-from collections import deque
 from typing import TYPE_CHECKING
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
 from completion.latency import likely_pause_ms
+from completion.session import SessionSignals
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
 from indexer.languages import language_of as language_of_path
 from lsp_server.documents import Document, open_document
@@ -25,17 +25,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TYPING_WINDOW_S = 5.0
-
 
 class TypingTracker:
-    """Characters typed per second in the recent past, per document."""
+    """Feeds the session's signals (`completion.session`) from document events."""
 
-    def __init__(self) -> None:
-        self._events: dict[str, deque[tuple[float, int]]] = {}
+    def __init__(self, session: SessionSignals) -> None:
+        self.session = session
 
     def did_open(self, uri: str) -> None:
-        self._events[uri] = deque(maxlen=256)
+        self.session.opened(uri)
 
     def did_change(
         self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
@@ -43,22 +41,17 @@ class TypingTracker:
         typed = sum(
             len(c.text) for c in changes if isinstance(c, types.TextDocumentContentChangePartial)
         )
-        self._events.setdefault(uri, deque(maxlen=256)).append((time.monotonic(), typed))
+        self.session.typed(uri, typed)
 
     def did_save(self, uri: str) -> None:
         pass
 
     def did_close(self, uri: str) -> None:
-        self._events.pop(uri, None)
+        self.session.closed(uri)
 
     def likely_pause_ms(self, uri: str) -> float | None:
         """How long the user will probably pause after their latest edit (None: unknown)."""
-        return likely_pause_ms([at for at, _ in self._events.get(uri, ())], time.monotonic())
-
-    def chars_per_second(self, uri: str) -> float:
-        now = time.monotonic()
-        recent = [n for at, n in self._events.get(uri, ()) if now - at <= TYPING_WINDOW_S]
-        return sum(recent) / TYPING_WINDOW_S
+        return likely_pause_ms(self.session.edit_times(uri), self.session.clock())
 
 
 def language_of(document: Document) -> str:
@@ -87,18 +80,8 @@ def build_request(
 
 
 def signals_for(ls: TabloopServer, uri: str, typing: TypingTracker) -> gate.Signals:
-    # Imported here: gate needs torch, which must not load before `initialize` answers.
-    from completion import gate
-
-    counters = ls.counters
-    shown = max(counters.shown, 1)
-    return gate.Signals(
-        typing_speed_cps=typing.chars_per_second(uri),
-        seconds_since_last_accept=(
-            time.monotonic() - ls.last_accept_at if ls.last_accept_at else 1e6
-        ),
-        recent_accept_rate=counters.accepted / shown if counters.shown else 0.0,
-    )
+    """The session's signals for a decision in `uri` (one definition: `completion.session`)."""
+    return typing.session.signals(uri)
 
 
 async def decide(
@@ -186,7 +169,9 @@ def accept_command(decision: Decision) -> types.Command:
 
 
 def register(server: TabloopServer) -> None:
-    typing = TypingTracker()
+    typing = TypingTracker(
+        server.find_feature(SessionSignals) or server.add_feature(SessionSignals())
+    )
     server.hooks.documents.append(typing)
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())

@@ -20,6 +20,7 @@ from typing import Any
 from lsprotocol import types
 from pydantic import ValidationError
 
+from completion.session import SessionSignals
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
 from lsp_server.documents import Document, open_document
@@ -205,6 +206,10 @@ class TelemetryFeature:
     # -- recording --------------------------------------------------------------------------
 
     def record(self, event: OutcomeEvent | RetentionEvent | DecisionEvent) -> None:
+        if isinstance(event, OutcomeEvent):
+            session = self.server.find_feature(SessionSignals)
+            if session is not None:
+                session.outcome(event.kind)
         if self.client is not None:
             self.client.record(event)
         if isinstance(event, OutcomeEvent):

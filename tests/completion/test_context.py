@@ -8,12 +8,14 @@ from completion.context import (
     ANCHOR_LINES,
     ContextBudget,
     LineTokenCounter,
+    TypedIndent,
     assemble,
     fit_prefix,
     fit_snippets,
     fit_suffix,
+    typed_indent,
 )
-from completion.types import CompletionRequest, Snippet
+from completion.types import CompletionRequest, Generation, Snippet
 
 
 def words(text: str) -> int:
@@ -146,3 +148,73 @@ def test_assemble_respects_every_share() -> None:
     assert parts.snippet_tokens <= 200 and parts.snippets
     assert parts.prefix_tokens + parts.suffix_tokens + parts.snippet_tokens <= 1000
     assert request.prefix.endswith(parts.prefix) and request.suffix.startswith(parts.suffix)
+
+
+@pytest.mark.parametrize(
+    ("generated", "expected"),
+    [
+        pytest.param("    return x", ("return x", 4), id="the-typed-indent"),
+        pytest.param("        return x", ("    return x", 4), id="deeper"),
+        pytest.param("  return x", ("return x", 2), id="shallower"),
+        pytest.param("return x", ("return x", 0), id="none"),
+        pytest.param("\n    pass", ("\n    pass", 0), id="a-blank-line-first"),
+        pytest.param("    ", None, id="only-indent-so-far"),
+    ],
+)
+def test_typed_indent_splits_the_models_indentation(
+    generated: str, expected: tuple[str, int] | None
+) -> None:
+    request = CompletionRequest(prefix="def f(x):\n    ", suffix="\n", language="python")
+    indent = typed_indent(request)
+    assert indent is not None and indent.text == "    "
+    assert indent.prompt_request(request).prefix == "def f(x):\n"
+    assert indent.split(generated) == expected
+
+
+def test_typed_indent_only_after_indentation() -> None:
+    for prefix in ("x = 1\n", "def f(x):\n    return", "x"):
+        assert typed_indent(CompletionRequest(prefix=prefix, suffix="", language="python")) is None
+
+
+def test_typed_indent_heals_text_logprobs_and_stop_rule() -> None:
+    indent = TypedIndent("    ")
+    healed = indent.heal(Generation("    return x", [-0.01, -0.5, -0.2]))
+    assert healed.text == "return x"
+    assert healed.token_logprobs == [-0.5, -0.2]  # the indentation's token is not judged
+
+    def first_newline(text: str) -> int | None:
+        cut = text.find("\n")
+        return cut if cut >= 0 else None
+
+    stop = indent.stop(first_newline)
+    assert stop("    ") is None
+    assert stop("    return x") is None
+    assert stop("    return x\n    y") == len("    return x")
+
+
+@pytest.mark.parametrize(
+    ("at_line_break", "text"),
+    [
+        pytest.param(True, "return x", id="fixed"),
+        pytest.param(False, "  return x", id="cut-indent"),
+    ],
+)
+def test_engine_ends_the_prompt_at_the_line_break(at_line_break: bool, text: str) -> None:
+    from completion import gate
+    from completion.engine import Engine
+    from completion.settings import CompletionSettings
+    from tests.support.scripted_model import ScriptedModel
+
+    # A model that, after a prompt ending in indentation, writes more indentation (as models
+    # often do when the indent token is cut in two), and writes the line whole otherwise.
+    model = ScriptedModel(rules={"def f(x):\n    ": "  return x", "def f(x):\n": "    return x"})
+    settings = CompletionSettings(model="scripted", cache=False, prompt_at_line_break=at_line_break)
+    always = gate.builtin_policy().with_floor(1.0)
+    engine = Engine(settings, model, policy_source=lambda: always)
+    request = CompletionRequest(prefix="def f(x):\n    ", suffix="\n", language="python")
+    decision = engine.complete(request)
+    assert decision.text == text
+    assert model.prompts[-1].endswith(
+        "def f(x):\n" + ("" if at_line_break else "    ") + ("<|fim_suffix|>\n<|fim_middle|>")
+    )
+    assert decision.features["leading_whitespace"] == (0.0 if at_line_break else 1.0)

@@ -83,7 +83,8 @@ def scripted_model() -> ScriptedModel:
     return ScriptedModel(
         rules={
             "    result = ": SUGGESTION,
-            SUGGESTION + "\n    ": SECOND_SUGGESTION,
+            # The prompt after the new line's indent ends at the line break: the model writes it.
+            SUGGESTION + "\n": "    " + SECOND_SUGGESTION,
             "    result =": FALLBACK_SUGGESTION,
         }
     )

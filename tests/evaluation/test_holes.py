@@ -159,10 +159,16 @@ def scripted_answers(holes: list[Hole], kinds: dict[int, str]) -> ScriptedModel:
     Each rule's key is the hole's whole prefix (the prompt holds all of it). A longer prefix may
     end with a shorter one, so the longest keys come first: each hole gets its own answer.
     """
-    order = sorted(range(len(holes)), key=lambda i: -len(holes[i].prefix))
-    return ScriptedModel(
-        rules={holes[i].prefix: answer(holes[i], kinds.get(i, WRONG)) for i in order}
-    )
+    rules = []
+    for i, hole in enumerate(holes):
+        key, text = hole.prefix, answer(hole, kinds.get(i, WRONG))
+        line_prefix = key[key.rfind("\n") + 1 :]
+        if line_prefix and not line_prefix.strip():
+            # A prompt after typed indentation ends at the line break (`promptAtLineBreak`):
+            # the model writes the indentation itself.
+            key, text = key[: len(key) - len(line_prefix)], line_prefix + text
+        rules.append((key, text))
+    return ScriptedModel(rules=dict(sorted(rules, key=lambda rule: -len(rule[0]))))
 
 
 class ByRetrieval:

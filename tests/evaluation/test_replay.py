@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from evaluation.replay import _parser, run
-from evaluation.simulation import sample_positions, simulated_user
+from evaluation.simulation import hole_length, sample_positions, simulated_user
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -48,7 +48,30 @@ def test_positions_are_reproducible_and_truthful(tmp_path: Path) -> None:
     for position in first:
         text = Path(position.path).read_text(encoding="utf-8")
         assert position.prefix + position.truth == text
-        assert position.request().suffix == ""
+        request = position.request()
+        # The file goes on after the hole: hole + suffix is the rest of the file, the hole is
+        # the rest of the cursor's line (less brackets the editor closed), never empty.
+        assert position.hole + request.suffix == position.truth
+        assert position.hole.strip() and "\n" not in position.hole
+        assert request.suffix == "" or request.suffix.startswith(("\n", ")", "]", "}", " "))
+    # Brackets opened on the line stand after the cursor as an editor closes them, and the
+    # request gets the single-line stop rule.
+    assert any(p.request().line_suffix.strip() for p in first)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "truth", "hole"),
+    [
+        pytest.param("x = f(", "a, b)\ny = 1\n", "a, b", id="auto-closed-paren"),
+        pytest.param("x = f(g(", "a))\n", "a", id="two-closers"),
+        pytest.param("x = f(", "a, b):\n", "a, b):", id="code-after-the-closer"),
+        pytest.param("    ", "return x\n", "return x", id="indent"),
+        pytest.param("x = f(", ")\n", ")", id="nothing-but-closers"),
+        pytest.param("x = (", "1)  \nz", "1", id="trailing-space"),
+    ],
+)
+def test_hole_length(prefix: str, truth: str, hole: str) -> None:
+    assert truth[: hole_length(prefix, truth)] == hole
 
 
 def test_replay_runs_the_whole_loop(tmp_path: Path, tiny_model_path: Path) -> None:
@@ -91,13 +114,19 @@ def test_replay_runs_the_whole_loop(tmp_path: Path, tiny_model_path: Path) -> No
     corpus = report["corpus"]
     assert (corpus["train_positions"], corpus["test_positions"]) == (30, 12)
     draws = report["settings"]["eval_draws"]  # held-out and training-corpus figures are per draw
+    summary = report["summary"]
+    drill = summary["canary_rollback"]
     requests = (
         sum(r["requests"] for r in rounds)
         + draws * sum(figures["requests"] for figures in held_out.values())
+        + draws * report["held_out_before_prompt_fix"]["requests"]
         + draws * (seen["baseline"]["requests"] + seen["learned"]["requests"])
+        + drill["decisions_played"]
     )
     cache = report["model_cache"]
-    assert cache["misses"] == 30 + 12
+    # Positions after typed indentation have a second prompt: the one without the prompt fix.
+    indented = sum(1 for p in sample_positions(test, 12, 1) if p.prefix.split("\n")[-1].isspace())
+    assert cache["misses"] == 30 + 12 + indented
     assert cache["hits"] + cache["misses"] == requests
     assert [r["round"] for r in rounds] == [1, 2]
     # The trainer read each round's events from the backend (they went through telemetry).
@@ -109,13 +138,29 @@ def test_replay_runs_the_whole_loop(tmp_path: Path, tiny_model_path: Path) -> No
         assert 0.0 <= figures["accept_rate"] <= 1.0
         assert figures["retained_chars"] <= figures["accepted_chars"]
         assert figures["shown"] <= figures["suggestions"] <= figures["requests"] == 12
-    summary = report["summary"]
     assert set(summary) >= {
         "shown_change_pct",
         "accept_rate_change_pct",
+        "full_accept_rate_change_pct",
         "accepted_chars_change_pct",
+        "reward_gain_lower_bound",
+        "vs_builtin",
         "event_to_serving_s",
+        "prompt_fix",
     }
+    for figures in [*held_out.values(), report["held_out_before_prompt_fix"]]:
+        assert 0.0 <= figures["full_accept_rate"] <= figures["accept_rate"]
+        assert figures["full_accept_rate"] + figures["partial_accept_rate"] == pytest.approx(
+            figures["accept_rate"]
+        )
+    # No round promoted here (too little data): the report says so instead of a bare null.
+    if not any(r["promoted"] for r in rounds):
+        assert summary["event_to_serving_s"] is None
+        assert summary["event_to_serving_note"] == "no round promoted a candidate"
+    # The canary drill: a candidate with the wrong sign was rolled back by the trainer itself.
+    assert drill["rolled_back"], drill
+    assert drill["seconds_to_rollback"] > 0
+    assert drill["figures"]["gain"] < 0
     assert seen["baseline"]["requests"] == 30
     assert seen["baseline"]["shown"] == seen["baseline"]["suggestions"]
     assert seen["learned"]["shown"] <= seen["baseline"]["shown"]

@@ -17,6 +17,7 @@ from lsprotocol import types
 
 from completion import gate
 from completion.engine import Engine
+from completion.session import SessionSignals
 from completion.settings import CompletionSettings
 from completion.types import CancelToken, Generation, StopRule
 from lsp_server.documents import adopt
@@ -101,7 +102,7 @@ def server() -> tuple[TabloopServer, HeldRunner]:
 
 async def start_request(ls: TabloopServer, runner: HeldRunner) -> asyncio.Task[Any]:
     task = asyncio.get_running_loop().create_task(
-        decide(ls, URI, CURSOR, "automatic", TypingTracker())
+        decide(ls, URI, CURSOR, "automatic", TypingTracker(SessionSignals()))
     )
     started = await asyncio.get_running_loop().run_in_executor(None, runner.started.wait, 30)
     assert started, "the engine never reached the model"

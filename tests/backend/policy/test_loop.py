@@ -20,7 +20,7 @@ from completion.gate import builtin_policy
 from telemetry.events import DecisionEvent, OutcomeEvent, parse_event
 from tests.backend.policy.synthetic import Logger, contexts, to_events
 
-FAST = TrainerSettings(min_events=100, steps=20)
+FAST = TrainerSettings(min_events=100, steps=20, canary_share=0.0)
 Body = dict[str, Any]
 
 

@@ -33,6 +33,16 @@ def test_train_then_list_promote_and_rollback(db: str, capsys: pytest.CaptureFix
     assert run["candidate"] == "v1"
     assert run["report"]["holdout_events"] == 600
 
+    if run["promoted"]:
+        # A promotion starts a canary (10% by default): the next run only judges it, and with
+        # no live decisions yet it waits; a rollback by hand ends it.
+        assert run["state"] == "canary"
+        assert train_main(["--db", db, "--tenant", "acme", "--min-events", "100"]) == 0
+        assert "canary v1 is still being judged" in capsys.readouterr().out
+        assert policy_main(["list", "--db", db, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["versions"][0]["state"] == "canary"
+        assert policy_main(["rollback", "--db", db]) == 0
+        assert capsys.readouterr().out.strip() == "serving builtin"
     assert train_main(["--db", db, "--tenant", "acme", "--min-events", "100"]) == 0
     assert "v2" in capsys.readouterr().out
 
@@ -54,7 +64,7 @@ def test_backend_command_line_sets_the_scheduled_trainer() -> None:
     from backend.cli import _serve_parser, trainer_settings
 
     default = trainer_settings(_serve_parser().parse_args([]))
-    assert default.rewards.distraction_cost == 0.25 and default.interval_s == 60.0
+    assert default.rewards.distraction_cost == 1.0 and default.interval_s == 60.0
     chosen = trainer_settings(
         _serve_parser().parse_args(["--lambda", "0.03", "--train-interval", "5"])
     )

@@ -14,7 +14,7 @@ from completion.gate import builtin_policy, from_artifact
 from tests.backend.policy.synthetic import Logger, contexts, to_events
 from tests.support.backend_server import BackendServer
 
-SETTINGS = TrainerSettings(min_events=100)
+SETTINGS = TrainerSettings(min_events=100, canary_share=0.0)  # promotion serves at once
 
 
 def post_events(backend: BackendServer, events: list[dict[str, object]]) -> None:

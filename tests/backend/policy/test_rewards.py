@@ -1,4 +1,4 @@
-"""Decisions joined with outcomes and retention become the documented rewards."""
+"""Decisions joined with outcomes and retention become the documented rewards (characters)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from backend.policy.settings import RewardSettings
 from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-SETTINGS = RewardSettings(distraction_cost=0.25)
+SETTINGS = RewardSettings(distraction_cost=3.0)
 
 
 def _decision(action: str = "show", age_s: float = 1000.0, chars: int = 20) -> DecisionEvent:
@@ -54,32 +54,45 @@ def _retention(accepted: int, retained: int, after_s: int = 120) -> RetentionEve
     ("decision", "outcomes", "retentions", "reward"),
     [
         pytest.param(_decision("silence"), [], [], 0.0, id="silence"),
-        pytest.param(_decision(), [_outcome("accepted", 20)], [_retention(20, 20)], 1.0, id="kept"),
         pytest.param(
-            _decision(), [_outcome("accepted", 20)], [_retention(20, 15)], 0.75, id="half-kept"
+            _decision(), [_outcome("accepted", 20)], [_retention(20, 20)], 20.0, id="kept"
+        ),
+        pytest.param(
+            _decision(), [_outcome("accepted", 20)], [_retention(20, 15)], 15.0, id="half-kept"
         ),
         pytest.param(
             _decision(),
             [_outcome("accepted", 20)],
             [_retention(20, 5, after_s=30), _retention(20, 10)],
-            0.5,
+            10.0,
             id="the-120s-checkpoint-counts",
         ),
-        pytest.param(_decision(), [_outcome("partial", 5)], [_retention(5, 5)], 0.25, id="partial"),
-        pytest.param(_decision(), [_outcome("ignored")], [], -0.25, id="ignored"),
-        pytest.param(_decision(), [_outcome("dismissed")], [], -0.25, id="dismissed"),
+        pytest.param(_decision(), [_outcome("partial", 5)], [_retention(5, 5)], 5.0, id="partial"),
+        pytest.param(
+            _decision(), [_outcome("partial", 8)], [_retention(8, 6)], 6.0, id="partial-half-kept"
+        ),
+        pytest.param(
+            _decision(chars=4),
+            [_outcome("partial", 9)],
+            [_retention(9, 9)],
+            4.0,
+            id="partial-at-most-the-suggestion",
+        ),
+        pytest.param(_decision(), [_outcome("ignored")], [], -3.0, id="ignored"),
+        pytest.param(_decision(), [_outcome("dismissed")], [], -3.0, id="dismissed"),
         pytest.param(_decision(), [_outcome("superseded")], [], None, id="superseded"),
+        pytest.param(_decision(), [_outcome("not_viewed")], [], None, id="not-viewed"),
         pytest.param(_decision(age_s=10), [], [], None, id="outcome-pending"),
-        pytest.param(_decision(age_s=5000), [], [], -0.25, id="outcome-never-came"),
+        pytest.param(_decision(age_s=5000), [], [], -3.0, id="outcome-never-came"),
         pytest.param(
             _decision(), [_outcome("accepted", 20, age_s=60)], [], None, id="retention-pending"
         ),
-        pytest.param(_decision(), [_outcome("accepted", 20)], [], 1.0, id="retention-never-came"),
+        pytest.param(_decision(), [_outcome("accepted", 20)], [], 20.0, id="retention-never-came"),
         pytest.param(
             _decision(),
             [_outcome("ignored", age_s=100), _outcome("accepted", 20, age_s=800)],
             [_retention(20, 20)],
-            1.0,
+            20.0,
             id="first-outcome-counts",
         ),
     ],

@@ -21,7 +21,9 @@ from backend.storage import Storage
 from telemetry.events import DecisionEvent
 
 TRAINER_THREAD = "tabloop-trainer"
-SETTINGS = TrainerSettings.model_validate({"interval_s": 3600})  # runs only when triggered
+SETTINGS = TrainerSettings.model_validate(
+    {"interval_s": 3600, "canary_share": 0.0}
+)  # runs only when triggered
 
 
 @pytest.fixture

@@ -58,21 +58,30 @@ WRONG = "§§ not this"
 def scripted_user_session(positions: list[Position]) -> tuple[ScriptedModel, int, int]:
     """A model that is right exactly at the positions at the start of a line's code.
 
-    Where the rest of the line has at least four non-blank characters, it answers that rest
-    (at the start of the line's code) or `WRONG` (elsewhere); at the other positions, nothing.
+    Where the hole has at least four non-blank characters, it answers it (at the start of the
+    line's code) or `WRONG` (elsewhere); at the other positions, nothing.
     Returns the model, the number of suggestions and the number of them that are right.
     """
     rules: dict[str, str] = {}
     right = 0
-    # The whole prefix is the key (the prompt budget holds whole files); when one prefix ends
-    # with another, the longer comes first, so that each position gets its own answer.
-    for position in sorted(positions, key=lambda p: -len(p.prefix)):
-        rest = position.truth.split("\n", 1)[0].rstrip()
+    keyed = []
+    for position in positions:
+        rest = position.hole.rstrip()
         if sum(not ch.isspace() for ch in rest) < 4:
             continue
-        at_line_start = not position.prefix[position.prefix.rfind("\n") + 1 :].strip()
-        rules[position.prefix] = rest if at_line_start else WRONG
+        line_prefix = position.prefix[position.prefix.rfind("\n") + 1 :]
+        at_line_start = not line_prefix.strip()
+        if at_line_start:
+            # The prompt ends at the line break; the model writes the indentation itself.
+            key = position.prefix[: len(position.prefix) - len(line_prefix)]
+            keyed.append((key, line_prefix + rest))
+        else:
+            keyed.append((position.prefix, WRONG))
         right += at_line_start
+    # The whole prefix is the key (the prompt budget holds whole files); when one prefix ends
+    # with another, the longer comes first, so that each position gets its own answer.
+    for key, answer in sorted(keyed, key=lambda item: -len(item[0])):
+        rules[key] = answer
     return ScriptedModel(rules=rules), len(rules), right
 
 
@@ -111,6 +120,16 @@ def test_measure_on_real_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     baseline = report["baseline"]
     assert 0.0 <= baseline["auc"] <= 1.0
     assert set(baseline["accepted_chars_lost"]) == set(lost)
+    # The reward trade per λ: a larger distraction cost never shows more.
+    trades = report["reward_defaults"]
+    assert list(trades) == ["1", "2", "3", "4", "6", "8", "12"]
+    shown = [trades[k]["shown_change_pct"] for k in trades]
+    assert all(-100.0 <= v <= 0.0 for v in shown)
+    assert set(report["builtin_policy"]) == {
+        "shown_change_pct",
+        "accept_rate_change_pct",
+        "accepted_chars_change_pct",
+    }
     json.dumps(report, allow_nan=False)
     # A second run answers every prompt from the output cache, with the same figures.
     asked = len(model.prompts)
