@@ -86,7 +86,23 @@ h.run(function()
         report.search_items = vim.tbl_map(opts.format_item, items)
         on_choice(items[1], 1)
       end
-      -- The index builds in the background: ask again until it answers with hits.
+      -- The index builds in the background: search once it has read the whole workspace (a
+      -- search while it is still reading could only find the files read so far).
+      local index_state
+      h.wait(180000, 'index ready', function()
+        if index_state == nil then
+          index_state = false
+          require('tabloop').status(function(_, status)
+            local index = status and status.index or {}
+            if index.state == 'ready' and (index.queued or 0) == 0 then
+              index_state = true
+            else
+              vim.defer_fn(function() index_state = nil end, 200) -- ask again a little later
+            end
+          end)
+        end
+        return index_state == true
+      end)
       h.wait(180000, 'search results', function()
         if done == nil then
           done = false
