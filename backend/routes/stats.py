@@ -107,7 +107,7 @@ def policies(
     tenant_id, name = tenant_for(storage, principal, tenant)
     return {
         "tenant": name,
-        "can_approve": callable(getattr(registry, "approve", None)),
+        "can_approve": True,
         **stats.policies(tenant_id),
     }
 
@@ -152,14 +152,9 @@ def _act(
         elif action == "rollback":
             registry.rollback(tenant_id, actor=actor, reason=body.reason)
         else:
-            approve = getattr(registry, "approve", None)
-            if approve is None:
-                raise HTTPException(
-                    status.HTTP_404_NOT_FOUND, detail="this registry has no approvals"
-                )
             if not body.version:
                 raise HTTPException(422, detail="version needed")
-            approve(tenant_id, body.version, actor=actor)
+            registry.approve(tenant_id, body.version, actor=actor)
     except RegistryError as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
     return {"tenant": name, "serving": registry.serving_version(tenant_id), "actor": actor}

@@ -211,6 +211,18 @@ def test_registry_actions_change_the_registry_and_record_who_acted(
     )
     assert foreign.status_code == 403
     assert registry.serving_version(server.tenant_id) == "v1"
+    # A version waiting for approval is released by the approve action, and the history says who.
+    registry.hold_for_approval(server.tenant_id, v3)
+    approved = httpx.post(
+        f"{server.url}/v1/policy/approve", json={"version": v3}, headers=headers, timeout=10
+    )
+    assert approved.status_code == 200, approved.text
+    last = registry.history(server.tenant_id)[-1]
+    assert last["version"] == v3 and last["actor"] == "token:dana"
+    again = httpx.post(
+        f"{server.url}/v1/policy/approve", json={"version": v3}, headers=headers, timeout=10
+    )
+    assert again.status_code == 409  # nothing waits any more
 
 
 def test_ingestion_counts_batches_refusals_and_spools(db_url: str) -> None:
