@@ -42,9 +42,14 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """A headless Chromium for the session."""
+    """A headless Chromium for one test module.
+
+    Playwright's sync API runs its own event loop on this thread while it is started: kept for
+    the whole session, every asyncio test after it would find a loop running ("Runner.run()
+    cannot be called from a running event loop"). Stopped with the module, it leaves none.
+    """
     if not (STATIC_DIR / INDEX).is_file():
         pytest.fail("the dashboard is not built: run `make dashboard` (make test does)")
     try:
