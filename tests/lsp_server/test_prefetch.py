@@ -115,14 +115,16 @@ async def test_the_request_after_accepting_is_answered_from_the_prefetch(
     while not any(code_before_cursor(p).endswith(FIRST) for p in scripted_model.prompts):
         assert time.monotonic() < deadline, "the prefetch never reached the model"
         await asyncio.sleep(0.05)
-    asked = len(scripted_model.prompts)
     insert(client, uri, 2, CURSOR, FIRST)  # the editor applies the accepted suggestion
     after = types.Position(line=CURSOR.line, character=CURSOR.character + len(FIRST))
     answer = await client.text_document_inline_completion_async(inline_params(uri, after))
     assert answer is not None and [i.insert_text for i in answer.items] == [AFTER_ACCEPT]
     timings = plain(await client.protocol.send_request_async("tabloop/timings", {}))
     assert timings[-1]["cache_source"] == "prefetch"
-    assert len(scripted_model.prompts) == asked, "the request after Tab called the model again"
+    # The model saw the accepted cursor once: the prefetch. (A prefetch for the cursor after this
+    # new suggestion may already be running: that is the next one, not this request.)
+    here = [p for p in scripted_model.prompts if code_before_cursor(p).endswith(FIRST)]
+    assert len(here) == 1, "the request after Tab called the model again"
     status = await status_of(client)
     assert status["prefetchUsed"] == 1
 
