@@ -184,6 +184,9 @@ describe('the extension starts the real server', { skip: skipReason, timeout: 60
     assert.equal(status.decisions?.shown, 1);
     assert.equal(status.decisions?.silenced, 0);
     assert.equal(status.decisions?.accepted, 1);
-    assert.equal((status.model as { calls?: number } | undefined)?.calls, 1, 'one call to the model');
+    // One call for the request; a second may be the prefetch of what follows the accepted text.
+    const prefetched = (status as { prefetchStarted?: number }).prefetchStarted ?? 0;
+    const calls = (status.model as { calls?: number } | undefined)?.calls ?? 0;
+    assert.ok(calls >= 1 && calls <= 1 + Math.min(prefetched, 1), `model calls: ${calls}`);
   });
 });
