@@ -122,6 +122,10 @@ def _bench(name: str) -> Command:
         from evaluation.bench import engines
 
         return engines.main
+    if name == "reuse":
+        from evaluation.bench import reuse
+
+        return reuse.main
     if name == "dtype":
         from evaluation.bench import dtype
 
@@ -154,8 +158,8 @@ def _bench(name: str) -> Command:
 
 
 BENCHES = (
-    "lsp, complete, engines, index, telemetry, sync, dtype, threads, gate, edits, speculative, "
-    "adapters, dashboard"
+    "lsp, complete, engines, reuse, index, telemetry, sync, dtype, threads, gate, edits, "
+    "speculative, adapters, dashboard"
 )
 
 
