@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -19,9 +19,9 @@ from sqlalchemy import Connection, Engine
 
 log = logging.getLogger(__name__)
 
-Rows = Sequence[Any]
+Rows = Any  # what `write` takes: a sequence of rows, or one batch in a form of its own
 Pending = tuple[Rows, Future[set[str]]]
-Write = Callable[[Connection, Rows], set[str]]
+Write = Callable[[Connection, Any], set[str]]
 
 
 class GroupCommitter:
