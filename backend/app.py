@@ -77,6 +77,9 @@ def create_app(
     preload_model: bool = False,
     cache_dir: Path | None = None,
     runner_loader: RunnerLoader | None = None,
+    failover_s: float | None = None,
+    shared_rate_limits: bool = False,
+    pg_ingest: str = "array",
 ) -> BackendApp:
     """The backend app on `db_url` (migrated on creation unless `migrate` is false; closed when
     the app stops), or on an open `storage` (left open).
@@ -88,10 +91,16 @@ def create_app(
     defaults to the configured one, as every command finds it). `bodies` bounds JSON
     request bodies (depth, read timeout); with `metrics_tenant_labels` the per-tenant counters of
     `/metrics` carry a `tenant` label (off by default: the endpoint is open).
+
+    On PostgreSQL, `failover_s` makes `train` stand in the trainer election (several instances
+    on one database), `shared_rate_limits` keeps rate limits in the database, and `pg_ingest`
+    chooses how events are inserted (`backend.storage.PG_INGEST_PATHS`).
     """
     owned = storage is None
     services = BackendServices.create(
-        storage if storage is not None else Storage(db_url or default_db_url(), migrate=migrate),
+        storage
+        if storage is not None
+        else Storage(db_url or default_db_url(), migrate=migrate, pg_ingest=pg_ingest),
         owns_storage=owned,
         limits=limits,
         bodies=bodies,
@@ -104,6 +113,8 @@ def create_app(
         # command keeps the model's weights (common.config).
         cache_dir=cache_dir if cache_dir is not None else configured_cache_dir(),
         runner_loader=runner_loader,
+        failover_s=failover_s,
+        shared_rate_limits=shared_rate_limits,
     )
     app = BackendApp(services, title="tabloop backend", version=_version(), lifespan=lifespan)
 

@@ -1,7 +1,8 @@
 """`tabloop backend`: run the training backend, and manage tenant tokens.
 
 tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 1]
-                [--train-interval 60]
+                [--train-interval 60] [--failover 30] [--rate-limits shared|local]
+tabloop backend trainer --db POSTGRESQL_URL [--failover 30] [--lambda 1]
 tabloop backend token create --tenant NAME [--label WHO] [--admin] [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
 tabloop backend tenant set NAME --require-approval|--no-require-approval [--db URL]
@@ -18,7 +19,9 @@ import sys
 import tempfile
 from typing import IO, TYPE_CHECKING, Any
 
-from backend.storage import Storage, default_db_url
+from backend.storage import PG_INGEST_PATHS, Storage, default_db_url
+
+DEFAULT_FAILOVER_S = 30.0
 
 if TYPE_CHECKING:
     from backend.app import BackendApp
@@ -90,6 +93,27 @@ def _serve_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--preload-model", action="store_true", help="load the completion model at start"
+    )
+    parser.add_argument(
+        "--failover",
+        type=_positive,
+        default=DEFAULT_FAILOVER_S,
+        help="PostgreSQL: seconds within which another instance takes the trainer over after "
+        "the elected one dies (default 30)",
+    )
+    parser.add_argument(
+        "--rate-limits",
+        choices=("shared", "local"),
+        default=None,
+        help="shared: per-tenant limits held in PostgreSQL across instances (the default on "
+        "PostgreSQL); local: per process (always on SQLite)",
+    )
+    parser.add_argument(
+        "--pg-ingest",
+        choices=PG_INGEST_PATHS,
+        default="array",
+        help="how events are inserted into PostgreSQL: array (one JSON array per batch, the "
+        "default) or rows (multi-row VALUES, the earlier path; a benchmark baseline)",
     )
     parser.add_argument(
         "--metrics-tenant-labels",
@@ -191,10 +215,14 @@ def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> Backe
     from completion.settings import CompletionSettings
 
     limits = IngestLimits() if args.rate is None else IngestLimits(rate_events_per_s=args.rate)
+    db_url = args.db or default_db_url()
+    postgres = _is_postgres(db_url)
+    if args.rate_limits == "shared" and not postgres:
+        raise SystemExit("tabloop backend: --rate-limits shared needs PostgreSQL")
     # Every worker gets the same trainer settings, so the built-in policy each serves until a
     # version is promoted is the same; only the worker that `train`s runs the trainer.
     return create_app(
-        args.db or default_db_url(),
+        db_url,
         migrate=migrate,
         limits=limits,
         trainer=trainer_settings(args),
@@ -205,7 +233,18 @@ def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> Backe
         cache_dir=configured_cache_dir(),
         preload_model=args.preload_model,
         metrics_tenant_labels=args.metrics_tenant_labels,
+        # On PostgreSQL the trainer is elected in the database among every instance (and every
+        # worker); on SQLite one process trains, chosen by the file lock.
+        failover_s=args.failover if postgres else None,
+        shared_rate_limits=postgres and args.rate_limits != "local",
+        pg_ingest=args.pg_ingest,
     )
+
+
+def _is_postgres(url: str) -> bool:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).get_backend_name() == "postgresql"
 
 
 def _claim_training(path: str) -> IO[bytes] | None:
@@ -226,6 +265,9 @@ def _claim_training(path: str) -> IO[bytes] | None:
 def worker_app() -> BackendApp:
     """The app of one worker process under `--workers N` (uvicorn's factory)."""
     args = _serve_parser().parse_args(json.loads(os.environ[WORKER_ENV]))
+    if _is_postgres(args.db or default_db_url()):
+        # Every worker stands in the election; the database picks one.
+        return _build_app(args, migrate=False, train=True)
     lock = _claim_training(os.environ[TRAINING_LOCK_ENV])
     # The parent migrated the database before starting the workers.
     app = _build_app(args, migrate=False, train=lock is not None)
@@ -271,8 +313,60 @@ def _serve(argv: list[str]) -> int:
     return 0
 
 
+def _trainer_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tabloop backend trainer",
+        description="Train tenants' policies from the jobs in a shared PostgreSQL database (on "
+        "another machine than the backend instances, for example); runs until stopped.",
+    )
+    _db_argument(parser)
+    parser.add_argument(
+        "--failover",
+        type=_positive,
+        default=DEFAULT_FAILOVER_S,
+        help="seconds after which a job of a trainer that died is claimed again (default 30)",
+    )
+    parser.add_argument(
+        "--lambda",
+        dest="distraction_cost",
+        type=_non_negative,
+        default=None,
+        help="an ignored suggestion costs lambda characters (default 1)",
+    )
+    parser.set_defaults(train_interval=None)
+    return parser
+
+
+def _trainer(argv: list[str]) -> int:
+    import signal
+    import threading
+
+    from backend.policy.jobs import ClusterTrainer
+
+    args = _trainer_parser().parse_args(argv)
+    db_url = args.db or default_db_url()
+    if not _is_postgres(db_url):
+        print("tabloop backend trainer: needs a PostgreSQL --db", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    storage = Storage(db_url)
+    trainer = ClusterTrainer(storage, trainer_settings(args), failover_s=args.failover, elect=False)
+    stopped = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopped.set())
+    print(f"tabloop backend trainer {trainer.holder}", file=sys.stderr, flush=True)
+    trainer.start()
+    stopped.wait()
+    ended = trainer.stop()
+    if ended:
+        storage.close()
+    return 0
+
+
 def backend_main(argv: list[str]) -> int:
     """Entry point of `tabloop backend ...`."""
+    if argv[:1] == ["trainer"]:
+        return _trainer(argv[1:])
     if argv[:1] == ["token"]:
         return _tokens(argv[1:])
     if argv[:1] == ["tenant"]:

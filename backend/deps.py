@@ -17,7 +17,7 @@ from fastapi import Depends, Request
 
 from backend.metrics import Metrics
 from backend.policy.registry import PolicyRegistry
-from backend.ratelimit import RateLimiter
+from backend.ratelimit import Limiter
 from backend.services.completions import CompletionService
 from backend.services.container import BackendServices
 from backend.services.ingest import IngestLimits
@@ -58,7 +58,7 @@ async def get_ingest_limits(services: Services) -> IngestLimits:
     return services.limits
 
 
-async def get_rate_limiter(services: Services) -> RateLimiter:
+async def get_rate_limiter(services: Services) -> Limiter:
     """The per-tenant event rate limit."""
     return services.rate_limiter
 
@@ -91,7 +91,7 @@ async def get_ingest_stats(services: Services) -> IngestRecorder:
 StorageDep = Annotated[Storage, Depends(get_storage)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 IngestLimitsDep = Annotated[IngestLimits, Depends(get_ingest_limits)]
-RateLimiterDep = Annotated[RateLimiter, Depends(get_rate_limiter)]
+RateLimiterDep = Annotated[Limiter, Depends(get_rate_limiter)]
 RegistryDep = Annotated[PolicyRegistry, Depends(get_registry)]
 CompletionServiceDep = Annotated[CompletionService, Depends(get_completion_service)]
 IndexSyncStoreDep = Annotated[IndexSyncStore, Depends(get_index_sync)]

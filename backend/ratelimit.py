@@ -1,4 +1,8 @@
-"""Per-tenant rate limits: a token bucket of events per second."""
+"""Per-tenant rate limits: a token bucket of events per second.
+
+`RateLimiter` keeps the buckets in this process (one instance, or SQLite); `SharedRateLimiter`
+keeps them in PostgreSQL, so several instances enforce one limit per tenant together.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 
 @dataclass
@@ -50,3 +58,74 @@ class RateLimiter:
             if bucket is None:
                 bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, self.burst, now)
             return bucket.take(amount, now)
+
+
+class Limiter(Protocol):
+    """What ingestion asks of a rate limit."""
+
+    rate: float
+    burst: float
+
+    def take(self, key: int, amount: float) -> float:
+        """0 when `amount` may pass now, else the seconds after which it may."""
+        ...
+
+
+# One statement: refill the tenant's bucket by the time since its last update (the database's
+# clock, so every instance agrees) and spend `amount` when that much is there. No row back means
+# refused; the bucket is left as it was.
+_SHARED_TAKE = text(
+    """
+    INSERT INTO rate_buckets (tenant_id, tokens, updated_at)
+    VALUES (:key, :burst - :amount, clock_timestamp())
+    ON CONFLICT (tenant_id) DO UPDATE SET
+        tokens = LEAST(:burst, rate_buckets.tokens + :rate *
+                 EXTRACT(EPOCH FROM clock_timestamp() - rate_buckets.updated_at)) - :amount,
+        updated_at = clock_timestamp()
+    WHERE LEAST(:burst, rate_buckets.tokens + :rate *
+          EXTRACT(EPOCH FROM clock_timestamp() - rate_buckets.updated_at)) >= :amount
+    RETURNING tokens
+    """
+)
+_SHARED_WAIT = text(
+    "SELECT LEAST(:burst, tokens + :rate * EXTRACT(EPOCH FROM clock_timestamp() - updated_at)) "
+    "FROM rate_buckets WHERE tenant_id = :key"
+)
+
+
+class SharedRateLimiter:
+    """Per-tenant token buckets in PostgreSQL, shared by every instance on the database: a
+    tenant gets `rate` in total however many instances its requests reach.
+
+    Each batch costs one statement on its own connection with `synchronous_commit = off`: a
+    bucket's state lost in a crash only lets a tenant send one burst early, so it is not worth
+    an fsync per batch.
+    """
+
+    def __init__(self, url: str, rate: float, burst: float, pool_size: int = 4) -> None:
+        if rate <= 0 or burst <= 0:
+            raise ValueError("rate and burst must be positive")
+        if make_url(url).get_backend_name() != "postgresql":
+            raise ValueError("shared rate limits need PostgreSQL")
+        self.rate = rate
+        self.burst = burst
+        self.engine = create_engine(
+            url,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_pre_ping=True,
+            connect_args={"options": "-c synchronous_commit=off"},
+        )
+
+    def take(self, key: int, amount: float) -> float:
+        """0 when `amount` may pass now (and is spent), else the seconds after which it may."""
+        amount = min(amount, self.burst)
+        values = {"key": key, "amount": amount, "burst": self.burst, "rate": self.rate}
+        with self.engine.begin() as connection:
+            if connection.execute(_SHARED_TAKE, values).first() is not None:
+                return 0.0
+            available = connection.execute(_SHARED_WAIT, values).scalar()
+        return max(0.0, (amount - float(available or 0.0)) / self.rate)
+
+    def close(self) -> None:
+        self.engine.dispose()

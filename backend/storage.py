@@ -315,7 +315,7 @@ class Storage:
                 if event_id not in seen:  # the same id twice in one batch: one row, one answer
                     seen.add(event_id)
                     unique.append(text)
-            batch = ArrayBatch(tenant_id, now, "[" + ",".join(unique) + "]")
+            batch = ArrayBatch(tenant_id, datetime.now(UTC), "[" + ",".join(unique) + "]")
             return self._writer.insert(batch)
         for item, text, event_id in zip(events, texts, ids, strict=True):
             if event_id in seen:

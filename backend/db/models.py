@@ -15,6 +15,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -205,3 +206,54 @@ class ClientSpool(Base):
     backlog: Mapped[int] = mapped_column(BigInteger)
     dropped: Mapped[int] = mapped_column(BigInteger)
     reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class BackendLease(Base):
+    """A role one process holds at a time (`trainer`: the elected training scheduler), until
+    `expires_at` by the database's clock unless its holder renews it.
+
+    `epoch` grows by one each time the role changes hands: a holder that checks its epoch in the
+    same transaction as what it writes cannot act after another has taken over.
+    """
+
+    __tablename__ = "backend_leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class TrainingJob(Base):
+    """A tenant's training: wanted while `wanted_event_id` > `done_event_id`; claimed by one
+    trainer (`claimed_by`, `claim` counts the claims) until `lease_until`, which it renews while
+    it trains. A claim whose lease ran out (its trainer died) is taken again."""
+
+    __tablename__ = "training_jobs"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    wanted_event_id: Mapped[int] = mapped_column(BigInteger)
+    done_event_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    claim: Mapped[int] = mapped_column(BigInteger, default=0)
+    claimed_by: Mapped[str | None] = mapped_column(String(200), default=None)
+    claim_event_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    runs: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(String(512), default=None)
+
+
+class RateBucket(Base):
+    """A tenant's token bucket shared by every instance (`--rate-limits shared`)."""
+
+    __tablename__ = "rate_buckets"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    tokens: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -142,6 +142,25 @@ class PolicyRegistry:
         self.storage = storage
         self._builtin = builtin_policy(show_floor=builtin_floor)
         self._builtin_artifact = to_artifact(self._builtin)
+        # Checked inside every write's transaction, just before it commits (`fenced`).
+        self._fence: Callable[[Session], None] | None = None
+
+    def fenced(self, fence: Callable[[Session], None]) -> PolicyRegistry:
+        """This registry, whose every write first runs `fence(session)` in its own transaction.
+
+        A trainer on a shared database passes a check that it still holds its training job
+        (`backend.cluster.JobQueue.fence`): a trainer that lost it (paused past its lease, and
+        another took the job over) raises there, and its promotion is never committed.
+        """
+        copy = PolicyRegistry.__new__(PolicyRegistry)
+        copy.__dict__.update(self.__dict__)
+        copy._fence = fence
+        return copy
+
+    def _commit(self, session: Session) -> None:
+        if self._fence is not None:
+            self._fence(session)
+        session.commit()
 
     # -- versions -------------------------------------------------------------------------
 
@@ -182,7 +201,7 @@ class PolicyRegistry:
                     )
                 )
                 try:
-                    session.commit()
+                    self._commit(session)
                 except IntegrityError:
                     session.rollback()
                     continue
@@ -315,7 +334,7 @@ class PolicyRegistry:
             if version != BUILTIN_VERSION:
                 self._row(session, tenant_id, version).rolled_back = False
             self._record(session, tenant_id, version, action, actor, reason, figures)
-            session.commit()
+            self._commit(session)
 
     def start_canary(
         self,
@@ -342,7 +361,7 @@ class PolicyRegistry:
                 reason or f"canary at {share:.0%} beside {previous}",
                 {**(figures or {}), "share": share, "previous": previous},
             )
-            session.commit()
+            self._commit(session)
 
     def finish_canary(
         self,
@@ -376,7 +395,7 @@ class PolicyRegistry:
                     figures,
                 )
                 serving = canary.previous
-            session.commit()
+            self._commit(session)
         return serving
 
     def hold_for_approval(
@@ -392,7 +411,7 @@ class PolicyRegistry:
         with self.storage.session() as session:
             self._row(session, tenant_id, version)
             self._record(session, tenant_id, version, PENDING, actor, reason, figures)
-            session.commit()
+            self._commit(session)
 
     def approve(
         self,
@@ -411,7 +430,7 @@ class PolicyRegistry:
             raise RegistryError(f"{version} is not waiting for approval")
         with self.storage.session() as session:
             self._record(session, tenant_id, version, APPROVE, actor, "approved", None)
-            session.commit()
+            self._commit(session)
         if share > 0:
             self.start_canary(tenant_id, version, share=share, actor=actor, reason="approved")
             return CANARY
@@ -440,7 +459,7 @@ class PolicyRegistry:
             doomed = unpromoted[keep:]
             for row in doomed:
                 session.delete(row)
-            session.commit()
+            self._commit(session)
         return [row.version for row in doomed]
 
     @staticmethod
@@ -503,7 +522,7 @@ class PolicyRegistry:
                 reason or f"rollback of {current}",
                 None,
             )
-            session.commit()
+            self._commit(session)
         return previous or BUILTIN_VERSION
 
     def history(self, tenant_id: int) -> list[dict[str, Any]]:

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import IO
 
 from backend.metrics import Metrics
+from backend.policy.jobs import ClusterTrainer
 from backend.policy.loop import TrainingScheduler
 from backend.policy.registry import PolicyRegistry
 from backend.policy.settings import TrainerSettings
-from backend.ratelimit import RateLimiter
+from backend.ratelimit import Limiter, RateLimiter, SharedRateLimiter
 from backend.services.bodies import BodyLimits
 from backend.services.completions import CompletionService, RunnerLoader
 from backend.services.ingest import IngestLimits
@@ -36,7 +37,7 @@ class BackendServices:
 
     storage: Storage
     limits: IngestLimits
-    rate_limiter: RateLimiter
+    rate_limiter: Limiter
     metrics: Metrics
     registry: PolicyRegistry
     completions: CompletionService
@@ -55,6 +56,9 @@ class BackendServices:
     """Start loading the completion model when the app starts."""
     training_lock: IO[bytes] | None = None
     """The lock file that makes this worker the training one, held open while it runs."""
+    cluster: ClusterTrainer | None = None
+    """On a shared PostgreSQL database: this instance's part in the trainer election and the
+    training jobs (`backend/policy/jobs.py`), instead of `trainer`."""
 
     @classmethod
     def create(
@@ -71,6 +75,8 @@ class BackendServices:
         preload_model: bool = False,
         cache_dir: Path | None = None,
         runner_loader: RunnerLoader | None = None,
+        failover_s: float | None = None,
+        shared_rate_limits: bool = False,
     ) -> BackendServices:
         """The services on `storage`.
 
@@ -79,17 +85,27 @@ class BackendServices:
         their schedule. `completion` chooses the model of `/v1/completions` (default: the
         bundled one, loaded on first use; `preload_model` loads it at start). `bodies` bounds
         request bodies; `metrics_tenant_labels` lets `/metrics` name tenants (off by default).
+
+        `failover_s` (PostgreSQL only) makes `train` stand in the trainer election instead of
+        training on its own: the elected instance schedules and trains the tenants' jobs, and
+        another takes over within `failover_s` of its death. `shared_rate_limits` (PostgreSQL
+        only) keeps the per-tenant buckets in the database, one limit across all instances.
         """
         limits = limits or IngestLimits()
         trainer_settings = trainer or TrainerSettings.model_validate({})
         registry = PolicyRegistry(storage, builtin_floor=trainer_settings.show_floor)
+        # A batch larger than the burst must still pass when the bucket is full.
+        burst = max(limits.burst_events, limits.max_batch_events)
+        limiter: Limiter = (
+            SharedRateLimiter(storage.url, limits.rate_events_per_s, burst)
+            if shared_rate_limits
+            else RateLimiter(limits.rate_events_per_s, burst)
+        )
+        cluster = failover_s is not None and train
         return cls(
             storage=storage,
             limits=limits,
-            # A batch larger than the burst must still pass when the bucket is full.
-            rate_limiter=RateLimiter(
-                limits.rate_events_per_s, max(limits.burst_events, limits.max_batch_events)
-            ),
+            rate_limiter=limiter,
             metrics=Metrics(tenant_labels=metrics_tenant_labels),
             registry=registry,
             completions=CompletionService(
@@ -99,7 +115,16 @@ class BackendServices:
             stats=StatsService(storage, registry),
             ingest_stats=IngestRecorder(storage),
             bodies=bodies or BodyLimits(),
-            trainer=TrainingScheduler(storage, trainer_settings, registry) if train else None,
+            trainer=(
+                TrainingScheduler(storage, trainer_settings, registry)
+                if train and not cluster
+                else None
+            ),
+            cluster=(
+                ClusterTrainer(storage, trainer_settings, registry, failover_s=failover_s)
+                if cluster and failover_s is not None
+                else None
+            ),
             owns_storage=owns_storage,
             preload_model=preload_model,
         )
@@ -109,6 +134,8 @@ class BackendServices:
         self.ingest_stats.start()
         if self.trainer is not None:
             self.trainer.start()
+        if self.cluster is not None:
+            self.cluster.start()
         if self.preload_model:
             self.completions.preload()
 
@@ -120,6 +147,10 @@ class BackendServices:
         worker keeps the training lock) for its daemon thread, which stops after its tenant.
         """
         trainer_done = self.trainer is None or self.trainer.stop()
+        if self.cluster is not None:
+            trainer_done = self.cluster.stop() and trainer_done
+        if isinstance(self.rate_limiter, SharedRateLimiter):
+            self.rate_limiter.close()
         self.completions.close()
         try:
             self.ingest_stats.stop()

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from backend.ratelimit import RateLimiter
+from backend.ratelimit import Limiter
 from backend.storage import AnyEvent, Principal, Storage
 from telemetry.events import BatchMeta, Event, IngestResponse, Rejection, parse_event
 
@@ -160,7 +160,7 @@ def ingest_body(
     principal: Principal,
     body: bytes,
     limits: IngestLimits,
-    limiter: RateLimiter,
+    limiter: Limiter,
 ) -> Ingested | Refusal:
     """Decode, validate, rate-limit and store one request body (runs in a worker thread)."""
     items: list[Any] | None = None
