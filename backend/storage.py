@@ -110,15 +110,18 @@ def _json_serializer(value: Any) -> str:
     return json.dumps(value)
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url`, with SQLite set up for durable concurrent use."""
+def make_engine(url: str, *, ping: bool = True, pool_size: int = 8) -> Engine:
+    """An engine for `url`, with SQLite set up for durable concurrent use.
+
+    `ping` (PostgreSQL): test each pooled connection with a round trip before using it.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         return create_engine(
             url,
-            pool_pre_ping=True,
-            pool_size=8,
-            max_overflow=8,
+            pool_pre_ping=ping,
+            pool_size=pool_size,
+            max_overflow=pool_size,
             json_serializer=_json_serializer,
         )
     if parsed.database and parsed.database != ":memory:":
@@ -174,13 +177,18 @@ class Storage:
         self._principals: dict[str, tuple[Principal, float]] = {}
         self._insert_sql_cache: dict[int, str] = {}
         array = self.dialect == "postgresql" and pg_ingest == "array"
+        # Ingestion's own pool on PostgreSQL, without the ping round trip before each commit: a
+        # connection the server dropped fails that commit (503, which the client retries) and
+        # SQLAlchemy replaces the pool's connections. The group commit uses about one at a time.
+        self._ingest_engine = make_engine(url, ping=False, pool_size=2) if array else self.engine
         self._writer = GroupCommitter(
-            self.engine, self._insert_array if array else self._insert_rows
+            self._ingest_engine, self._insert_array if array else self._insert_rows
         )
 
     def close(self) -> None:
         """Release every pooled connection."""
         self.engine.dispose()
+        self._ingest_engine.dispose()
 
     # -- tenants and tokens ---------------------------------------------------------------
 

@@ -154,12 +154,16 @@ def _bench(name: str) -> Command:
         from evaluation.bench import dashboard
 
         return dashboard.main
+    if name == "scale":
+        from evaluation.bench import scale
+
+        return scale.main
     raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
 
 
 BENCHES = (
     "lsp, complete, engines, reuse, index, telemetry, sync, dtype, threads, gate, edits, "
-    "speculative, adapters, dashboard"
+    "speculative, adapters, dashboard, scale"
 )
 
 

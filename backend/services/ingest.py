@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from backend.ratelimit import Limiter
+from backend.services.bodies import BodyLimits, exceeds_depth
 from backend.storage import AnyEvent, Principal, Storage
 from telemetry.events import BatchMeta, Event, IngestResponse, Rejection, parse_event
 
@@ -161,8 +162,13 @@ def ingest_body(
     body: bytes,
     limits: IngestLimits,
     limiter: Limiter,
+    max_depth: int = BodyLimits.max_depth,
 ) -> Ingested | Refusal:
-    """Decode, validate, rate-limit and store one request body (runs in a worker thread)."""
+    """Decode, validate, rate-limit and store one request body (runs in a worker thread).
+
+    A body nested deeper than `max_depth` is refused (400, `too_deep`) before Python's parser
+    sees it; a valid batch is never that deep, so only bodies that fail validation are scanned.
+    """
     items: list[Any] | None = None
     meta: BatchMeta | None = None
     try:
@@ -173,6 +179,8 @@ def ingest_body(
         count = len(events)
     except ValidationError:
         # Something is wrong somewhere: decode it ourselves to say which events, or why not.
+        if exceeds_depth(body, max_depth):
+            return Refusal(400, "too_deep", f"JSON nested deeper than {max_depth} levels")
         try:
             payload = json.loads(body)
         except ValueError as exc:  # not UTF-8, not JSON, or an integer past Python's digit limit

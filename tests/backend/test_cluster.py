@@ -276,7 +276,9 @@ def test_the_same_batch_posted_to_two_instances_at_once_is_stored_once(
             sent += ids
             answers: list[httpx.Response] = []
 
-            def post(base: str, body: bytes = body, answers: list[httpx.Response] = answers) -> None:
+            def post(
+                base: str, body: bytes = body, answers: list[httpx.Response] = answers
+            ) -> None:
                 answer = httpx.post(f"{base}/v1/events", content=body, headers=headers, timeout=60)
                 with lock:
                     answers.append(answer)
