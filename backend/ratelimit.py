@@ -103,7 +103,7 @@ class SharedRateLimiter:
     503, which the client retries, and SQLAlchemy then replaces the pool's connections.
     """
 
-    def __init__(self, url: str, rate: float, burst: float, pool_size: int = 4) -> None:
+    def __init__(self, url: str, rate: float, burst: float, pool_size: int = 8) -> None:
         if rate <= 0 or burst <= 0:
             raise ValueError("rate and burst must be positive")
         if make_url(url).get_backend_name() != "postgresql":
@@ -113,7 +113,8 @@ class SharedRateLimiter:
         self.engine = create_engine(
             url,
             pool_size=pool_size,
-            max_overflow=pool_size,
+            # No overflow: connections made and closed under bursts cost more than a short wait.
+            max_overflow=0,
             # One statement per check: no BEGIN and COMMIT round trips around it.
             isolation_level="AUTOCOMMIT",
             connect_args={"options": "-c synchronous_commit=off"},
