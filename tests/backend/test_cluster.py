@@ -305,3 +305,21 @@ def test_the_same_batch_posted_to_two_instances_at_once_is_stored_once(
             )
         ).one()
     assert tuple(rows) == (len(sent), len(sent))
+
+
+def test_a_trainer_process_needs_postgresql(tmp_path: Path) -> None:
+    from backend.cli import backend_main
+
+    assert backend_main(["trainer", "--db", f"sqlite:///{tmp_path / 'b.sqlite3'}"]) == 2
+
+
+def test_an_app_on_postgresql_stands_for_election_and_shares_its_limits(pg_url: str) -> None:
+    from backend.app import create_app
+
+    app = create_app(pg_url, train=True, failover_s=30.0, shared_rate_limits=True)
+    services = app.services
+    try:
+        assert services.trainer is None and services.cluster is not None
+        assert isinstance(services.rate_limiter, SharedRateLimiter)
+    finally:
+        services.stop()
