@@ -46,6 +46,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from backend.cluster import TRAINER_LEASE, lease_state, pid_of_holder
 from backend.local import bind_loopback, wait_until_healthy
@@ -263,10 +264,21 @@ def _fresh_database(base: str, name: str) -> str:
 
 
 def _drop_database(base: str, name: str) -> None:
+    """Drop a run's database; an autovacuum worker still in it (which FORCE may not end for an
+    ordinary role) is waited out, and a database that cannot be dropped is named on stderr."""
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        for attempt in range(30):
+            try:
+                with admin.connect() as connection:
+                    connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                return
+            except DBAPIError as exc:
+                if attempt == 29:
+                    print(f"database {name} left behind: {exc.orig}", file=sys.stderr)
+                time.sleep(1.0)
+    finally:
+        admin.dispose()
 
 
 @dataclass
@@ -399,6 +411,7 @@ def run_once(
         }
         if kill:
             result["failover"] = failover.__dict__
+        print(json.dumps(result), file=sys.stderr, flush=True)  # progress: one line per run
         return result
     finally:
         for instance in started:

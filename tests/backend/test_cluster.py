@@ -169,7 +169,7 @@ def test_a_run_that_loses_its_claim_commits_nothing(storage: Storage) -> None:
         # Another trainer took the job over while this one was training.
         raise LeaseLost("taken over")
 
-    trainer.queue.fence = fence_after_takeover  # type: ignore[method-assign,assignment]
+    trainer.queue.fence = fence_after_takeover  # type: ignore[method-assign]
     assert trainer.run_next() is None
     trainer.queue.fence = original  # type: ignore[method-assign]
     assert PolicyRegistry(storage).versions(tenant) == []
