@@ -11,7 +11,7 @@ now (`accepted`), which were stored before (`duplicate`) and which were refused 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from backend.auth import CurrentPrincipal
@@ -38,7 +38,7 @@ async def ingest_events(
     limiter: RateLimiterDep,
     metrics: MetricsDep,
     counts: IngestStatsDep,
-) -> JSONResponse:
+) -> Response:
     """Store a batch of telemetry events for the token's tenant.
 
     Every batch is also counted for the dashboard, per tenant and minute: its events and their
@@ -92,4 +92,5 @@ async def ingest_events(
     if result.meta is not None:
         meta = result.meta
         counts.spool(principal.tenant_id, meta.install_id, meta.spool_backlog, meta.spool_dropped)
-    return JSONResponse(answer.model_dump())
+    # pydantic writes the JSON itself: no dict of the answer's ids built and encoded again.
+    return Response(answer.model_dump_json(), media_type="application/json")
