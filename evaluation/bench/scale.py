@@ -9,8 +9,10 @@ does not bind. The baseline, in the same run, is one instance on the earlier pat
 (`--pg-ingest rows --rate-limits local`).
 
 The load generator is our own asyncio HTTP/1.1 client (raw streams, event ids from a counter),
-in this process; its CPU time per 1,000 events is reported beside the backend's and
-PostgreSQL's so one can see what it costs.
+in this process; its CPU time per 1,000 events is reported beside the backend's and that of
+the PostgreSQL processes serving the run's database (its connections and autovacuum; not the
+server's shared WAL writer and checkpointer, nor other databases on a shared server), so one can
+see what each costs.
 
 In the largest run with two or more instances, the instance holding the trainer lease is killed
 (SIGKILL) halfway; its connections move to the others, and every batch it had not answered is
@@ -73,17 +75,55 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _postgres_cpu() -> float:
-    """CPU seconds of every PostgreSQL process on this machine (server, backends, WAL writer)."""
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() in ("postgres", "postmaster"):
-                    total += _cpu_of(int(entry.name))
-            except OSError:
-                continue
-    return total
+class PostgresCpu:
+    """CPU seconds of the PostgreSQL server processes serving one database (its connections and
+    autovacuum workers, found in `pg_stat_activity` every second), not the server's shared
+    background writers, nor other databases' work on a shared server."""
+
+    def __init__(self, url: str, database: str) -> None:
+        self.engine = create_engine(url, pool_size=1, max_overflow=0)
+        self.database = database
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _pids(self) -> list[int]:
+        with self.engine.connect() as connection:
+            return [
+                int(pid)
+                for pid in connection.execute(
+                    text(
+                        "SELECT pid FROM pg_stat_activity "
+                        "WHERE datname = :d AND pid <> pg_backend_pid()"
+                    ),
+                    {"d": self.database},
+                ).scalars()
+            ]
+
+    def _sample(self) -> None:
+        for pid in self._pids():
+            # A connection not there at the start began during the run: all its CPU counts.
+            self.last[pid] = max(self.last.get(pid, 0.0), _cpu_of(pid))
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self._sample()
+
+    def start(self) -> None:
+        self._baseline()
+        self._thread.start()
+
+    def _baseline(self) -> None:
+        for pid in self._pids():
+            self.first[pid] = _cpu_of(pid)
+
+    def stop(self) -> float:
+        self._sample()
+        self._stop.set()
+        self._thread.join()
+        self.engine.dispose()
+        return sum(cpu - self.first.get(pid, 0.0) for pid, cpu in self.last.items())
 
 
 @dataclass
@@ -351,7 +391,8 @@ def run_once(
         killer: threading.Thread | None = None
         for instance in started:
             instance.cpu_at_start = _cpu_of(instance.process.pid)
-        pg_before = _postgres_cpu()
+        postgres = PostgresCpu(base_url, name)
+        postgres.start()
         own_before = time.process_time()
         start = time.monotonic()
         stop_at = start + duration
@@ -370,7 +411,7 @@ def run_once(
         if killer is not None:
             killer.join()
         own_cpu = time.process_time() - own_before
-        pg_cpu = _postgres_cpu() - pg_before
+        pg_cpu = postgres.stop()
         for instance in started:
             if instance.alive:
                 instance.cpu_at_end = _cpu_of(instance.process.pid)
