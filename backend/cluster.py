@@ -236,13 +236,15 @@ class JobQueue:
 
     def finish(self, job: JobClaim, *, error: str | None = None) -> bool:
         """Mark the run done up to the event it was claimed for (or, with `error`, give the job
-        back to be tried again); False when the claim had been lost."""
+        back to be tried again once a claim's time has passed, not at once in a loop); False
+        when the claim had been lost."""
         done = "done_event_id" if error else "GREATEST(done_event_id, claim_event_id)"
+        until = "clock_timestamp() + make_interval(secs => :ttl)" if error else "NULL"
         with self.engine.begin() as connection:
             row = connection.execute(
                 text(
                     f"UPDATE training_jobs SET done_event_id = {done}, claimed_by = NULL, "
-                    "lease_until = NULL, runs = runs + :ran, attempts = :attempts, "
+                    f"lease_until = {until}, runs = runs + :ran, attempts = :attempts, "
                     "last_error = :error, updated_at = clock_timestamp() "
                     "WHERE tenant_id = :t AND claim = :c AND claimed_by = :holder RETURNING 1"
                 ),
@@ -253,6 +255,7 @@ class JobQueue:
                     "ran": 0 if error else 1,
                     "attempts": job.attempts if error else 0,
                     "error": error[:512] if error else None,
+                    "ttl": self.ttl_s,
                 },
             ).first()
         return row is not None

@@ -323,3 +323,18 @@ def test_an_app_on_postgresql_stands_for_election_and_shares_its_limits(pg_url: 
         assert isinstance(services.rate_limiter, SharedRateLimiter)
     finally:
         services.stop()
+
+
+def test_a_failed_run_is_tried_again_after_a_claims_time(storage: Storage) -> None:
+    tenant = storage.ensure_tenant("flaky")
+    queue = JobQueue(storage.engine, "trainer", ttl_s=1)
+    queue.want(tenant, 5)
+    job = queue.claim()
+    assert job is not None
+    assert queue.finish(job, error="RuntimeError: out of memory")
+    assert queue.claim() is None  # not at once: no tight retry loop
+    _expire(storage, 1)
+    again = queue.claim()
+    assert again is not None and again.attempts == 2
+    (row,) = queue.jobs()
+    assert row["last_error"] == "RuntimeError: out of memory" and row["runs"] == 0
