@@ -55,6 +55,8 @@ class PolicyClient:
         self._client: httpx.Client | None = None
         self.last_error: str | None = None
         self.swapped_at: float | None = None  # time.time() of the last swap
+        # time.time() at which each version first served here (a replay measures its delays).
+        self.first_served: dict[str, float] = {}
         self._raw_artifact = b""  # the serving policy as received, before the local floor
         self._policy = self._floored(self._load_cached() or builtin_policy())
 
@@ -129,6 +131,7 @@ class PolicyClient:
             return False
         self._policy = self._floored(policy)
         self.swapped_at = time.time()
+        self.first_served.setdefault(policy.version, self.swapped_at)
         log.info("policy %s now serving", policy.version)
         return True
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.local import LocalBackend
-from backend.policy.dataset import latest_event_id
+from backend.policy.dataset import event_time, latest_event_id
 from backend.policy.loop import TrainingScheduler
 from backend.policy.rewards import as_utc, outcome_reward
 from backend.policy.settings import RewardSettings, TrainerSettings
@@ -369,13 +369,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             canary = _canary_drill(
                 args, train_positions, runner, settings, telemetry, policies, scheduler, backend
             )
+            # Every promotion the scheduler made, including those of runs between two rounds'
+            # ends (a slow model makes a round outlast many trainer periods), each timed from the
+            # newest event its run read to the moment the policy client first served it.
+            promotions = _promotions(scheduler, policies, backend, canary.get("version"))
         finally:
             policies.close()
             telemetry.shutdown(5.0)
             backend.stop()
             runner.close()
-    promoted = [r for r in rounds if r["promoted"]]
-    delays = [r["event_to_serving_s"] for r in promoted if r["event_to_serving_s"] is not None]
+    delays = [p["event_to_serving_s"] for p in promotions if p["event_to_serving_s"] is not None]
     against_builtin = _changes(evaluation["builtin"], evaluation["learned"])
     summary = {
         **_changes(evaluation["always_show"], evaluation["learned"]),
@@ -383,10 +386,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             k: v for k, v in against_builtin.items() if k not in ("baseline", "learned")
         },
         "learned_version": learned.version,
-        "promotions": len(promoted),
+        "promotions": len(promotions),
+        "promoted": promotions,
         # Measured for every promotion; a run that promoted nothing says so.
         "event_to_serving_s": max(delays) if delays else None,
-        "event_to_serving_note": None if promoted else "no round promoted a candidate",
+        "event_to_serving_note": None if promotions else "no training run promoted a candidate",
         "prompt_fix": {
             "positions": len(fix_positions),
             "base_accept_rate_before": before_fix["accept_rate"],
@@ -524,6 +528,33 @@ def _await_training(
             return summary.candidate, round(time.time() - last_event, 2), report
         time.sleep(0.02)
     return summary.candidate, None, report
+
+
+def _promotions(
+    scheduler: TrainingScheduler,
+    policies: PolicyClient,
+    backend: LocalBackend,
+    drill_version: str | None,
+) -> list[dict[str, Any]]:
+    """Each promoted candidate (not the canary drill's) with the delay from the newest event its
+    run read to its first serving by the policy client (None if it never served there)."""
+    found = []
+    for run in scheduler.runs:
+        if not run.promoted or run.candidate is None or run.candidate == drill_version:
+            continue
+        newest = event_time(backend.storage, backend.principal.tenant_id, run.through_event_id)
+        served = policies.first_served.get(run.candidate)
+        found.append(
+            {
+                "version": run.candidate,
+                "events": run.events,
+                "state": run.state,
+                "event_to_serving_s": (
+                    round(served - newest, 2) if served is not None and newest else None
+                ),
+            }
+        )
+    return found
 
 
 def wrong_sign(policy: Policy, version: str) -> Policy:

@@ -53,6 +53,17 @@ def latest_event_id(storage: Storage, tenant_id: int) -> int:
         )
 
 
+def event_time(storage: Storage, tenant_id: int, event_id: int) -> float | None:
+    """When the tenant's event row `event_id` happened (seconds since the epoch), or None."""
+    with storage.session() as session:
+        when = session.scalar(
+            select(StoredEvent.time).where(
+                StoredEvent.tenant_id == tenant_id, StoredEvent.id == event_id
+            )
+        )
+    return as_utc(when).timestamp() if when is not None else None
+
+
 def load_logged(
     storage: Storage,
     tenant_id: int,

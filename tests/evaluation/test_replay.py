@@ -153,10 +153,19 @@ def test_replay_runs_the_whole_loop(tmp_path: Path, tiny_model_path: Path) -> No
         assert figures["full_accept_rate"] + figures["partial_accept_rate"] == pytest.approx(
             figures["accept_rate"]
         )
-    # No round promoted here (too little data): the report says so instead of a bare null.
-    if not any(r["promoted"] for r in rounds):
+    # Every promotion of the scheduler is reported, whenever its run happened (the drill's bad
+    # candidate is not one); each was timed from the newest event it read to its first serving.
+    promoted = summary["promoted"]
+    assert summary["promotions"] == len(promoted)
+    assert drill["version"] not in {p["version"] for p in promoted}
+    assert {r["promoted"] for r in rounds if r["promoted"]} <= {p["version"] for p in promoted}
+    if promoted:
+        delays = [p["event_to_serving_s"] for p in promoted]
+        assert all(delay is not None and delay >= 0 for delay in delays)
+        assert summary["event_to_serving_s"] == max(delays)
+    else:  # too little data to promote: the report says so instead of a bare null
         assert summary["event_to_serving_s"] is None
-        assert summary["event_to_serving_note"] == "no round promoted a candidate"
+        assert summary["event_to_serving_note"] == "no training run promoted a candidate"
     # The canary drill: a candidate with the wrong sign was rolled back by the trainer itself.
     assert drill["rolled_back"], drill
     assert drill["seconds_to_rollback"] > 0
