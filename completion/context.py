@@ -10,6 +10,7 @@ stays put for many keystrokes, and the runner's KV-prefix cache keeps matching.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -227,25 +228,49 @@ def assemble(
     return PromptParts(prefix, suffix, snippets, prefix_used, suffix_used, snippet_used)
 
 
-@dataclass(frozen=True)
-class TypedIndent:
-    """Indentation the user typed on an otherwise empty line, left out of the prompt.
+# A partial token at the end of the cursor's line: a run of word characters, or of operator
+# characters (a dot included, for dotted names).
+_PARTIAL_TOKEN = re.compile(r"(?:\w+|[=<>!+\-*/%&|^~@:.]+)$")
+# The longest typed fragment the model is made to write again; a longer word is left as it is.
+MAX_HEAL_CHARS = 48
 
-    A prompt that ends in indentation cuts the model's own first token (the indent) in two, and
-    models then often write more whitespace before the code. So the prompt ends at the line
-    break, the model writes the line's indentation itself, and that indentation is taken off its
-    output again (`heal`): the suggestion starts at the cursor as before.
+
+@dataclass(frozen=True)
+class TypedTail:
+    """Text the user typed at the end of the cursor's line, left out of the prompt and written by
+    the model again: the prompt then ends where the model's training data had token boundaries.
+
+    Two cases, one mechanism:
+
+    - *indentation* on an otherwise empty line (`forced` false). A prompt that ends in
+      indentation cuts the model's own first token (the indent) in two, and models then often
+      write more whitespace before the code. The prompt ends at the line break, the model writes
+      the line's indentation itself, and its indentation is taken off the output again; when it
+      differs from the typed one, the typed one stands.
+    - a *partial token* (`forced` true: `if isinst`, `os.pa`, `x <`): the fragment, with the one
+      character before it that tokenizers join to a word (a space, a dot, a bracket), or from the
+      line start when only indentation precedes it. The runner must write `text` exactly before
+      anything else (`completion.healing`), so its first token may complete the word
+      (`" isinstance"`), and `text` is taken off its output: the suggestion starts at the cursor.
     """
 
     text: str
+    forced: bool = False
 
     def prompt_request(self, request: CompletionRequest) -> CompletionRequest:
-        """The request whose prefix the prompt is built from: without the typed indentation."""
+        """The request whose prefix the prompt is built from: without the typed tail."""
         return replace(request, prefix=request.prefix[: len(request.prefix) - len(self.text)])
 
     def split(self, generated: str) -> tuple[str, int] | None:
-        """The suggestion in `generated` and how many characters of indentation went before it;
-        None while the model has written nothing but indentation yet."""
+        """The suggestion in `generated` and how many characters of it rewrote the typed tail;
+        None while the model has written nothing beyond the tail yet."""
+        if self.forced:
+            if generated.startswith(self.text):
+                return generated[len(self.text) :], len(self.text)
+            if self.text.startswith(generated):
+                return None
+            # A runner that could not follow the constraint: nothing of its text fits.
+            return "", len(generated)
         lead = generated[: len(generated) - len(generated.lstrip(" \t"))]
         if lead == generated:
             return None
@@ -262,6 +287,8 @@ class TypedIndent:
             if parts is None:
                 return None
             body, cut = parts
+            if self.forced and not generated.startswith(self.text):
+                return 0  # diverged: nothing to keep
             inner = rule(body)
             return None if inner is None else cut + inner
 
@@ -270,23 +297,56 @@ class TypedIndent:
     def heal(self, generation: Generation) -> Generation:
         """The generation as if the prompt had ended at the cursor.
 
-        The indentation is one token of the output in the usual case: its log-probability is
-        dropped, so the confidence features judge the code.
+        Typed indentation is one token of the output in the usual case: its log-probability is
+        dropped, so the confidence features judge the code. A rewritten partial token's first
+        token also holds what completes the word, so its log-probability stays.
         """
         parts = self.split(generation.text)
         if parts is None:
             return replace(generation, text="")
         body, cut = parts
         logprobs = generation.token_logprobs
-        if cut and len(logprobs) > 1:
+        if cut and len(logprobs) > 1 and not self.forced:
             logprobs = logprobs[1:]
         return replace(generation, text=body, token_logprobs=list(logprobs))
 
 
-def typed_indent(request: CompletionRequest) -> TypedIndent | None:
+# The indentation-only case keeps its name for readers of older code and docs.
+TypedIndent = TypedTail
+
+
+def typed_tail(
+    request: CompletionRequest, *, indentation: bool = True, partial_tokens: bool = False
+) -> TypedTail | None:
+    """What to leave out of the prompt at the end of the cursor's line, or None.
+
+    `indentation`: the line before the cursor when it is indentation only. `partial_tokens`: a
+    word or operator fragment that ends at the cursor (the model must write it again).
+    """
+    line_prefix = request.line_prefix
+    if not line_prefix:
+        return None
+    if not line_prefix.strip(" \t"):
+        return TypedTail(line_prefix) if indentation else None
+    if not partial_tokens:
+        return None
+    match = _PARTIAL_TOKEN.search(line_prefix)
+    if match is None:
+        return None
+    start = match.start()
+    before = line_prefix[:start]
+    if not before.strip(" \t"):
+        start = 0 if indentation else start
+    elif not before[-1].isalnum():
+        start -= 1  # the space, dot or bracket a tokenizer joins to the word
+    text = line_prefix[start:]
+    # Every tokenizer has a token for each ASCII character, so ASCII text can always be spelled.
+    if len(text) > MAX_HEAL_CHARS or not text.isascii():
+        return None
+    return TypedTail(text, forced=True)
+
+
+def typed_indent(request: CompletionRequest) -> TypedTail | None:
     """The indentation to leave out of the prompt: the cursor's line before the cursor, when
     that is indentation only (None otherwise)."""
-    line_prefix = request.line_prefix
-    if line_prefix and not line_prefix.strip(" \t"):
-        return TypedIndent(line_prefix)
-    return None
+    return typed_tail(request, indentation=True, partial_tokens=False)

@@ -19,9 +19,9 @@ from completion.context import (
     ContextBudget,
     ContextSource,
     LineTokenCounter,
-    TypedIndent,
+    TypedTail,
     assemble,
-    typed_indent,
+    typed_tail,
 )
 from completion.latency import LatencyModel
 from completion.runners.base import ModelRunner
@@ -197,7 +197,7 @@ class Engine:
     ) -> tuple[str, gate.Signals]:
         context_started = time.perf_counter()
         budget = ContextBudget.from_settings(self.settings)
-        indent = self._typed_indent(request)
+        indent = self._typed_tail(request)
         prompt_parts = assemble(
             indent.prompt_request(request) if indent else request,
             budget,
@@ -218,9 +218,15 @@ class Engine:
         )
         return prompt, signals
 
-    def _typed_indent(self, request: CompletionRequest) -> TypedIndent | None:
-        """Indentation left out of the prompt (`completion.promptAtLineBreak`)."""
-        return typed_indent(request) if self.settings.prompt_at_line_break else None
+    def _typed_tail(self, request: CompletionRequest) -> TypedTail | None:
+        """Typed text left out of the prompt: indentation (`completion.promptAtLineBreak`) or a
+        partial token the runner must write again (`completion.tokenHealing`)."""
+        return typed_tail(
+            request,
+            indentation=self.settings.prompt_at_line_break,
+            partial_tokens=self.settings.token_healing
+            and getattr(self.runner, "forces_text", False),
+        )
 
     def _wanted(self, request: CompletionRequest) -> int:
         """How many candidates to compute: several only when the user asked explicitly."""
@@ -239,9 +245,13 @@ class Engine:
         cancel.raise_if_cancelled()
         model_started = time.perf_counter()
         stop = postprocess.stop_rule(request)
-        indent = self._typed_indent(request)
+        indent = self._typed_tail(request)
+        forced: dict[str, str] = {}
         if indent is not None:
             stop = indent.stop(stop)
+            if indent.forced:
+                forced = {"forced_text": indent.text}
+                count = 1  # the candidates' different first tokens would not fit the constraint
         with self._model_lock:
             cancel.raise_if_cancelled()
             self._busy = (
@@ -265,6 +275,7 @@ class Engine:
                         stop=stop,
                         cancel=cancel,
                         temperature=self.settings.temperature,
+                        **forced,
                     )
                 ]
             if indent is not None:

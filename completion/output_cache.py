@@ -28,6 +28,8 @@ class CachedRunner:
         self.runner = runner
         self.model_id = runner.model_id
         self.family = runner.family
+        # Token healing is asked of the runner only when it can follow it.
+        self.forces_text = bool(getattr(runner, "forces_text", False))
         self.path = path
         self.hits = 0
         self.misses = 0
@@ -54,8 +56,11 @@ class CachedRunner:
     def count_tokens(self, text: str) -> int:
         return self.runner.count_tokens(text)
 
-    def _key(self, prompt: str, max_new_tokens: int, temperature: float) -> str:
-        material = json.dumps([self.model_id, max_new_tokens, temperature, prompt])
+    def _key(self, prompt: str, max_new_tokens: int, temperature: float, forced: str) -> str:
+        parts: list[object] = [self.model_id, max_new_tokens, temperature, prompt]
+        if forced:  # keys of unhealed prompts stay as they were
+            parts.append(forced)
+        material = json.dumps(parts)
         return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
 
     def generate(
@@ -66,8 +71,9 @@ class CachedRunner:
         stop: StopRule,
         cancel: CancelToken,
         temperature: float = 0.0,
+        forced_text: str = "",
     ) -> Generation:
-        key = self._key(prompt, max_new_tokens, temperature)
+        key = self._key(prompt, max_new_tokens, temperature, forced_text)
         with self._lock:
             entry = self._entries.get(key)
         if entry is not None:
@@ -82,8 +88,14 @@ class CachedRunner:
                 decode_ms=entry.decode_ms,
             )
         self.misses += 1
+        forced = {"forced_text": forced_text} if forced_text else {}
         generation = self.runner.generate(
-            prompt, max_new_tokens=max_new_tokens, stop=stop, cancel=cancel, temperature=temperature
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            cancel=cancel,
+            temperature=temperature,
+            **forced,  # type: ignore[arg-type]
         )
         if generation.stop_reason == "cancelled":
             return generation

@@ -87,6 +87,18 @@ class CompletionSettings(BaseModel):
         description="When the cursor stands after indentation only, end the prompt at the line "
         "break and let the model write the indentation (off only to measure).",
     )
+    token_healing: bool = Field(
+        True,
+        description="When the cursor stands inside a word or operator (`if isinst`), end the "
+        "prompt before it and make the model write it again, so its first token may complete it "
+        "(local engines; off only to measure).",
+    )
+    syntax_check: bool = Field(
+        True,
+        description="Parse the file with the suggestion in place (tree-sitter) and cut a "
+        "suggestion that breaks code which parsed there to its longest part that does not, or "
+        "drop it.",
+    )
     cache: bool = Field(
         True, description="Reuse KV prefixes and typed-through suggestions (off only to measure)."
     )

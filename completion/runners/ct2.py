@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from completion.fim import UnknownFamily, detect_family, template_for
+from completion.healing import VocabIndex, best_allowed, token_texts
 from completion.runners.conversion import (
     ComputeType,
     checksum,
@@ -104,6 +105,8 @@ class _Stream:
 class Ct2Runner:
     """A causal LM converted for CTranslate2, run in this process, one request at a time."""
 
+    forces_text = True  # `generate(forced_text=...)`: token healing (`completion.healing`)
+
     def __init__(
         self,
         model: str,
@@ -140,6 +143,7 @@ class Ct2Runner:
         self.stop_ids = self._collect_stop_ids()
         self._end_tokens = sorted(self.stop_ids)
         self._lock = threading.Lock()
+        self._vocab: VocabIndex | None = None
         self.load_s = time.perf_counter() - started
         log.info(
             "loaded %s in CTranslate2 %s (%s, %d threads) in %.1fs",
@@ -215,11 +219,107 @@ class Ct2Runner:
         stop: StopRule,
         cancel: CancelToken,
         temperature: float = 0.0,
+        forced_text: str = "",
     ) -> Generation:
-        """Continue `prompt` until `stop` cuts, EOS, `max_new_tokens`, or cancellation."""
+        """Continue `prompt` until `stop` cuts, EOS, `max_new_tokens`, or cancellation.
+
+        With `forced_text`, the output starts with exactly that text (`_run_forced`).
+        """
         with self._lock:
             encoding = self.tokenizer.encode(prompt, add_special_tokens=False)
+            if forced_text:
+                return self._run_forced(
+                    encoding.ids, max_new_tokens, stop, cancel, temperature, forced_text
+                )
             return self._run([encoding.ids], max_new_tokens, stop, cancel, temperature)[0]
+
+    def vocab_index(self) -> VocabIndex:
+        """The decoded text of every token, built at the first healed request."""
+        if self._vocab is None:
+            size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+            decoded = self.tokenizer.decode_batch(
+                [[token] for token in range(size)], skip_special_tokens=False
+            )
+            raw = [self.tokenizer.id_to_token(token) or "" for token in range(size)]
+            added = set(self.tokenizer.get_added_tokens_decoder())
+            self._vocab = VocabIndex(token_texts(decoded, raw), added | self.stop_ids)
+        return self._vocab
+
+    def _run_forced(
+        self,
+        ids: list[int],
+        max_new_tokens: int,
+        stop: StopRule,
+        cancel: CancelToken,
+        temperature: float,
+        forced: str,
+    ) -> Generation:
+        """Generate text that starts with `forced` (token healing).
+
+        CTranslate2 offers no hook that changes a step's token (its callback can only stop the
+        generation, and `suppress_sequences` holds for every step). So the generation runs as
+        usual while every step's token is checked against the typed text; when the model's own
+        token does not fit, the generation stops there, the most likely token that fits is taken
+        from that step's scores, and the prompt is read again with the tokens so far. When the
+        model's first choice already spells the typed text (the usual case), that costs nothing;
+        otherwise each wrong step costs one more reading of the prompt (`forced_rereads`).
+        """
+        vocab = self.vocab_index()
+        result = Generation(text="", prompt_tokens=len(ids))
+        stream = _Stream(self.tokenizer, frozenset(self.stop_ids), self.stop_strings, ids, stop)
+        started = time.perf_counter()
+        first_at: float | None = None
+        while True:
+            if cancel.cancelled:
+                result.stop_reason = "cancelled"
+                break
+            left = max_new_tokens - len(stream.ids)
+            if left <= 0:
+                break
+            rejected: list[tuple[Any, frozenset[int]]] = []
+            finished = False
+
+            def on_token(step: Any) -> bool:
+                nonlocal first_at, finished
+                if first_at is None:
+                    first_at = time.perf_counter()
+                if cancel.cancelled or finished or rejected:
+                    return True
+                if len(stream.text) < len(forced):
+                    allowed = vocab.allowed(forced[len(stream.text) :])
+                    if step.token_id not in allowed:
+                        rejected.append((step.logits, allowed))
+                        return True
+                finished = stream.add(step.token_id, float(step.log_prob or 0.0))
+                return finished
+
+            options = self._options(left, temperature)
+            options["return_logits_vocab"] = True
+            tokens = [self.tokenizer.id_to_token(i) or "" for i in [*ids, *stream.ids]]
+            self.generator.generate_batch([tokens], callback=on_token, **options)
+            if cancel.cancelled:
+                result.stop_reason = "cancelled"
+                break
+            if finished or not rejected:
+                break
+            logits, allowed = rejected[0]
+            if not allowed:  # no token spells it: nothing can be suggested
+                stream.reason = "stop"
+                break
+            result.forced_rereads += 1
+            if stream.add(*best_allowed(logits, allowed)):
+                break
+        ended = time.perf_counter()
+        first = first_at or ended
+        result.text = stream.text
+        result.token_logprobs = stream.logprobs
+        result.new_tokens = len(stream.ids)
+        result.prefill_ms = (first - started) * 1000
+        result.prefill_done = first_at is not None
+        result.decode_ms = (ended - first) * 1000
+        if result.stop_reason != "cancelled":
+            result.stop_reason = stream.reason
+        return result
 
     def generate_candidates(
         self,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from completion.fim import UnknownFamily, detect_family, template_for
+from completion.healing import VocabIndex, best_allowed, token_texts
 from completion.runners.draft import PromptLookupDrafter
 from completion.runners.loading import Dtype, load_model, resolve_dtype, resolve_source
 from completion.runners.prefix_cache import CacheEntry, PrefixCache, crop_cache
@@ -101,6 +102,8 @@ class _Output:
 class LocalRunner:
     """A causal LM run in this process, one request at a time."""
 
+    forces_text = True  # `generate(forced_text=...)`: token healing (`completion.healing`)
+
     def __init__(
         self,
         model: str,
@@ -145,6 +148,7 @@ class LocalRunner:
         self.adapter: Path | None = None
         self._base_model = self.model
         self._base_shapes: dict[str, tuple[int, int]] | None = None
+        self._vocab: VocabIndex | None = None
         log.info("loaded %s (%s) in %.1fs", self.model_id, self.dtype, self.load_s)
         if adapter is not None:
             self.swap_adapter(adapter)
@@ -251,12 +255,30 @@ class LocalRunner:
         stop: StopRule,
         cancel: CancelToken,
         temperature: float = 0.0,
+        forced_text: str = "",
     ) -> Generation:
-        """Continue `prompt` until `stop` cuts, EOS, `max_new_tokens`, or cancellation."""
+        """Continue `prompt` until `stop` cuts, EOS, `max_new_tokens`, or cancellation.
+
+        With `forced_text`, the output starts with exactly that text: each step until it is
+        written takes the most likely token that fits it (`completion.healing`).
+        """
         import torch
 
         with self._lock, torch.inference_mode():
-            return self._generate(prompt, max_new_tokens, stop, cancel, temperature)
+            return self._generate(prompt, max_new_tokens, stop, cancel, temperature, forced_text)
+
+    def vocab_index(self) -> VocabIndex:
+        """The decoded text of every token, built at the first healed request."""
+        if self._vocab is None:
+            size = max(len(self.tokenizer), int(getattr(self.model.config, "vocab_size", 0)))
+            ids = [[token] for token in range(size)]
+            options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+            decoded = self.tokenizer.batch_decode(ids, **options)
+            raw = [str(p or "") for p in self.tokenizer.convert_ids_to_tokens(list(range(size)))]
+            special = set(getattr(self.tokenizer, "all_special_ids", []))
+            special |= set(getattr(self.tokenizer, "get_added_vocab", dict)().values())
+            self._vocab = VocabIndex(token_texts(decoded, raw), special | self._stop_ids)
+        return self._vocab
 
     def _generate(
         self,
@@ -265,6 +287,7 @@ class LocalRunner:
         stop: StopRule,
         cancel: CancelToken,
         temperature: float,
+        forced_text: str = "",
     ) -> Generation:
         prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]
         result = Generation(text="", prompt_tokens=len(prompt_ids))
@@ -297,7 +320,10 @@ class LocalRunner:
 
         decode_started = time.perf_counter()
         output = _Output(self, prompt_ids[-1:], stop, max_new_tokens, result)
-        if self.speculative and temperature <= 0:
+        if forced_text:
+            # Healing takes the plain loop: a drafted token is not checked against the text.
+            self._decode_plain(logits, entry, output, cancel, temperature, forced_text)
+        elif self.speculative and temperature <= 0:
             self._decode_speculative(prompt_ids, logits, entry, output, cancel)
         else:
             self._decode_plain(logits, entry, output, cancel, temperature)
@@ -314,13 +340,22 @@ class LocalRunner:
         output: _Output,
         cancel: CancelToken,
         temperature: float,
+        forced_text: str = "",
     ) -> None:
-        """One forward pass per token."""
+        """One forward pass per token; the first ones spell `forced_text` when it is given."""
         while len(output.generated) < output.max_new_tokens:
             if cancel.cancelled:
                 output.result.stop_reason = "cancelled"
                 return
-            token, logprob = self._next_token(logits, temperature)
+            if len(output.text) < len(forced_text):
+                remaining = forced_text[len(output.text) :]
+                allowed = self.vocab_index().allowed(remaining)
+                if not allowed:  # no token spells it: nothing can be suggested
+                    output.result.stop_reason = "stop"
+                    return
+                token, logprob = best_allowed(logits.numpy(), allowed)
+            else:
+                token, logprob = self._next_token(logits, temperature)
             if output.add(token, logprob):
                 return
             logits = self._forward([token], entry.cache)
