@@ -214,13 +214,23 @@ def assemble(
     count_tokens: LineTokenCounter,
     source: ContextSource | None = None,
     deadline_s: float = 0.05,
+    min_similarity: float = 0.0,
 ) -> PromptParts:
-    """Prefix, suffix and snippets for `request`, each within its share of `budget`."""
+    """Prefix, suffix and snippets for `request`, each within its share of `budget`.
+
+    Snippets found by similarity (`source == "index"`) below `min_similarity` are left out:
+    loosely related code costs prompt tokens and leads the model astray. Definitions of names
+    used near the cursor and recent edits are kept whatever their score.
+    """
     suffix, suffix_used = fit_suffix(request.suffix, budget.suffix_tokens, count_tokens)
     snippets: list[Snippet] = []
     snippet_used = 0
     if source is not None and budget.snippet_tokens > 0:
-        found = source.snippets(request, time.monotonic() + deadline_s)
+        found = [
+            snippet
+            for snippet in source.snippets(request, time.monotonic() + deadline_s)
+            if snippet.source != "index" or snippet.score >= min_similarity
+        ]
         snippets, snippet_used = fit_snippets(found, budget.snippet_tokens, count_tokens)
     prefix, prefix_used = fit_prefix(
         request.prefix, budget.prefix_tokens(suffix_used, snippet_used), count_tokens

@@ -26,6 +26,7 @@ from completion.context import (
 from completion.latency import LatencyModel
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
+from completion.syntax import SyntaxChecker
 from completion.types import (
     LATENCY_SKIP,
     CancelToken,
@@ -38,6 +39,7 @@ from completion.types import (
 log = logging.getLogger(__name__)
 
 PolicySource = Callable[[], gate.Policy]
+SYNTAX_DROPPED = "the suggestion broke code that parsed"
 # Characters per model token in source code, for estimates before a prompt is tokenised.
 CHARS_PER_TOKEN = 3
 
@@ -64,6 +66,7 @@ class Engine:
         self.policy_source = policy_source or (lambda: self._builtin_policy)
         self.cache = TypingThroughCache(enabled=settings.cache)
         self.token_counter = LineTokenCounter(runner.count_tokens)
+        self.syntax = SyntaxChecker()
         self._rng = random.Random(seed)
         # One model call at a time: runners keep a KV cache that is not thread-safe.
         self._model_lock = threading.Lock()
@@ -121,6 +124,7 @@ class Engine:
         generations: list[Generation | None] = [None]
         texts: list[str] = []
         empty_reason = ""
+        syntax = "unchecked"
         if hit is not None:
             texts = [hit.text]
             generations = [hit.generation]
@@ -137,13 +141,14 @@ class Engine:
                     generation.text, request, self.settings.min_chars
                 )
                 if index == 0:
-                    empty_reason = reason
+                    text, syntax = self.check_syntax(request, text, timings)
+                    empty_reason = SYNTAX_DROPPED if syntax == "dropped" else reason
                 texts.append(text)
             if texts[0]:
                 self.cache.store(request, texts[0])
 
         policy = self.policy_source()
-        features = gate.extract_features(request, texts[0], generations[0], signals)
+        features = gate.extract_features(request, texts[0], generations[0], signals, syntax=syntax)
         if texts[0]:
             action, propensity = policy.decide(features, self._rng)
         else:
@@ -162,6 +167,7 @@ class Engine:
             cache_source=hit.source if hit is not None else "",
             reason=empty_reason if not texts[0] else action,
             generation=generations[0],
+            syntax=syntax,
         )
         if texts[0]:
             decision.alternatives = self._alternatives(
@@ -204,9 +210,14 @@ class Engine:
             count_tokens=self.token_counter,
             source=self.context_source,
             deadline_s=self.settings.context_timeout_ms / 1000,
+            min_similarity=self.settings.snippet_min_similarity,
         )
         prompt = self.template.build(
-            prompt_parts.prefix, prompt_parts.suffix, prompt_parts.snippets, request.path
+            prompt_parts.prefix,
+            prompt_parts.suffix,
+            prompt_parts.snippets,
+            request.path,
+            str(getattr(self.context_source, "repo_name", "") or ""),
         )
         timings.context_ms = (time.perf_counter() - context_started) * 1000
         signals = gate.Signals(
@@ -217,6 +228,20 @@ class Engine:
             }
         )
         return prompt, signals
+
+    def check_syntax(
+        self, request: CompletionRequest, text: str, timings: Timings
+    ) -> tuple[str, str]:
+        """`text` after the syntax check in place (`completion.syntaxCheck`) and what it did."""
+        if not self.settings.syntax_check or not text:
+            return text, "unchecked"
+        verdict = self.syntax.check(request, text)
+        timings.syntax_ms = verdict.ms
+        if verdict.outcome == "cut" and not postprocess.clean(
+            verdict.text, request, self.settings.min_chars
+        ):
+            return "", "dropped"  # what is left is not worth showing
+        return verdict.text, verdict.outcome
 
     def _typed_tail(self, request: CompletionRequest) -> TypedTail | None:
         """Typed text left out of the prompt: indentation (`completion.promptAtLineBreak`) or a

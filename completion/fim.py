@@ -43,7 +43,7 @@ class FimTemplate:
 
     name: str
     stop_tokens: tuple[str, ...]
-    _render: Callable[[str, str, Sequence[Snippet], str | None], str] = field(
+    _render: Callable[[str, str, Sequence[Snippet], str | None, str], str] = field(
         repr=False, compare=False
     )
 
@@ -53,26 +53,34 @@ class FimTemplate:
         suffix: str,
         snippets: Sequence[Snippet] = (),
         path: str | None = None,
+        repo: str = "",
     ) -> str:
         """The prompt that asks the model for the text between `prefix` and `suffix`.
 
-        `snippets` are code from other files, `path` the edited file's path (workspace-relative
-        is best: it is shown to the model).
+        `snippets` are code from other files, best first; the prompt holds them in the reverse
+        order, so the most relevant stands nearest the edited file. `path` is the edited file's
+        path (workspace-relative is best: it is shown to the model), `repo` the workspace's name
+        (families with a repository-level format show it).
         """
-        return self._render(prefix, suffix, snippets, path)
+        return self._render(prefix, suffix, list(reversed(snippets)), path, repo)
 
 
-def _qwen(prefix: str, suffix: str, snippets: Sequence[Snippet], path: str | None) -> str:
-    # Qwen2.5-Coder's repository-level format: each file after `<|file_sep|>` and its path, the
-    # edited file last, its FIM part right after its path line.
+def _qwen(
+    prefix: str, suffix: str, snippets: Sequence[Snippet], path: str | None, repo: str
+) -> str:
+    # Qwen2.5-Coder's repository-level format: `<|repo_name|>` and the repository's name, each
+    # file after `<|file_sep|>` and its path, the edited file last, its FIM part right after its
+    # path line.
     fim = f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>"
     if not snippets:
         return fim
     files = "".join(f"<|file_sep|>{s.path}\n{s.text.rstrip(chr(10))}\n" for s in snippets)
-    return f"{files}<|file_sep|>{path or 'untitled'}\n{fim}"
+    return f"<|repo_name|>{repo or 'workspace'}\n{files}<|file_sep|>{path or 'untitled'}\n{fim}"
 
 
-def _starcoder(prefix: str, suffix: str, snippets: Sequence[Snippet], path: str | None) -> str:
+def _starcoder(
+    prefix: str, suffix: str, snippets: Sequence[Snippet], path: str | None, repo: str
+) -> str:
     # StarCoder2's repository format puts the edited file's path inside the FIM prefix.
     if not snippets:
         return f"<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>"
@@ -81,12 +89,16 @@ def _starcoder(prefix: str, suffix: str, snippets: Sequence[Snippet], path: str 
     return f"{head}{prefix}<fim_suffix>{suffix}<fim_middle>"
 
 
-def _codellama(prefix: str, suffix: str, snippets: Sequence[Snippet], path: str | None) -> str:
+def _codellama(
+    prefix: str, suffix: str, snippets: Sequence[Snippet], path: str | None, repo: str
+) -> str:
     # Code Llama's infilling format, spaces exactly as in its reference implementation.
     return f"<PRE> {_commented_snippets(snippets, path)}{prefix} <SUF>{suffix} <MID>"
 
 
-def _deepseek(prefix: str, suffix: str, snippets: Sequence[Snippet], path: str | None) -> str:
+def _deepseek(
+    prefix: str, suffix: str, snippets: Sequence[Snippet], path: str | None, repo: str
+) -> str:
     # DeepSeek-Coder reads other files as comment-headed code before the hole.
     context = _commented_snippets(snippets, path)
     return f"<｜fim▁begin｜>{context}{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>"

@@ -76,6 +76,13 @@ class CompletionSettings(BaseModel):
     snippet_share: float = Field(
         0.2, ge=0, le=1, description="Share of the budget for snippets from other files."
     )
+    snippet_min_similarity: float = Field(
+        0.0,
+        ge=-1.0,
+        le=1.0,
+        description="Least similarity (cosine, -1 to 1) of a snippet found by meaning to be put "
+        "in the prompt; definitions of names near the cursor are kept whatever their score.",
+    )
     context_timeout_ms: int = Field(
         50, ge=0, description="Time limit for gathering context; late snippets are left out."
     )

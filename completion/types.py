@@ -130,6 +130,7 @@ class Timings:
     context_ms: float = 0.0
     model_ms: float = 0.0
     total_ms: float = 0.0
+    syntax_ms: float = 0.0  # the syntax check in place (`completion.syntax`)
 
 
 LATENCY_SKIP = "the suggestion could not arrive before the next keystroke"
@@ -165,6 +166,8 @@ class Decision:
     alternatives: list[Decision] = field(default_factory=list)
     rank: int = 0
     request_id: str = ""
+    # What the syntax check did to the suggestion: kept, cut, dropped, or unchecked.
+    syntax: str = "unchecked"
 
     @property
     def shown(self) -> bool:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import random
+import re
 import statistics
 import sys
 import time
@@ -40,6 +42,8 @@ from indexer.languages import EXTENSIONS, language_of
 from lsp_server import config
 
 BLOCK_SHARE = 0.25
+_WORD_END = re.compile(r"\w$")
+_WORD_START = re.compile(r"\w")
 MAX_FILE_BYTES = 300_000
 
 
@@ -143,6 +147,30 @@ def parses(hole: Hole, suggestion: str) -> bool | None:
     return True
 
 
+def mid_word(hole: Hole) -> bool:
+    """Whether the hole cuts a word in two: the user has typed part of it."""
+    return bool(_WORD_END.search(hole.prefix)) and bool(_WORD_START.match(hole.truth))
+
+
+def ignores_partial(suggestion: str) -> bool:
+    """Whether a suggestion at a mid-word cursor starts a new token instead of completing the
+    word (`if isinst` + ` instream`): it is not empty and does not start with a word character."""
+    return bool(suggestion) and not _WORD_START.match(suggestion)
+
+
+def _share(flags: Sequence[bool]) -> float | None:
+    return round(sum(flags) / len(flags), 4) if flags else None
+
+
+def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
+    return {
+        "p50": round(statistics.median(values), 2) if values else None,
+        "p95": round(statistics.quantiles(values, n=20, method="inclusive")[-1], 2)
+        if len(values) > 1
+        else None,
+    }
+
+
 def score(
     holes: Sequence[Hole], suggestions: Sequence[str], latencies: Sequence[float]
 ) -> dict[str, Any]:
@@ -166,6 +194,16 @@ def score(
         if parsed_empty
         else None,
         "empty_suggestions": sum(1 for s in suggestions if not s),
+        "mid_word_holes": sum(1 for h in holes if mid_word(h)),
+        "mid_word_ignores_partial": _share(
+            [ignores_partial(s) for h, s in zip(holes, suggestions, strict=True) if mid_word(h)]
+        ),
+        "exact_line_match_stderr": round(
+            math.sqrt(
+                max(0.0, statistics.fmean(exact) * (1 - statistics.fmean(exact))) / len(exact)
+            ),
+            4,
+        ),
         "latency_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
         "latency_ms_p95": round(statistics.quantiles(latencies, n=20, method="inclusive")[-1], 1)
         if len(latencies) > 1
@@ -192,6 +230,7 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
             # machine cannot change which snippets a prompt holds.
             "context_timeout_ms": 60_000,
             **({"model": args.model} if args.model else {}),
+            **_overrides(args.set),
         }
     )
     cache_dir = settings.cache_path()
@@ -221,7 +260,12 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 for name, source in sources:
                     found[name] = _complete_holes(
-                        settings_for, runner, source, these, f"{engine_name} {name}"
+                        settings_for,
+                        runner,
+                        source,
+                        these,
+                        f"{engine_name} {name}",
+                        healing_baseline=args.healing_baseline and source is None,
                     )
                 found["model_runs"] = runner.misses
                 found["cached_outputs_used"] = runner.hits
@@ -244,6 +288,20 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """`--set key=value` pairs as completion settings (values read as JSON, else as text)."""
+    found: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set wants KEY=VALUE, got {pair!r}")
+        try:
+            found[key.strip()] = json.loads(value)
+        except ValueError:
+            found[key.strip()] = value
+    return found
+
+
 def _drop_suggestions(found: dict[str, Any]) -> None:
     """The report keeps figures; the suggestions were kept only to score subsets."""
     found.pop("suggestions", None)
@@ -258,22 +316,94 @@ def _complete_holes(
     source: ContextSource | None,
     holes: Sequence[Hole],
     label: str,
+    healing_baseline: bool = False,
 ) -> dict[str, Any]:
+    """Complete every hole; score the suggestions as shown (after the syntax check when it is
+    on) and report what the check changed, its time, the context's time, and (with
+    `healing_baseline`) the mid-word holes again without token healing."""
     from completion.engine import Engine
+    from completion.types import Timings
 
-    engine = Engine(completion, runner, context_source=source)
-    suggestions, latencies = [], []
+    checking = bool(completion.syntax_check)
+    # The engine runs without the check so that the suggestion before it is known; the check is
+    # then the engine's own (`Engine.check_syntax`), as it runs when serving.
+    engine = Engine(
+        completion.model_copy(update={"syntax_check": False}), runner, context_source=source
+    )
+    checker = Engine(completion, runner)
+    suggestions, unchecked, latencies, context_ms, syntax_ms = [], [], [], [], []
+    outcomes: dict[str, int] = {}
     for number, hole in enumerate(holes, 1):
-        decision = engine.complete(hole.request())
-        suggestions.append(decision.text)
+        request = hole.request()
+        decision = engine.complete(request)
+        text = decision.text
+        unchecked.append(text)
+        timings = Timings()
+        if checking:
+            text, outcome = checker.check_syntax(request, text, timings)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            if outcome != "unchecked":
+                syntax_ms.append(timings.syntax_ms)
+        suggestions.append(text)
         generation = decision.generation
         if generation is not None:
+            context_ms.append(decision.timings.context_ms)
             latencies.append(
-                decision.timings.context_ms + generation.prefill_ms + generation.decode_ms
+                decision.timings.context_ms
+                + generation.prefill_ms
+                + generation.decode_ms
+                + timings.syntax_ms
             )
         print(f"\r{label}: {number}/{len(holes)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     scored = score(holes, suggestions, latencies)
+    scored["context_ms"] = _quantiles(context_ms)
+    scored["token_healing"] = bool(completion.token_healing)
+    if checking:
+        before = score(holes, unchecked, [])
+        scored["syntax_check"] = {
+            "outcomes": dict(sorted(outcomes.items())),
+            "changed": sum(1 for a, b in zip(suggestions, unchecked, strict=True) if a != b),
+            "ms": _quantiles(syntax_ms),
+            "without_check": {
+                key: before[key]
+                for key in ("exact_line_match", "edit_similarity", "parses", "empty_suggestions")
+            },
+        }
+    if healing_baseline and completion.token_healing:
+        cut = [h for h in holes if mid_word(h)]
+        plain = Engine(
+            completion.model_copy(update={"token_healing": False, "syntax_check": False}),
+            runner,
+            context_source=source,
+        )
+        texts = []
+        for number, hole in enumerate(cut, 1):
+            texts.append(plain.complete(hole.request()).text)
+            print(
+                f"\r{label} mid-word, no healing: {number}/{len(cut)}",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+        print(file=sys.stderr)
+        scored["without_token_healing_on_mid_word_holes"] = {
+            "n": len(cut),
+            "mid_word_ignores_partial": _share([ignores_partial(t) for t in texts]),
+            "exact_line_match": _share(
+                [
+                    t.split("\n", 1)[0].strip() == h.truth.split("\n", 1)[0].strip()
+                    for h, t in zip(cut, texts, strict=True)
+                ]
+            ),
+            "with_token_healing_exact_line_match": _share(
+                [
+                    s.split("\n", 1)[0].strip() == h.truth.split("\n", 1)[0].strip()
+                    for h, s in zip(holes, suggestions, strict=True)
+                    if mid_word(h)
+                ]
+            ),
+        }
     scored["suggestions"] = suggestions
     return scored
 
@@ -313,6 +443,18 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--baseline-n", type=int, default=0, help="holes for the engines after the first (0: all)"
+    )
+    parser.add_argument(
+        "--healing-baseline",
+        action="store_true",
+        help="also complete the mid-word holes without token healing (run without retrieval)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a completion setting for this run (snake_case, JSON value), e.g. snippet_share=0.3",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)

@@ -1,29 +1,25 @@
 """The tree-sitter grammars the chunker knows, and what a definition is in each.
 
-Grammars come from the per-language wheels (`tree-sitter-python`, …); each is loaded once, on
-first use.
+Grammars come from the per-language wheels (`common.grammars` loads each once, on first use).
 """
 
 from __future__ import annotations
 
-import importlib
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from tree_sitter import Language, Node, Parser
+from tree_sitter import Node, Parser
 
+from common import grammars
 from common import languages as common_languages
 
 
 @dataclass(frozen=True)
 class Grammar:
-    """One language: its wheel, definition node types (→ symbol kind) and containers."""
+    """One language: definition node types (→ symbol kind) and containers; its wheel is in
+    `common.grammars`."""
 
     name: str
-    module: str
-    function: str
     definitions: dict[str, str]
     # Nodes whose children may hold further definitions (class bodies, impl blocks, …).
     containers: frozenset[str]
@@ -60,8 +56,6 @@ GRAMMARS: dict[str, Grammar] = {
     for g in (
         Grammar(
             "python",
-            "tree_sitter_python",
-            "language",
             {
                 "function_definition": "function",
                 "class_definition": "class",
@@ -69,15 +63,11 @@ GRAMMARS: dict[str, Grammar] = {
             },
             frozenset({"block", "decorated_definition"}),
         ),
-        Grammar("javascript", "tree_sitter_javascript", "language", _JS_DEFS, _JS_CONTAINERS),
-        Grammar(
-            "typescript", "tree_sitter_typescript", "language_typescript", _TS_DEFS, _JS_CONTAINERS
-        ),
-        Grammar("tsx", "tree_sitter_typescript", "language_tsx", _TS_DEFS, _JS_CONTAINERS),
+        Grammar("javascript", _JS_DEFS, _JS_CONTAINERS),
+        Grammar("typescript", _TS_DEFS, _JS_CONTAINERS),
+        Grammar("tsx", _TS_DEFS, _JS_CONTAINERS),
         Grammar(
             "go",
-            "tree_sitter_go",
-            "language",
             {
                 "function_declaration": "function",
                 "method_declaration": "method",
@@ -87,8 +77,6 @@ GRAMMARS: dict[str, Grammar] = {
         ),
         Grammar(
             "rust",
-            "tree_sitter_rust",
-            "language",
             {
                 "function_item": "function",
                 "struct_item": "struct",
@@ -103,8 +91,6 @@ GRAMMARS: dict[str, Grammar] = {
         ),
         Grammar(
             "java",
-            "tree_sitter_java",
-            "language",
             {
                 "class_declaration": "class",
                 "interface_declaration": "interface",
@@ -115,11 +101,9 @@ GRAMMARS: dict[str, Grammar] = {
             },
             frozenset({"class_body", "interface_body", "enum_body", "enum_body_declarations"}),
         ),
-        Grammar("c", "tree_sitter_c", "language", _C_DEFS, frozenset()),
+        Grammar("c", _C_DEFS, frozenset()),
         Grammar(
             "cpp",
-            "tree_sitter_cpp",
-            "language",
             {
                 **_C_DEFS,
                 "class_specifier": "class",
@@ -139,9 +123,6 @@ EXTENSIONS: dict[str, str] = {
     for extension in language.extensions
 }
 
-_lock = threading.Lock()
-_languages: dict[str, Language] = {}
-
 
 def language_of(path: str) -> str:
     """The language name for a path: a grammar name, else the extension (or `text`)."""
@@ -151,17 +132,9 @@ def language_of(path: str) -> str:
 
 def parser_for(language: str) -> Parser | None:
     """A new parser for `language`, or None when no grammar is bundled for it."""
-    grammar = GRAMMARS.get(language)
-    if grammar is None:
+    if language not in GRAMMARS:
         return None
-    with _lock:
-        loaded = _languages.get(language)
-        if loaded is None:
-            factory: Callable[[], object] = getattr(
-                importlib.import_module(grammar.module), grammar.function
-            )
-            loaded = _languages[language] = Language(factory())
-    return Parser(loaded)
+    return grammars.parser_for(language)
 
 
 _NAME_NODES = frozenset(

@@ -126,6 +126,12 @@ class WorkspaceContext:
         self._last: tuple[str, int, list[Snippet]] | None = None
         self._lock = threading.Lock()
 
+    @property
+    def repo_name(self) -> str:
+        """The workspace's name, as repository-level prompts show it (`completion.fim`)."""
+        root = self._root()
+        return root.name if root is not None else ""
+
     def snippets(self, request: CompletionRequest, deadline: float) -> Sequence[Snippet]:
         with self._lock:
             last = self._last

@@ -101,11 +101,18 @@ def _repeats_suffix(text: str, suffix: str) -> bool:
 
 
 def extract_features(
-    request: CompletionRequest, text: str, generation: Generation | None, signals: Signals
+    request: CompletionRequest,
+    text: str,
+    generation: Generation | None,
+    signals: Signals,
+    *,
+    syntax: str = "unchecked",
 ) -> dict[str, float | str]:
     """The raw features of one decision: the same function at serving and at training time.
 
-    `text` is the post-processed suggestion (empty when there is none). Values are raw
+    `text` is the post-processed suggestion (empty when there is none); `syntax` is what the
+    syntax check in place did to it (`completion.syntax`: kept, cut, dropped, unchecked). Values
+    are raw
     (character counts, seconds); the policy's `FeatureSpace` clips and transforms them.
     """
     logprobs = [lp for lp in (generation.token_logprobs if generation else []) if math.isfinite(lp)]
@@ -149,6 +156,7 @@ def extract_features(
         "retrieval_found": 1.0 if signals.retrieval_found else 0.0,
         "retrieval_similarity": float(signals.retrieval_similarity),
         "cache_hit": 1.0 if signals.cache_hit else 0.0,
+        "syntax_cut": 1.0 if syntax == "cut" else 0.0,
     }
 
 
@@ -209,6 +217,8 @@ DEFAULT_NUMERIC = (
     NumericFeature("retrieval_found", 0.0, 1.0),
     NumericFeature("retrieval_similarity", -1.0, 1.0),
     NumericFeature("cache_hit", 0.0, 1.0),
+    # Added with the syntax check: policies trained before it keep their own space without it.
+    NumericFeature("syntax_cut", 0.0, 1.0),
 )
 
 

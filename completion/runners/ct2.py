@@ -269,6 +269,7 @@ class Ct2Runner:
         stream = _Stream(self.tokenizer, frozenset(self.stop_ids), self.stop_strings, ids, stop)
         started = time.perf_counter()
         first_at: float | None = None
+        rejected: list[tuple[Any, frozenset[int]]] = []
         while True:
             if cancel.cancelled:
                 result.stop_reason = "cancelled"
@@ -276,7 +277,7 @@ class Ct2Runner:
             left = max_new_tokens - len(stream.ids)
             if left <= 0:
                 break
-            rejected: list[tuple[Any, frozenset[int]]] = []
+            rejected.clear()
             finished = False
 
             def on_token(step: Any) -> bool:

@@ -1,0 +1,131 @@
+"""The syntax check in place: does the file still parse where the suggestion goes?
+
+The file is parsed with tree-sitter as it is (prefix + suffix) and again with the suggestion
+inserted, incrementally from the first tree (only the edited region is re-parsed). A suggestion
+*introduces an error* when the second tree has an error or a missing node on a line where the
+first had none (lines after the insertion are compared with the same lines before it; lines of
+the suggestion with the cursor's line). Such a suggestion is cut to its longest start, at a line
+break, that introduces none, or dropped when no start is left.
+
+A line that was already broken at the cursor (the user is mid-statement) is no reason to drop a
+suggestion: only errors where the original text parsed count.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from common import grammars
+from common.languages import BY_ID
+from completion.types import CompletionRequest
+
+Outcome = Literal["kept", "cut", "dropped", "unchecked"]
+# Files beyond this size are not checked: the first parse would cost more than a keystroke's time.
+MAX_CHECK_BYTES = 1_000_000
+
+
+@dataclass(frozen=True)
+class SyntaxVerdict:
+    """The suggestion after the check, what the check did, and how long it took."""
+
+    text: str
+    outcome: Outcome
+    ms: float = 0.0
+    parses: int = 0  # trees built (the first one in full, the others incrementally)
+
+
+def grammar_for(language: str) -> str | None:
+    """The tree-sitter grammar of an LSP language id (or of a grammar name), if one is bundled."""
+    known = BY_ID.get(language)
+    name = known.grammar if known is not None else language
+    return name if name in grammars.WHEELS else None
+
+
+def _error_rows(root: Any) -> set[int]:
+    """Rows where an ERROR or MISSING node starts (only subtrees that hold an error are walked)."""
+    rows: set[int] = set()
+    if not root.has_error:
+        return rows
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.is_error or node.is_missing:
+            rows.add(node.start_point[0])
+            if node.is_missing:
+                continue
+        stack.extend(child for child in node.children if child.has_error or child.is_missing)
+    return rows
+
+
+def _line_starts(text: str) -> Iterator[int]:
+    """Lengths of the starts of `text` that end just before a line break, longest first."""
+    end = len(text)
+    while True:
+        end = text.rfind("\n", 0, end)
+        if end <= 0:
+            return
+        yield end
+
+
+class SyntaxChecker:
+    """Checks suggestions with one parser per grammar (parsers are not shared between threads)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def _parser(self, grammar: str) -> Any:
+        parsers: dict[str, Any] = self._local.__dict__.setdefault("parsers", {})
+        parser = parsers.get(grammar)
+        if parser is None:
+            parser = parsers[grammar] = grammars.parser_for(grammar)
+        return parser
+
+    def check(self, request: CompletionRequest, suggestion: str) -> SyntaxVerdict:
+        """`suggestion` as it may be shown at `request`'s cursor (see the module's description)."""
+        started = time.perf_counter()
+        grammar = grammar_for(request.language)
+        if not suggestion.strip() or grammar is None:
+            return SyntaxVerdict(suggestion, "unchecked")
+        head = request.prefix.encode("utf-8", "surrogatepass")
+        tail = request.suffix.encode("utf-8", "surrogatepass")
+        if len(head) + len(tail) > MAX_CHECK_BYTES:
+            return SyntaxVerdict(suggestion, "unchecked")
+        parser = self._parser(grammar)
+        original = parser.parse(head + tail)
+        before = _error_rows(original.root_node)
+        row = request.prefix.count("\n")
+        column = len(head) - (head.rfind(b"\n") + 1)
+        parses = 1
+        candidates = [suggestion, *(suggestion[:end] for end in _line_starts(suggestion))]
+        for text in candidates:
+            if not text.strip():
+                continue
+            inserted = text.encode("utf-8", "surrogatepass")
+            lines = text.count("\n")
+            end_column = (
+                column + len(inserted) if not lines else len(inserted) - (inserted.rfind(b"\n") + 1)
+            )
+            edited = original.copy()
+            edited.edit(
+                start_byte=len(head),
+                old_end_byte=len(head),
+                new_end_byte=len(head) + len(inserted),
+                start_point=(row, column),
+                old_end_point=(row, column),
+                new_end_point=(row + lines, end_column),
+            )
+            tree = parser.parse(head + inserted + tail, edited)
+            parses += 1
+            after = {
+                r if r <= row else (row if r <= row + lines else r - lines)
+                for r in _error_rows(tree.root_node)
+            }
+            if after <= before:
+                outcome: Outcome = "kept" if text == suggestion else "cut"
+                ms = (time.perf_counter() - started) * 1000
+                return SyntaxVerdict(text, outcome, ms, parses)
+        return SyntaxVerdict("", "dropped", (time.perf_counter() - started) * 1000, parses)
