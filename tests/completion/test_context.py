@@ -218,3 +218,29 @@ def test_engine_ends_the_prompt_at_the_line_break(at_line_break: bool, text: str
         "def f(x):\n" + ("" if at_line_break else "    ") + ("<|fim_suffix|>\n<|fim_middle|>")
     )
     assert decision.features["leading_whitespace"] == (0.0 if at_line_break else 1.0)
+
+
+def test_relevance_floor_leaves_out_loosely_related_snippets_only() -> None:
+    from completion.context import ContextBudget, LineTokenCounter, assemble
+    from completion.types import Snippet
+
+    class Source:
+        def snippets(self, request: CompletionRequest, deadline: float) -> list[Snippet]:
+            return [
+                Snippet("a.py", "def a(): pass", 0.81, "index"),
+                Snippet("b.py", "def b(): pass", 0.42, "index"),
+                Snippet("c.py", "def c(): pass", 1.0, "definition"),
+                Snippet("d.py", "def d(): pass", 0.1, "recent"),
+            ]
+
+    request = CompletionRequest(prefix="x = ", suffix="\n", language="python")
+    counter = LineTokenCounter(len)
+    for floor, kept in ((0.0, ["a.py", "b.py", "c.py", "d.py"]), (0.5, ["a.py", "c.py", "d.py"])):
+        parts = assemble(
+            request,
+            ContextBudget(4000),
+            count_tokens=counter,
+            source=Source(),
+            min_similarity=floor,
+        )
+        assert [s.path for s in parts.snippets] == kept

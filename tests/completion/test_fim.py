@@ -34,41 +34,48 @@ def test_build_without_snippets(name: str, expected: str) -> None:
     assert template_for(name).build(PREFIX, SUFFIX) == expected
 
 
+# SNIPPETS are best first: the prompt holds them in reverse, the best nearest the edited file.
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
         pytest.param(
             "qwen",
-            "<|file_sep|>pkg/consts.py\nPI = 3.14159\n"
+            "<|repo_name|>geometry\n"
             "<|file_sep|>pkg/util.py\ndef sq(x):\n    return x * x\n"
+            "<|file_sep|>pkg/consts.py\nPI = 3.14159\n"
             f"<|file_sep|>pkg/geo.py\n<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>",
             id="qwen-repo-level",
         ),
         pytest.param(
             "starcoder",
-            "<file_sep>pkg/consts.py\nPI = 3.14159\n"
             "<file_sep>pkg/util.py\ndef sq(x):\n    return x * x\n"
+            "<file_sep>pkg/consts.py\nPI = 3.14159\n"
             f"<file_sep><fim_prefix>pkg/geo.py\n{PREFIX}<fim_suffix>{SUFFIX}<fim_middle>",
             id="starcoder-repo-level",
         ),
         pytest.param(
             "codellama",
-            "<PRE> # Path: pkg/consts.py\n# PI = 3.14159\n\n"
-            "# Path: pkg/util.py\n# def sq(x):\n#     return x * x\n\n"
+            "<PRE> # Path: pkg/util.py\n# def sq(x):\n#     return x * x\n\n"
+            "# Path: pkg/consts.py\n# PI = 3.14159\n\n"
             f"{PREFIX} <SUF>{SUFFIX} <MID>",
             id="codellama-commented",
         ),
         pytest.param(
             "deepseek",
-            "<｜fim▁begin｜># Path: pkg/consts.py\n# PI = 3.14159\n\n"
-            "# Path: pkg/util.py\n# def sq(x):\n#     return x * x\n\n"
+            "<｜fim▁begin｜># Path: pkg/util.py\n# def sq(x):\n#     return x * x\n\n"
+            "# Path: pkg/consts.py\n# PI = 3.14159\n\n"
             f"{PREFIX}<｜fim▁hole｜>{SUFFIX}<｜fim▁end｜>",
             id="deepseek-commented",
         ),
     ],
 )
 def test_build_with_snippets(name: str, expected: str) -> None:
-    assert template_for(name).build(PREFIX, SUFFIX, SNIPPETS, "pkg/geo.py") == expected
+    assert template_for(name).build(PREFIX, SUFFIX, SNIPPETS, "pkg/geo.py", "geometry") == expected
+
+
+def test_qwen_names_a_repository_when_none_is_known() -> None:
+    prompt = template_for("qwen").build(PREFIX, SUFFIX, SNIPPETS[:1], "pkg/geo.py")
+    assert prompt.startswith("<|repo_name|>workspace\n<|file_sep|>pkg/consts.py\n")
 
 
 @pytest.mark.parametrize(

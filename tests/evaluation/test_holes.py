@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import math
 import random
 import shutil
 import sysconfig
@@ -20,7 +21,9 @@ from evaluation.holes import (
     Hole,
     corpus_files,
     edit_similarity,
+    ignores_partial,
     levenshtein,
+    mid_word,
     run_holes,
     sample_holes,
 )
@@ -230,6 +233,10 @@ def expected_scores(holes: list[Hole], kinds: dict[int, str]) -> dict[str, objec
             similarity.append(0.0)
             parsed.append(False)
     left_empty = [_parses(h.prefix + h.suffix) for h in holes]
+    cut_words = [h for h in holes if mid_word(h)]
+    # A right answer continues the word; `WRONG` starts with `@`, a new token.
+    ignoring = [kinds.get(holes.index(h), WRONG) == WRONG for h in cut_words]
+    share = sum(exact) / len(holes)
     return {
         "n": len(holes),
         "exact_line_match": round(sum(exact) / len(holes), 4),
@@ -237,6 +244,9 @@ def expected_scores(holes: list[Hole], kinds: dict[int, str]) -> dict[str, objec
         "parses": round(sum(parsed) / len(holes), 4),
         "parses_if_left_empty": round(sum(left_empty) / len(holes), 4),
         "empty_suggestions": 0,
+        "mid_word_holes": len(cut_words),
+        "mid_word_ignores_partial": round(sum(ignoring) / len(ignoring), 4) if ignoring else None,
+        "exact_line_match_stderr": round(math.sqrt(share * (1 - share) / len(holes)), 4),
     }
 
 
@@ -258,7 +268,7 @@ def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
             f'cache_dir = "{tmp_path / "cache"}"\n'
             "[completion]\n"
             f'runner = "http"\nhttp_url = "{url}"\nhttp_model = "scripted"\n'
-            'fim_template = "qwen"\n'
+            'fim_template = "qwen"\nsyntax_check = false\n'
             f'[index]\nembedding_model = "{tiny_embedder_path()}"\n',
             encoding="utf-8",
         )
@@ -271,12 +281,17 @@ def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
             no_retrieval=False,
             engines="",
             baseline_n=0,
+            healing_baseline=False,
+            set=[],
             argv=["--corpus", str(corpus)],
         )
         first = run_holes(args)
         prompts = [request["prompt"] for request in server.requests]
         second = run_holes(args)
         requests_after_rerun = len(server.requests)
+        # The same outputs again, through the syntax check (`--set syntax_check=true`).
+        checked = run_holes(argparse.Namespace(**{**vars(args), "set": ["syntax_check=true"]}))
+        requests_after_check = len(server.requests)
 
     # One model call per hole and run. Every prompt with retrieval held snippets from other
     # files (the corpus has fewer chunks than one search returns), and none without.
@@ -286,7 +301,25 @@ def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
         scores = dict(first[run])
         assert scores.pop("latency_ms_p50") is not None
         scores.pop("latency_ms_p95")
+        assert scores.pop("token_healing") is True  # asked, but an HTTP runner cannot follow it
+        assert set(scores.pop("context_ms")) == {"p50", "p95"}
         assert scores == expected_scores(holes, kinds), run
+        # The syntax check: the suggestions before it are the unchecked run's; what it changed
+        # is counted, it never lowers the parse rate, and it only cuts (exact-line may drop
+        # where a cut removed the first line; it cannot rise).
+        report = checked[run]["syntax_check"]
+        assert report["without_check"] == {
+            key: first[run][key]
+            for key in ("exact_line_match", "edit_similarity", "parses", "empty_suggestions")
+        }
+        assert sum(report["outcomes"].values()) == HOLES
+        assert report["changed"] == report["outcomes"].get("cut", 0) + report["outcomes"].get(
+            "dropped", 0
+        )
+        assert report["changed"] > 0  # the `@$@` answers break code that parsed
+        assert checked[run]["parses"] >= first[run]["parses"]
+        assert checked[run]["exact_line_match"] <= first[run]["exact_line_match"]
+    assert requests_after_check == 2 * HOLES  # the check needs no model call
     # A rerun answers every prompt from the output cache and scores the same.
     assert (second["model_runs"], second["cached_outputs_used"]) == (0, 2 * HOLES)
     assert requests_after_rerun == 2 * HOLES
@@ -296,4 +329,27 @@ def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
         first[run].pop("latency_ms_p95")
         second[run].pop("latency_ms_p50")
         second[run].pop("latency_ms_p95")
+        first[run].pop("context_ms")  # this run's own time
+        second[run].pop("context_ms")
         assert second[run] == first[run]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "truth", "cut"),
+    [
+        pytest.param("    if isinst", "ance(x, int):", True, id="mid-word"),
+        pytest.param("    x = os.pa", "th.join(a)", True, id="mid-dotted-name"),
+        pytest.param("    if ", "isinstance(x):", False, id="after-a-space"),
+        pytest.param("    return x", " + 1", False, id="word-complete"),
+    ],
+)
+def test_mid_word_holes(prefix: str, truth: str, cut: bool) -> None:
+    hole = Hole(Path("m.py"), prefix, truth, "\n", "line", 0, len(prefix))
+    assert mid_word(hole) is cut
+
+
+def test_a_suggestion_that_ignores_the_typed_word() -> None:
+    assert ignores_partial(" instream is not None:")
+    assert ignores_partial("(x, int):")
+    assert not ignores_partial("ance(x, int):")
+    assert not ignores_partial("")  # silence ignores nothing
