@@ -95,7 +95,7 @@ class CachedRunner:
             stop=stop,
             cancel=cancel,
             temperature=temperature,
-            **forced,  # type: ignore[arg-type]
+            **forced,
         )
         if generation.stop_reason == "cancelled":
             return generation

@@ -188,7 +188,7 @@ PREFERENCES = {
 
 def engine_for(model: PreferringModel, **settings: object) -> Engine:
     always = gate.builtin_policy().with_floor(1.0)
-    chosen = CompletionSettings(model="scripted", cache=False, **settings)  # type: ignore[arg-type]
+    chosen = CompletionSettings(model="scripted", cache=False, **settings)
     return Engine(chosen, model, policy_source=lambda: always)
 
 
