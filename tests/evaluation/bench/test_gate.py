@@ -51,15 +51,18 @@ def test_lost_chars_counts_the_lowest_scored_share() -> None:
     assert lost_chars_when_skipping(score, np.zeros(10))["skip_10%"] is None
 
 
-# A suggestion the simulated user ignores: no truth in these files starts with "§".
-WRONG = "§§ not this"
+# A suggestion the simulated user ignores: no truth in these files starts with "# §". A comment,
+# so that the syntax check in place (`completion.syntaxCheck`) keeps it: it ends the line and
+# breaks no code.
+WRONG = "# §§ not this"
 
 
 def scripted_user_session(positions: list[Position]) -> tuple[ScriptedModel, int, int]:
     """A model that is right exactly at the positions at the start of a line's code.
 
     Where the hole has at least four non-blank characters, it answers it (at the start of the
-    line's code) or `WRONG` (elsewhere); at the other positions, nothing.
+    line's code) or `WRONG` (elsewhere, where no code follows on the line); at the other
+    positions, nothing.
     Returns the model, the number of suggestions and the number of them that are right.
     """
     rules: dict[str, str] = {}
@@ -71,6 +74,8 @@ def scripted_user_session(positions: list[Position]) -> tuple[ScriptedModel, int
             continue
         line_prefix = position.prefix[position.prefix.rfind("\n") + 1 :]
         at_line_start = not line_prefix.strip()
+        if not at_line_start and position.suffix.split("\n", 1)[0].strip():
+            continue  # a wrong comment here would comment out code: the syntax check drops it
         if at_line_start:
             # The prompt ends at the line break; the model writes the indentation itself.
             key = position.prefix[: len(position.prefix) - len(line_prefix)]
