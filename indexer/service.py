@@ -323,13 +323,14 @@ class WorkspaceIndex:
         except sqlite3.ProgrammingError:  # closed while we embedded the query
             return []
 
-    def symbols(self, query: str, k: int = 50) -> list[SymbolHit]:
-        """Symbols by name (exact, prefix, substring), then symbols of chunks close in meaning."""
+    def symbols(self, query: str, k: int = 50, *, by_meaning: bool = True) -> list[SymbolHit]:
+        """Symbols by name (exact, prefix, substring), then (`by_meaning`) symbols of chunks
+        close in meaning. Without `by_meaning` no query is embedded: a name lookup only."""
         store = self._store
         if store is None:
             return []
         found = store.symbols_named(query, k)
-        if len(found) < k and len(query.strip()) > 2:
+        if by_meaning and len(found) < k and len(query.strip()) > 2:
             seen = {(s.path, s.line, s.name) for s in found}
             for hit in self.search(query, k=max(5, k - len(found))):
                 for symbol in store.chunk_symbols(hit.path, hit.start_line, hit.end_line):

@@ -36,6 +36,7 @@ QUERY_LINES_AFTER = 4
 NEAR_LINES = 40  # chunks of the cursor's file this close are already in the prompt
 SEARCH_K = 8
 DEFINITIONS_MAX = 3
+DEFINITION_CANDIDATES = 4  # symbols looked at per name (exact matches come first)
 RECENT_KEPT = 16
 RECENT_CONTEXT_LINES = 3
 COMMON_NAMES = frozenset(dir(__builtins__)) | frozenset(keyword.kwlist) | {"self", "cls"}
@@ -183,7 +184,8 @@ class WorkspaceContext:
         for name in names_near_cursor(request):
             if len(found) >= DEFINITIONS_MAX or time.monotonic() >= deadline:
                 break
-            for symbol in index.symbols(name, k=2):
+            # A name lookup: embedding every name would cost more than the whole search.
+            for symbol in index.symbols(name, k=DEFINITION_CANDIDATES, by_meaning=False):
                 if symbol.name != name:
                     continue
                 chunk = index.chunk_at(symbol.path, symbol.line)

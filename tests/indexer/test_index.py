@@ -168,6 +168,10 @@ def test_symbols_by_name_then_by_meaning(workspace: Path, open_index: OpenIndex)
     assert methods[0].name == "JSONDecoder" and methods[0].kind == "class"
     decode = next(s for s in index.symbols("raw_decode", 5) if s.name == "raw_decode")
     assert decode.container == "JSONDecoder" and decode.kind == "method"
+    # A name lookup alone (what retrieval asks for definitions): only names holding the query.
+    by_name = index.symbols("decode", 50, by_meaning=False)
+    assert by_name and all("decode" in s.name.lower() for s in by_name)
+    assert index.symbols("JSONDecoder", 5, by_meaning=False)[0].name == "JSONDecoder"
 
 
 def test_watcher_indexes_a_new_file(workspace: Path, open_index: OpenIndex) -> None:
