@@ -140,10 +140,13 @@ class Engine:
                 text, reason = postprocess.clean_with_reason(
                     generation.text, request, self.settings.min_chars
                 )
+                checked, outcome = self.check_syntax(
+                    request, text, timings if index == 0 else Timings()
+                )
                 if index == 0:
-                    text, syntax = self.check_syntax(request, text, timings)
-                    empty_reason = SYNTAX_DROPPED if syntax == "dropped" else reason
-                texts.append(text)
+                    syntax = outcome
+                    empty_reason = SYNTAX_DROPPED if outcome == "dropped" else reason
+                texts.append(checked)
             if texts[0]:
                 self.cache.store(request, texts[0])
 
@@ -190,6 +193,7 @@ class Engine:
         prompt, _ = self._prompt(after, gate.Signals(), Timings())
         (generation,) = self._run_model(after, prompt, cancel, Timings(), 1)
         text = postprocess.clean(generation.text, after, self.settings.min_chars)
+        text, _ = self.check_syntax(after, text, Timings())
         if not text:
             return False
         self.cache.store(after, text, source="prefetch", generation=generation)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from completion.context import ContextSource
 from completion.types import CompletionRequest
 from evaluation.positions import (
@@ -230,9 +232,15 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
             # machine cannot change which snippets a prompt holds.
             "context_timeout_ms": 60_000,
             **({"model": args.model} if args.model else {}),
-            **_overrides(args.set),
         }
     )
+    if args.set:
+        try:
+            completion = type(completion).model_validate(
+                {**completion.model_dump(), **_overrides(args.set)}
+            )
+        except ValidationError as error:
+            raise SystemExit(f"--set: {error}") from None
     cache_dir = settings.cache_path()
     holes = sample_holes(corpus_files(corpus), args.n, random.Random(args.seed))
     if not holes:

@@ -353,3 +353,26 @@ def test_a_suggestion_that_ignores_the_typed_word() -> None:
     assert ignores_partial("(x, int):")
     assert not ignores_partial("ance(x, int):")
     assert not ignores_partial("")  # silence ignores nothing
+
+
+def test_a_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "m.py").write_text("x = 1\n", encoding="utf-8")
+    (corpus / "tabloop.toml").write_text(f'cache_dir = "{tmp_path / "cache"}"\n')
+    for bad in ("snippet_min_similarity=2", "no_such_setting=1", "snippet_share"):
+        args = argparse.Namespace(
+            corpus=str(corpus),
+            n=1,
+            seed=0,
+            model=None,
+            max_new_tokens=8,
+            no_retrieval=True,
+            engines="",
+            baseline_n=0,
+            healing_baseline=False,
+            set=[bad],
+            argv=[],
+        )
+        with pytest.raises(SystemExit, match="--set"):
+            run_holes(args)
