@@ -5,11 +5,19 @@ for a share of them at the start of a statement inside a block, the rest of the 
 hole); the engine completes the hole from the text before and after it. Both runs, without and
 with snippets from a semantic index of the corpus, see the same holes.
 
-Reported per run: `exact_line_match` (the first line is exactly right), `edit_similarity`
-(1 - Levenshtein distance / longer length, between suggestion and truth), `parses` (Python
-files still parse with the suggestion in place) and `latency_ms_p50` (the engine's time when the
-model ran; model outputs are cached by prompt, so a rerun costs little and keeps the latency of
-the first run).
+Reported per run: `exact_line_match` (the first line is exactly right) and its standard error,
+`edit_similarity` (1 - Levenshtein distance / longer length, between suggestion and truth),
+`parses` (Python files still parse with the suggestion in place; `parses_if_left_empty` with
+nothing inserted), `latency_ms_p50`/`p95` (the engine's time when the model ran, syntax check
+included; model outputs are cached by prompt, so a rerun costs little and keeps the latency of
+the first run), `context_ms` (gathering context: retrieval's time), `mid_word_holes` (holes that
+cut a word: the prefix ends with a word character and so does the truth's start) and
+`mid_word_ignores_partial` (the share of them whose suggestion starts a new token instead of
+completing the word). With `completion.syntaxCheck` on, `syntax_check` gives what the check did
+(`outcomes`, `changed`), its time (`ms`), and the figures of the same suggestions before it
+(`without_check`). `--healing-baseline` completes the mid-word holes once more without token
+healing (in the run without retrieval) and reports both. `--set key=value` changes a completion
+setting for the run (e.g. `snippet_min_similarity=0.7`).
 """
 
 from __future__ import annotations
