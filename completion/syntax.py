@@ -2,8 +2,8 @@
 
 The file is parsed with tree-sitter as it is (prefix + suffix) and again with the suggestion
 inserted, incrementally from the first tree (only the edited region is re-parsed). A suggestion
-*introduces an error* when the second tree has an error or a missing node on a line where the
-first had none (lines after the insertion are compared with the same lines before it; lines of
+*introduces an error* when the second tree has an error (a missing node, or an error node that
+skipped tokens) starting on a line where the first had none (lines after the insertion are compared with the same lines before it; lines of
 the suggestion with the cursor's line). Such a suggestion is cut to its longest start, at a line
 break, that introduces none, or dropped when no start is left.
 
@@ -46,17 +46,25 @@ def grammar_for(language: str) -> str | None:
 
 
 def _error_rows(root: Any) -> set[int]:
-    """Rows where an ERROR or MISSING node starts (only subtrees that hold an error are walked)."""
+    """Rows where errors start: MISSING nodes, and ERROR nodes that skipped tokens.
+
+    An ERROR node that holds only whole constructs is error recovery wrapping the code around
+    an error (it may start many lines above it): its start is not where anything is wrong, so
+    only the errors inside it count. Only subtrees that hold an error are walked.
+    """
     rows: set[int] = set()
     if not root.has_error:
         return rows
     stack = [root]
     while stack:
         node = stack.pop()
-        if node.is_error or node.is_missing:
+        if node.is_missing:
             rows.add(node.start_point[0])
-            if node.is_missing:
-                continue
+            continue
+        if node.is_error and (
+            not node.children or any(child.child_count == 0 for child in node.children)
+        ):
+            rows.add(node.start_point[0])
         stack.extend(child for child in node.children if child.has_error or child.is_missing)
     return rows
 

@@ -119,3 +119,12 @@ def test_engine_drops_a_suggestion_that_only_breaks_code() -> None:
     assert decision.syntax == "dropped"
     assert decision.reason == SYNTAX_DROPPED
     assert decision.action == "silence"
+
+
+def test_error_recovery_that_wraps_earlier_code_is_not_a_new_error() -> None:
+    # Characters Python does not allow (U+2028, U+0085) break line 1 already; with the
+    # suggestion, tree-sitter's recovery wraps the code from line 0 in an error node, which holds
+    # only whole statements: nothing new is wrong on line 0.
+    source = "page = 1\f\nmark\u2028 = 2 \x85 # note\n    result = "
+    verdict = SyntaxChecker().check(request(prefix=source, suffix=""), "sum(values)")
+    assert verdict.outcome == "kept"
