@@ -39,7 +39,6 @@ from completion.types import (
 log = logging.getLogger(__name__)
 
 PolicySource = Callable[[], gate.Policy]
-SYNTAX_DROPPED = "the suggestion broke code that parsed"
 # Characters per model token in source code, for estimates before a prompt is tokenised.
 CHARS_PER_TOKEN = 3
 
@@ -145,7 +144,7 @@ class Engine:
                 )
                 if index == 0:
                     syntax = outcome
-                    empty_reason = SYNTAX_DROPPED if outcome == "dropped" else reason
+                    empty_reason = postprocess.SYNTAX_DROPPED if outcome == "dropped" else reason
                 texts.append(checked)
             if texts[0]:
                 self.cache.store(request, texts[0])

@@ -301,6 +301,8 @@ def clean(text: str, request: CompletionRequest, min_chars: int) -> str:
 EMPTY_FROM_MODEL = "the model wrote nothing before a stop"
 REPEATS_SUFFIX = "it only repeats the code after the cursor"
 TOO_SHORT = "fewer non-blank characters than completion.minChars"
+# Set by the engine after the syntax check in place (`completion.syntax`), not by `clean`.
+SYNTAX_DROPPED = "the suggestion broke code that parsed"
 
 
 def clean_with_reason(text: str, request: CompletionRequest, min_chars: int) -> tuple[str, str]:

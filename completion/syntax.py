@@ -3,9 +3,10 @@
 The file is parsed with tree-sitter as it is (prefix + suffix) and again with the suggestion
 inserted, incrementally from the first tree (only the edited region is re-parsed). A suggestion
 *introduces an error* when the second tree has an error (a missing node, or an error node that
-skipped tokens) starting on a line where the first had none (lines after the insertion are compared with the same lines before it; lines of
-the suggestion with the cursor's line). Such a suggestion is cut to its longest start, at a line
-break, that introduces none, or dropped when no start is left.
+skipped tokens) starting on a line where the first had none (lines after the insertion are
+compared with the same lines before it; lines of the suggestion with the cursor's line). Such a
+suggestion is cut to its longest start, at a line break, that introduces none, or dropped when
+no start is left.
 
 A line that was already broken at the cursor (the user is mid-statement) is no reason to drop a
 suggestion: only errors where the original text parsed count.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from completion import gate
-from completion.engine import SYNTAX_DROPPED, Engine
+from completion.engine import Engine
+from completion.postprocess import SYNTAX_DROPPED
 from completion.settings import CompletionSettings
 from completion.syntax import SyntaxChecker, grammar_for
 from completion.types import CompletionRequest

@@ -25,7 +25,12 @@ from evaluation.lsp_client import plain
 from tests.lsp_server.conftest import load_profile
 from tests.lsp_server.test_e2e import CURSOR, SOURCE, inline_params, open_document, wait_until_ready
 
-EMPTY_REASONS = {postprocess.EMPTY_FROM_MODEL, postprocess.REPEATS_SUFFIX, postprocess.TOO_SHORT}
+EMPTY_REASONS = {
+    postprocess.EMPTY_FROM_MODEL,
+    postprocess.REPEATS_SUFFIX,
+    postprocess.TOO_SHORT,
+    postprocess.SYNTAX_DROPPED,
+}
 SPECIAL_TOKEN = "<|"
 
 
