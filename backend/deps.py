@@ -17,10 +17,8 @@ from fastapi import Depends, Request
 
 from backend.metrics import Metrics
 from backend.policy.registry import PolicyRegistry
-from backend.ratelimit import Limiter
 from backend.services.completions import CompletionService
 from backend.services.container import BackendServices
-from backend.services.ingest import IngestLimits
 from backend.services.ingest_stats import IngestRecorder
 from backend.services.stats import StatsService
 from backend.storage import Storage
@@ -53,16 +51,6 @@ async def get_metrics(services: Services) -> Metrics:
     return services.metrics
 
 
-async def get_ingest_limits(services: Services) -> IngestLimits:
-    """Bounds on one events request."""
-    return services.limits
-
-
-async def get_rate_limiter(services: Services) -> Limiter:
-    """The per-tenant event rate limit."""
-    return services.rate_limiter
-
-
 async def get_registry(services: Services) -> PolicyRegistry:
     """The policy versions of every tenant."""
     return services.registry
@@ -90,8 +78,6 @@ async def get_ingest_stats(services: Services) -> IngestRecorder:
 
 StorageDep = Annotated[Storage, Depends(get_storage)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-IngestLimitsDep = Annotated[IngestLimits, Depends(get_ingest_limits)]
-RateLimiterDep = Annotated[Limiter, Depends(get_rate_limiter)]
 RegistryDep = Annotated[PolicyRegistry, Depends(get_registry)]
 CompletionServiceDep = Annotated[CompletionService, Depends(get_completion_service)]
 IndexSyncStoreDep = Annotated[IndexSyncStore, Depends(get_index_sync)]
