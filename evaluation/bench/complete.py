@@ -227,19 +227,24 @@ async def replay(
         "prefetch_served": len(latencies["prefetch"]),
         "prefetch_share_of_shown": round(len(latencies["prefetch"]) / max(len(served), 1), 3),
         "prefetch_used_after_accept": round(prefetch_used / max(accepted, 1), 3),
-        "model_served_ms_p50": round(percentile(latencies["model"], 0.5), 1),
-        "model_served_ms_p95": round(percentile(latencies["model"], 0.95), 1),
-        "keystroke_to_suggestion_ms_p50": round(percentile(served, 0.5), 1),
-        "keystroke_to_suggestion_ms_p95": round(percentile(served, 0.95), 1),
+        "model_served_ms_p50": _quantile(latencies["model"], 0.5),
+        "model_served_ms_p95": _quantile(latencies["model"], 0.95),
+        "keystroke_to_suggestion_ms_p50": _quantile(served, 0.5),
+        "keystroke_to_suggestion_ms_p95": _quantile(served, 0.95),
         "model_calls_per_100_keystrokes": round(100 * calls / len(keys), 1),
         "prefill_tokens_per_call": round(
             (model_status["prefillTokens"] - start_model["prefillTokens"]) / max(calls, 1), 1
         ),
-        "overhead_ms_p50": round(
-            percentile([rt - m for rt, m in zip(overheads, model_ms, strict=True)], 0.5), 2
+        "overhead_ms_p50": _quantile(
+            [rt - m for rt, m in zip(overheads, model_ms, strict=True)], 0.5, digits=2
         ),
         "typing_cache_hits": model_status["typingCacheHits"],
     }
+
+
+def _quantile(values: list[float], q: float, digits: int = 1) -> float | None:
+    """The q-quantile of `values`, rounded; None (JSON null) when there are none."""
+    return round(percentile(values, q), digits) if values else None
 
 
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -279,7 +284,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
     }
     on, off = results.get("on"), results.get("off")
-    if on and off and on["model_served_ms_p50"] > 0:
+    if on and off and on["model_served_ms_p50"] and off["model_served_ms_p50"]:
         report["model_served_speedup_p50"] = round(
             off["model_served_ms_p50"] / on["model_served_ms_p50"], 2
         )
