@@ -282,8 +282,9 @@ def test_forcing_what_the_model_writes_anyway_changes_nothing(runner: object) ->
     plain = runner.generate(  # type: ignore[attr-defined]
         PROMPT, max_new_tokens=8, stop=never, cancel=CancelToken()
     )
-    if not plain.text.strip():
-        pytest.skip("the tiny model wrote nothing to force")
+    # The committed tiny model writes text here (its greedy margins are well above rounding);
+    # whitespace is fine to force too.
+    assert plain.text, plain
     # Forcing the text of the model's own first token(s) keeps its greedy choices.
     forced = plain.text[: max(1, min(3, len(plain.text)))]
     healed = runner.generate(  # type: ignore[attr-defined]
