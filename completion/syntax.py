@@ -10,12 +10,18 @@ no start is left.
 
 A line that was already broken at the cursor (the user is mid-statement) is no reason to drop a
 suggestion: only errors where the original text parsed count.
+
+The first tree is not built from nothing on every keystroke: the checker keeps, per document, the
+text and tree of its last check, finds the one range where the new text differs from it (common
+start and end) and re-parses only that range. Typing a character costs an incremental parse, not a
+parse of the whole file.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,6 +33,8 @@ from completion.types import CompletionRequest
 Outcome = Literal["kept", "cut", "dropped", "unchecked"]
 # Files beyond this size are not checked: the first parse would cost more than a keystroke's time.
 MAX_CHECK_BYTES = 1_000_000
+# Documents whose last tree is kept, per thread (the most recently checked ones).
+KEPT_TREES = 8
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,8 @@ class SyntaxVerdict:
     text: str
     outcome: Outcome
     ms: float = 0.0
-    parses: int = 0  # trees built (the first one in full, the others incrementally)
+    parses: int = 0  # trees built (the first one in full or from the document's last tree)
+    reused: bool = False  # the first tree came from the document's last one
 
 
 def grammar_for(language: str) -> str | None:
@@ -80,11 +89,82 @@ def _line_starts(text: str) -> Iterator[int]:
         yield end
 
 
+def _common_start(old: bytes, new: bytes) -> int:
+    """Length of the longest common start of `old` and `new` (binary search over C compares)."""
+    low, high = 0, min(len(old), len(new))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if old[:middle] == new[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _common_end(old: bytes, new: bytes, start: int) -> int:
+    """Length of the longest common end of `old` and `new` that leaves `start` bytes alone."""
+    low, high = 0, min(len(old), len(new)) - start
+    while low < high:
+        middle = (low + high + 1) // 2
+        if old[len(old) - middle :] == new[len(new) - middle :]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _point(text: bytes, offset: int) -> tuple[int, int]:
+    """Tree-sitter's (row, byte column) of `offset` in `text`."""
+    return text.count(b"\n", 0, offset), offset - (text.rfind(b"\n", 0, offset) + 1)
+
+
+@dataclass
+class _Kept:
+    grammar: str
+    text: bytes
+    tree: Any
+
+
 class SyntaxChecker:
     """Checks suggestions with one parser per grammar (parsers are not shared between threads)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
+
+    def _kept(self) -> OrderedDict[str, _Kept]:
+        kept: OrderedDict[str, _Kept] = self._local.__dict__.setdefault("kept", OrderedDict())
+        return kept
+
+    def _tree(self, document: str, grammar: str, text: bytes) -> tuple[Any, bool]:
+        """The tree of `text`, re-parsed from the document's last tree where there is one."""
+        parser = self._parser(grammar)
+        kept = self._kept()
+        last = kept.get(document) if document else None
+        reused = last is not None and last.grammar == grammar
+        if last is None or last.grammar != grammar:
+            tree = parser.parse(text)
+        elif last.text == text:
+            tree = last.tree
+        else:
+            start = _common_start(last.text, text)
+            end = _common_end(last.text, text, start)
+            old_end, new_end = len(last.text) - end, len(text) - end
+            edited = last.tree.copy()
+            edited.edit(
+                start_byte=start,
+                old_end_byte=old_end,
+                new_end_byte=new_end,
+                start_point=_point(text, start),
+                old_end_point=_point(last.text, old_end),
+                new_end_point=_point(text, new_end),
+            )
+            tree = parser.parse(text, edited)
+        if document:
+            kept[document] = _Kept(grammar, text, tree)
+            kept.move_to_end(document)
+            while len(kept) > KEPT_TREES:
+                kept.popitem(last=False)
+        return tree, reused
 
     def _parser(self, grammar: str) -> Any:
         parsers: dict[str, Any] = self._local.__dict__.setdefault("parsers", {})
@@ -104,7 +184,7 @@ class SyntaxChecker:
         if len(head) + len(tail) > MAX_CHECK_BYTES:
             return SyntaxVerdict(suggestion, "unchecked")
         parser = self._parser(grammar)
-        original = parser.parse(head + tail)
+        original, reused = self._tree(request.uri or request.path or "", grammar, head + tail)
         before = _error_rows(original.root_node)
         row = request.prefix.count("\n")
         column = len(head) - (head.rfind(b"\n") + 1)
@@ -136,5 +216,6 @@ class SyntaxChecker:
             if after <= before:
                 outcome: Outcome = "kept" if text == suggestion else "cut"
                 ms = (time.perf_counter() - started) * 1000
-                return SyntaxVerdict(text, outcome, ms, parses)
-        return SyntaxVerdict("", "dropped", (time.perf_counter() - started) * 1000, parses)
+                return SyntaxVerdict(text, outcome, ms, parses, reused)
+        ms = (time.perf_counter() - started) * 1000
+        return SyntaxVerdict("", "dropped", ms, parses, reused)

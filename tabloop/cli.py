@@ -158,12 +158,16 @@ def _bench(name: str) -> Command:
         from evaluation.bench import scale
 
         return scale.main
+    if name == "syntax":
+        from evaluation.bench import syntax
+
+        return syntax.main
     raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
 
 
 BENCHES = (
     "lsp, complete, engines, reuse, index, telemetry, sync, dtype, threads, gate, edits, "
-    "speculative, adapters, dashboard, scale"
+    "speculative, adapters, dashboard, scale, syntax"
 )
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from completion import gate
 from completion.engine import Engine
 from completion.postprocess import SYNTAX_DROPPED
 from completion.settings import CompletionSettings
-from completion.syntax import SyntaxChecker, grammar_for
+from completion.syntax import KEPT_TREES, SyntaxChecker, grammar_for
 from completion.types import CompletionRequest
 from tests.support.scripted_model import ScriptedModel
 
@@ -88,6 +91,78 @@ def test_incremental_parse_matches_a_full_parse() -> None:
     full = parser.parse((PREFIX + verdict.text + SUFFIX).encode())
     assert not full.root_node.has_error
     assert verdict.parses == 3  # the original, the whole suggestion, its first line
+
+
+def _typing(source: str, start: int, typed: str) -> list[CompletionRequest]:
+    """The requests of a user typing `typed` at `start` in `source`, one character each."""
+    return [
+        CompletionRequest(
+            prefix=source[:start] + typed[:count],
+            suffix=source[start:],
+            language="python",
+            uri="file:///typed.py",
+        )
+        for count in range(len(typed) + 1)
+    ]
+
+
+SUGGESTIONS = ["item)", "result += item\n        print(result", "x = (\n", "return result"]
+
+
+def test_keystrokes_reparse_from_the_document_tree_with_the_same_verdicts() -> None:
+    # A user types a line into a real module: each check starts from the document's last tree,
+    # and says exactly what a checker that parses every text from nothing says.
+    import textwrap as module
+
+    source = Path(module.__file__).read_text(encoding="utf-8")
+    start = source.index("\n", source.index("def dedent(")) + 1
+    kept, cold = SyntaxChecker(), SyntaxChecker()
+    verdicts = []
+    for typed in _typing(source, start, "    total = sum(len(line) for line in "):
+        for suggestion in SUGGESTIONS:
+            warm = kept.check(typed, suggestion)
+            fresh = cold.check(dataclasses.replace(typed, uri="", path=None), suggestion)
+            assert (warm.text, warm.outcome) == (fresh.text, fresh.outcome)
+            verdicts.append(warm)
+    assert not verdicts[0].reused
+    assert all(verdict.reused for verdict in verdicts[1:])
+    assert {verdict.outcome for verdict in verdicts} >= {"kept", "cut", "dropped"}
+
+
+def test_the_kept_tree_is_the_tree_of_the_new_text() -> None:
+    # Edits anywhere (a deletion far above the cursor, a paste, an edit at the very start or
+    # end): the tree re-parsed from the last one equals a full parse of the new text.
+    from common import grammars
+
+    parser = grammars.parser_for("python")
+    assert parser is not None
+    checker = SyntaxChecker()
+    texts = [
+        PREFIX + SUFFIX,
+        "import os\n" + PREFIX + SUFFIX,
+        "import os\n" + PREFIX + "value = (\n" + SUFFIX,
+        PREFIX.replace("result = 0", "result = []") + SUFFIX + "def tail(:\n",
+        "",
+        PREFIX + SUFFIX,
+    ]
+    for text in texts:
+        checker.check(CompletionRequest(prefix=text, suffix="", language="python", uri="u"), "x")
+        kept = checker._kept()["u"]
+        assert kept.text == text.encode()
+        assert str(kept.tree.root_node) == str(parser.parse(text.encode()).root_node)
+
+
+def test_trees_are_kept_for_a_bounded_number_of_documents() -> None:
+    checker = SyntaxChecker()
+    for number in range(KEPT_TREES + 3):
+        checker.check(request_in(f"file:///m{number}.py"), "result += item")
+    assert list(checker._kept()) == [f"file:///m{n}.py" for n in range(3, KEPT_TREES + 3)]
+    again = checker.check(request_in("file:///m0.py"), "result += item")
+    assert not again.reused
+
+
+def request_in(uri: str) -> CompletionRequest:
+    return CompletionRequest(prefix=PREFIX, suffix=SUFFIX, language="python", uri=uri)
 
 
 @pytest.mark.parametrize(
