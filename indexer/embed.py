@@ -7,13 +7,14 @@ across files, workspaces, branches and runs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +26,11 @@ from indexer.chunking import EstimatedCounter, TokenCounter, WordPieceCounter
 log = logging.getLogger(__name__)
 
 BUNDLED = "bundled"
+# Calls with at most this many texts (a search's query) run on one thread. Measured with the
+# retrieval query of `tabloop eval holes` on 2 cores (docs/indexer.md): one thread takes 60 ms
+# against 45 ms for two on an idle CPU, but 80 ms against 920 ms while another process keeps
+# both cores busy, as the completion model does.
+QUERY_TEXTS = 4
 
 
 class Embedder(Protocol):
@@ -139,14 +145,36 @@ class SentenceTransformerEmbedder:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         with self._lock:  # one model, many threads (indexer and search)
-            vectors = self._load().encode(
-                list(texts),
-                batch_size=self._batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+            model = self._load()
+            with _one_thread(len(texts) <= QUERY_TEXTS and self._device == "cpu"):
+                vectors = model.encode(
+                    list(texts),
+                    batch_size=self._batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+@contextlib.contextmanager
+def _one_thread(wanted: bool) -> Iterator[None]:
+    """Torch's CPU work on one thread inside the block (when `wanted`).
+
+    A few short texts gain little from a second thread, and several threads that wait on each
+    other fall off a cliff as soon as another process holds a core.
+    """
+    if not wanted:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class EmbeddingCache:

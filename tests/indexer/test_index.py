@@ -204,3 +204,30 @@ def test_hnsw_past_the_threshold(workspace: Path, open_index: OpenIndex, cache_d
     assert reopened.store is not None and reopened.store.recovered == []
     assert reopened.search("rgb to hls colorsys", 1)[0].path == "colorsys.py"
     reopened.close()
+
+
+def test_a_query_is_embedded_on_one_thread_and_a_batch_on_all(tiny_model_dir: Path) -> None:
+    # Several torch threads that wait on each other stall when another process holds a core
+    # (the completion model, on the same two cores): a query, a few texts, runs on one thread.
+    import torch
+
+    embedder = SentenceTransformerEmbedder(str(tiny_model_dir))
+    model = embedder._load()
+    seen: list[int] = []
+    encode = model.encode
+
+    def recording(*args: object, **kwargs: object) -> object:
+        seen.append(torch.get_num_threads())
+        return encode(*args, **kwargs)
+
+    model.encode = recording
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        query = embedder.embed(["def frobnicate(widgets):"])
+        batch = embedder.embed([f"def function_{n}(): return {n}" for n in range(10)])
+        assert seen == [1, 2]
+        assert torch.get_num_threads() == 2
+        assert query.shape == (1, embedder.dimension) and batch.shape[0] == 10
+    finally:
+        torch.set_num_threads(before)
