@@ -291,6 +291,27 @@ def test_the_outcome_belongs_to_the_candidate_on_screen() -> None:
     assert editor.outcomes("d3") == [("not_viewed", None, None)]
 
 
+def test_typing_past_a_cycled_to_candidate_ignores_it_and_the_first() -> None:
+    editor = Editor()
+    suggest_candidates(editor)
+    editor.tracker.shown("d1")  # the first candidate drawn
+    editor.tracker.shown("d2")  # the user cycled to the second one
+    editor.type("x", at=14)  # and typed on, past both
+    assert editor.outcomes("d2") == [("ignored", None, "diverged")]
+    assert editor.outcomes("d1") == [("ignored", None, "diverged")]  # seen first, passed over
+    assert editor.outcomes("d3") == [("not_viewed", None, None)]
+
+
+def test_a_shown_candidate_that_no_longer_fits_the_typing_is_not_switched_to() -> None:
+    editor = Editor()
+    suggest_candidates(editor)
+    editor.type("re", at=14)  # typing through "return x"
+    editor.tracker.shown("d2")  # "pass" cannot be on screen after "re"
+    editor.type("x", at=16)
+    assert editor.outcomes("d1") == [("ignored", None, "diverged")]
+    assert editor.outcomes("d2") == [("not_viewed", None, None)]
+
+
 def test_accepting_a_candidate_by_command_switches_to_it() -> None:
     editor = Editor()
     suggest_candidates(editor)
