@@ -119,7 +119,10 @@ class Engine:
         started = time.perf_counter()
         timings = Timings()
 
-        hit = self.cache.find(request)
+        wanted = self._wanted(request)
+        # The cache holds one suggestion: a request for several candidates (the user cycling
+        # after typing at the same cursor) asks the model.
+        hit = self.cache.find(request) if wanted == 1 else None
         generations: list[Generation | None] = [None]
         texts: list[str] = []
         empty_reason = ""
@@ -133,7 +136,7 @@ class Engine:
             if self._too_late(request, prompt, pause_ms, timings):
                 timings.total_ms = (time.perf_counter() - started) * 1000
                 return self._skipped(timings)
-            found = self._run_model(request, prompt, cancel, timings, self._wanted(request))
+            found = self._run_model(request, prompt, cancel, timings, wanted)
             generations = list(found)
             for index, generation in enumerate(found):
                 text, reason = postprocess.clean_with_reason(

