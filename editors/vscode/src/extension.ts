@@ -1,17 +1,18 @@
 /*
  * The tabloop extension: starts the tabloop language server, which answers inline completions
- * (a default feature of vscode-languageclient 10), and adds commands, a status bar item and the
- * editor's telemetry switch on top.
+ * (vscode-languageclient 10's feature, with the item VS Code shows reported: see inline.ts), and
+ * adds commands, a status bar item and the editor's telemetry switch on top.
  */
 import * as vscode from 'vscode';
 import {
   DidChangeConfigurationNotification,
-  LanguageClient,
+  type LanguageClient,
   type LanguageClientOptions,
   type ServerOptions,
   State,
 } from 'vscode-languageclient/node';
 
+import { TabloopLanguageClient } from './inline';
 import {
   CONFIGURATION_SECTION,
   SEARCH_REQUEST,
@@ -167,7 +168,7 @@ export class TabloopExtension implements vscode.Disposable {
     }
     this.launch = found;
     this.output.info(`starting the server (${found.source}): ${[found.command, ...found.args].join(' ')}`);
-    const client = new LanguageClient('tabloop', 'tabloop', serverOptions(found), this.clientOptions());
+    const client = new TabloopLanguageClient('tabloop', 'tabloop', serverOptions(found), this.clientOptions());
     this.client = client;
     client.onDidChangeState((event) => {
       if (event.newState === State.Running) void this.configurationChanged();

@@ -18,6 +18,7 @@ import { after, before, describe, it } from 'node:test';
 import * as vscode from 'vscode';
 
 import { activate, deactivate, type TabloopExtension } from '../../src/extension';
+import type { ShowingInlineCompletionItemProvider } from '../../src/inline';
 import { mock, type InlineCompletionList, type TextDocument } from '../mock/vscode';
 import { EXTENSION_DIR, venvPython } from '../paths';
 import {
@@ -130,6 +131,19 @@ describe('the extension in a VS Code host, against the real server', { skip: ski
     );
     const command = item!.command as { command: string; arguments: unknown[] };
     assert.equal(command.command, 'tabloop.accept');
+
+    // One provider, the client's, and it tells the server which suggestion VS Code shows.
+    assert.equal(mock.state.inlineProviders.length, 1);
+    const sent: { method: string; params: unknown }[] = [];
+    const client = extension.client!;
+    const send = client.sendNotification.bind(client);
+    client.sendNotification = ((method: string, params: unknown) => {
+      sent.push({ method, params });
+      return send(method, params);
+    }) as typeof client.sendNotification;
+    (entry.provider as unknown as ShowingInlineCompletionItemProvider).handleDidShowCompletionItem(item as unknown as vscode.InlineCompletionItem, SUGGESTION);
+    client.sendNotification = send;
+    assert.deepEqual(sent, [{ method: 'tabloop/didShow', params: { decisionId: command.arguments[0] } }]);
 
     // What VS Code does when the user takes the suggestion.
     await vscode.commands.executeCommand(command.command, ...command.arguments);
