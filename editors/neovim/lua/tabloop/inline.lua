@@ -26,7 +26,9 @@ M.answers = {}
 ---@type table<integer, { client_id: integer, handler: function }?>
 M.handlers = {}
 
---- Per buffer: the move `select` asked for while the explicit request it sent is answered.
+--- Per buffer: the move `select` asked for until the explicit request it sent is answered (cleared
+--- with the suggestion too: Neovim drops the answer of a request it cancels, on accept, dismiss
+--- or leaving insert mode).
 ---@type table<integer, integer?>
 M.pending_moves = {}
 
@@ -114,6 +116,11 @@ local function watch_answers(client)
     M.handlers[target] = { client_id = self.id, handler = handler }
     return request(self, method, params, function(err, result, ctx, config)
       handler(err, result, ctx, config)
+      -- The move that asked for these candidates (an answer to typing may arrive first).
+      local move = explicit and M.pending_moves[target] or nil
+      if explicit then
+        M.pending_moves[target] = nil
+      end
       if err or not result then
         return -- Neovim keeps what it showed
       end
@@ -124,8 +131,6 @@ local function watch_answers(client)
       end
       -- Neovim draws the first item of every answer.
       M.answers[target] = nil
-      local move = M.pending_moves[target]
-      M.pending_moves[target] = nil
       if not (ids[1] and ghost_text_visible(target)) then
         return
       end
@@ -133,8 +138,8 @@ local function watch_answers(client)
         M.answers[target] = { client_id = self.id, ids = ids, index = 1, explicit = explicit }
       end
       report_shown(target, self, ids[1] --[[@as string]])
-      if explicit and move and #ids > 1 then
-        M.select(move, target) -- the move that asked for the candidates
+      if move and #ids > 1 then
+        M.select(move, target)
       end
     end, bufnr)
   end
@@ -185,6 +190,11 @@ end
 ---@param bufnr? integer
 function M.select(count, bufnr)
   bufnr = vim._resolve_bufnr(bufnr)
+  if M.pending_moves[bufnr] then
+    -- Candidates asked for and not answered yet: move further once they are.
+    M.pending_moves[bufnr] = M.pending_moves[bufnr] + count
+    return
+  end
   local answer = M.answers[bufnr]
   if not (answer and answer.explicit) and (not answer or #answer.ids < 2) then
     if M.request_candidates(bufnr) then
