@@ -51,8 +51,12 @@ MODEL_PROGRESS_TITLE = "tabloop"
 INDEX_PROGRESS_TITLE = "tabloop index"
 """Title of the `$/progress` while the workspace index scans and embeds."""
 
+ADAPTER_PROGRESS_TITLE = "tabloop adapter"
+"""Title of the `$/progress` while the fast engine merges and converts a promoted adapter."""
+
 MODEL_PROGRESS_TOKEN_PREFIX = "tabloop-model-"
 INDEX_PROGRESS_TOKEN_PREFIX = "tabloop-index-"
+ADAPTER_PROGRESS_TOKEN_PREFIX = "tabloop-adapter-"
 
 SEARCH_K_DEFAULT = 10
 SEARCH_K_MAX = 100

@@ -36,8 +36,8 @@ def load_runner(
             family=family,
         )
     if settings.engine != "torch" and not settings.adapter:
-        # The fast engine cannot serve a LoRA adapter on its own weights yet (it needs one merged
-        # and converted); a named adapter is served by the torch runner.
+        # An adapter named in the settings is served by the torch runner; the fast engine serves
+        # the registry's adapters, merged and converted off the serving path (`Ct2Runner`).
         fast = _load_fast_runner(settings, cache_dir, family, progress)
         if fast is not None:
             return fast

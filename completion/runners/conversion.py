@@ -31,7 +31,7 @@ ComputeType = Literal["int8", "int8_float32", "float32", "bfloat16"]
 ENGINE_DIR = "ct2"
 MANIFEST = "tabloop-manifest.json"
 # Files the runner needs besides the weights: the tokenizer and the generation settings.
-_CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
+CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
 
 Progress = Callable[[str], None]
 
@@ -123,7 +123,7 @@ def _convert_into(plain: Path, work: Path, quantization: str) -> None:
 
     converter = TransformersConverter(str(plain), low_cpu_mem_usage=True)
     converter.convert(str(work), quantization=quantization, force=True)
-    for name in _CARRIED:
+    for name in CARRIED:
         if (plain / name).is_file() and not (work / name).exists():
             shutil.copyfile(plain / name, work / name)
 
@@ -139,10 +139,47 @@ def ensure_converted(
 
     Raises `ConversionError` when conversion fails; the caller falls back to the torch runner.
     """
+
+    def plain_copy(_scratch: Path) -> Path:
+        try:
+            return ensure_plain_copy(source, cache_dir)
+        except Exception as exc:
+            raise ConversionError(f"could not read {source.name}: {exc}") from exc
+
+    return convert_once(
+        engine_path(source, compute_type, cache_dir),
+        source.name,
+        compute_type,
+        plain_copy,
+        manifest={"source": f"{source.name}@{source.revision}"},
+        progress=progress,
+        duration="about a minute",
+    )
+
+
+def convert_once(
+    target: Path,
+    label: str,
+    compute_type: str,
+    prepare: Callable[[Path], Path],
+    *,
+    manifest: dict[str, Any],
+    progress: Progress | None = None,
+    duration: str = "a few minutes",
+) -> Path:
+    """`target`, a converted model with a verified manifest, converting it first when needed.
+
+    Under an exclusive lock on `target`: a copy that verifies is returned as it is; a damaged one
+    is deleted. Otherwise `prepare(scratch)` returns the plain (safetensors) model directory to
+    convert; it may write that model into `scratch`, a temporary directory removed afterwards.
+    The conversion is written into a temporary directory next to `target` with a manifest
+    (`manifest` plus every file's size and SHA-256) and renamed into place. Errors other than
+    `ConversionError` that `prepare` raises pass through unchanged, before anything is converted.
+    """
     import ctranslate2
 
     say = progress or (lambda message: log.info("%s", message))
-    target = engine_path(source, compute_type, cache_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(target.with_name(target.name + ".lock")):
         if target.exists():
             problem = verify(target)
@@ -152,35 +189,35 @@ def ensure_converted(
             shutil.rmtree(target, ignore_errors=True)
         for stale in target.parent.glob(f".{target.name}.*"):
             shutil.rmtree(stale, ignore_errors=True)  # left by a conversion that was killed
-        say(f"preparing {source.name} for the fast engine (once)")
+        say(f"preparing {label} for the fast engine (once)")
         started = time.perf_counter()
-        try:
-            plain = ensure_plain_copy(source, cache_dir)
-        except Exception as exc:
-            raise ConversionError(f"could not read {source.name}: {exc}") from exc
+        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.plain.", dir=target.parent))
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
-            say(f"converting {source.name} to {compute_type} (about a minute)")
+            plain = prepare(scratch)
+            say(f"converting {label} to {compute_type} ({duration})")
             quantization = "int8" if compute_type.startswith("int8") else compute_type
-            _convert_into(plain, work, quantization)
-            files = {
-                item.name: {"size": item.stat().st_size, "sha256": _sha256(item)}
-                for item in sorted(work.iterdir())
-                if item.is_file()
-            }
-            manifest = {
-                "source": f"{source.name}@{source.revision}",
-                "quantization": quantization,
-                "ctranslate2": ctranslate2.__version__,
-                "files": files,
-            }
-            (work / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-            for item in (work, *work.iterdir()):
-                item.chmod(0o755 if item.is_dir() else 0o644)
-            work.rename(target)
-        except Exception as exc:
-            raise ConversionError(f"could not convert {source.name}: {exc}") from exc
+            try:
+                _convert_into(plain, work, quantization)
+                files = {
+                    item.name: {"size": item.stat().st_size, "sha256": _sha256(item)}
+                    for item in sorted(work.iterdir())
+                    if item.is_file()
+                }
+                record = {
+                    **manifest,
+                    "quantization": quantization,
+                    "ctranslate2": ctranslate2.__version__,
+                    "files": files,
+                }
+                (work / MANIFEST).write_text(json.dumps(record, indent=1), encoding="utf-8")
+                for item in (work, *work.iterdir()):
+                    item.chmod(0o755 if item.is_dir() else 0o644)
+                work.rename(target)
+            except Exception as exc:
+                raise ConversionError(f"could not convert {label}: {exc}") from exc
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        say(f"converted {source.name} in {time.perf_counter() - started:.0f} s")
+            shutil.rmtree(scratch, ignore_errors=True)
+        say(f"converted {label} in {time.perf_counter() - started:.0f} s")
         return target

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,6 +103,21 @@ class _Stream:
         return False
 
 
+@dataclass
+class PreparedModel:
+    """A generator loaded on a converted model (the base, or base + an adapter), not yet serving.
+
+    `Ct2Runner.prepare_adapter` makes it on any thread (merging and converting takes minutes on a
+    real model); `Ct2Runner.install` swaps it in between two requests.
+    """
+
+    adapter: Path | None
+    path: Path
+    generator: Any
+    model_id: str
+    weights_sha256: str
+
+
 class Ct2Runner:
     """A causal LM converted for CTranslate2, run in this process, one request at a time."""
 
@@ -122,22 +138,21 @@ class Ct2Runner:
 
         started = time.perf_counter()
         self.source = resolve_source(model, cache_dir)
+        self.cache_dir = cache_dir
         self.compute_type = compute_type
         self.path = ensure_converted(self.source, compute_type, cache_dir, progress=progress)
+        self.base_path = self.path
         self.threads = threads or default_threads()
-        self.generator = ctranslate2.Generator(
-            str(self.path),
-            device="cpu",
-            compute_type=compute_type,
-            intra_threads=self.threads,
-            inter_threads=1,
-        )
+        self.generator = self._load_generator(self.path)
         clear_failure(model, compute_type, cache_dir)
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
         self.engine_version = ctranslate2.__version__
         self.weights_sha256 = checksum(self.path) or ""
+        # Adapter manifests name their base model so (`completion.adapters`).
+        self.base_model_id = f"{self.source.name}@{self.source.revision}"
+        self.adapter: Path | None = None
         # The int8 weights write other text than the original ones: decisions say which ran.
-        self.model_id = f"{self.source.name}@{self.source.revision}+ct2-{compute_type}"
+        self.model_id = self._model_id(None)
         self.family = family or self._detect_family()
         self.stop_strings = template_for(self.family).stop_tokens
         self.stop_ids = self._collect_stop_ids()
@@ -153,6 +168,73 @@ class Ct2Runner:
             self.threads,
             self.load_s,
         )
+
+    def _load_generator(self, path: Path) -> Any:
+        import ctranslate2
+
+        return ctranslate2.Generator(
+            str(path),
+            device="cpu",
+            compute_type=self.compute_type,
+            intra_threads=self.threads,
+            inter_threads=1,
+        )
+
+    def _model_id(self, version: str | None) -> str:
+        adapter = f"+{version}" if version else ""
+        return f"{self.base_model_id}{adapter}+ct2-{self.compute_type}"
+
+    def prepare_adapter(
+        self, adapter: Path | None, *, progress: ConversionProgress | None = None
+    ) -> PreparedModel:
+        """A generator on base + `adapter` (None: the base model alone), loaded but not serving.
+
+        The first time an adapter version is asked for, it is merged into the base weights and
+        converted (`completion.runners.merge`; minutes on a real model), then found in the cache.
+        This touches nothing that serves, so it runs on any thread while requests go on. Raises
+        `AdapterError` for a damaged or foreign adapter, `ConversionError` when merging or
+        converting fails.
+        """
+        from completion.adapters import read_manifest
+        from completion.runners.merge import ensure_merged
+
+        if adapter is None:
+            path, version = self.base_path, None
+        else:
+            path = ensure_merged(
+                self.source, adapter, self.compute_type, self.cache_dir, progress=progress
+            )
+            version = str(read_manifest(adapter).get("version", adapter.name))
+        return PreparedModel(
+            adapter=adapter,
+            path=path,
+            generator=self._load_generator(path),
+            model_id=self._model_id(version),
+            weights_sha256=checksum(path) or "",
+        )
+
+    def install(self, prepared: PreparedModel) -> None:
+        """Serve `prepared` from the next request on; a request in progress finishes first."""
+        with self._lock:
+            if self.generator is None:
+                raise RuntimeError("the runner is closed")
+            old = self.generator
+            self.generator = prepared.generator
+            self.path = prepared.path
+            self.adapter = prepared.adapter
+            self.model_id = prepared.model_id
+            self.weights_sha256 = prepared.weights_sha256
+        del old  # released outside the lock
+        log.info("now serving %s", self.model_id)
+
+    def swap_adapter(self, adapter: Path | None) -> None:
+        """Serve `adapter` (merged and converted once, `prepare_adapter`) from the next request
+        on, or the base model alone for None; no restart.
+
+        On any failure the serving model keeps serving and the error is raised. The server runs
+        the slow part (`prepare_adapter`) off the model thread and only `install` on it.
+        """
+        self.install(self.prepare_adapter(adapter))
 
     def _specials(self) -> list[str]:
         added = self.tokenizer.get_added_tokens_decoder()
@@ -193,6 +275,7 @@ class Ct2Runner:
             "threads": self.threads,
             "converted_model": str(self.path),
             "converted_sha256": self.weights_sha256,
+            "adapter": str(self.adapter) if self.adapter else None,
         }
 
     def count_tokens(self, text: str) -> int:
@@ -440,4 +523,5 @@ class Ct2Runner:
 
     def close(self) -> None:
         """Release the engine's model."""
-        self.generator = None
+        with self._lock:
+            self.generator = None

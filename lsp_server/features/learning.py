@@ -6,19 +6,27 @@ in the cache directory, never sent), where `tabloop train model` finds it. Super
 suggestions say nothing about the suggestion and are not kept.
 
 The server also follows the workspace's adapter registry: when `tabloop model promote` or
-`rollback` changes the serving version, the torch runner swaps base + adapter on the model
-thread, without a restart. A damaged adapter is refused and the serving one keeps serving. The
-fast engine (CTranslate2) cannot serve an adapter yet; the server says so once.
+`rollback` changes the serving version, the runner swaps base + adapter without a restart. The
+torch runner swaps on the model thread. The fast engine (CTranslate2) first merges the adapter
+into the base weights and converts the result (minutes on a real model, once per version) on a
+thread of its own while the serving version keeps serving, then only the swap runs on the model
+thread. A damaged adapter is refused and the serving one keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from lsprotocol import types
 
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
+from lsp_server.protocol import ADAPTER_PROGRESS_TITLE, ADAPTER_PROGRESS_TOKEN_PREFIX
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
 from training.feedback import Feedback, FeedbackStore
@@ -54,6 +62,9 @@ class LearningFeature:
         self._registry_stamp: float | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._unservable_reported = False
+        self._following = False
+        # Merging and converting an adapter for the fast engine: never on the model thread.
+        self._preparer: ThreadPoolExecutor | None = None
 
     def on_settings(self, settings: Settings) -> None:
         wanted = settings.completion.feedback_rows
@@ -121,6 +132,15 @@ class LearningFeature:
 
     async def follow_registry(self) -> None:
         """Swap the runner's adapter if the registry's serving version changed."""
+        if self._following:
+            return  # a swap is still being prepared; the next poll looks again
+        self._following = True
+        try:
+            await self._follow_registry()
+        finally:
+            self._following = False
+
+    async def _follow_registry(self) -> None:
         registry = self.registry()
         engine = self.server.engine
         swap = getattr(engine.runner, "swap_adapter", None) if engine else None
@@ -130,8 +150,8 @@ class LearningFeature:
             if registry.serving() is not None and not self._unservable_reported:
                 self._unservable_reported = True
                 log.warning(
-                    "adapter v%04d is promoted but %s cannot serve adapters: set "
-                    "completion.engine to torch to serve it",
+                    "adapter v%04d is promoted but %s cannot serve adapters: only the local "
+                    "runner (completion.runner = local) serves them",
                     registry.serving(),
                     engine.model_id,
                 )
@@ -140,16 +160,78 @@ class LearningFeature:
         stamp = path.stat().st_mtime if path.is_file() else None
         if stamp == self._registry_stamp:
             return
-        assert engine is not None  # `swap` came from it
-        current = getattr(engine.runner, "adapter", None)
+        runner = engine.runner
+        current = getattr(runner, "adapter", None)
         target = registry.serving_path()
         loop = asyncio.get_running_loop()
         if target != current:
             try:
-                await loop.run_in_executor(self.server.model_executor, swap, target)
+                prepare = getattr(runner, "prepare_adapter", None)
+                if prepare is None:  # the torch runner: all of it on the model thread
+                    await loop.run_in_executor(self.server.model_executor, swap, target)
+                else:
+                    prepared = await self._prepare(prepare, target)
+                    if self.server.engine is None or self.server.engine.runner is not runner:
+                        return  # the model was reloaded meanwhile; it follows the registry anew
+                    install = runner.install  # type: ignore[union-attr]
+                    await loop.run_in_executor(self.server.model_executor, install, prepared)
             except Exception as exc:
                 log.warning("keeping the serving adapter: %s", exc)
         self._registry_stamp = stamp
+
+    async def _prepare(self, prepare: Any, target: Any) -> Any:
+        """`prepare(target)` on the preparing thread, its steps logged and sent as `$/progress`."""
+        loop = asyncio.get_running_loop()
+        progress = await self._begin_progress(target)
+
+        def report(message: str) -> None:
+            log.info("%s", message)
+            if progress is not None:
+                loop.call_soon_threadsafe(
+                    self.server.work_done_progress.report,
+                    progress,
+                    types.WorkDoneProgressReport(message=message),
+                )
+
+        if self._preparer is None:
+            self._preparer = ThreadPoolExecutor(1, thread_name_prefix="tabloop-adapter")
+
+        def run() -> Any:
+            if target is not None:  # merging needs transformers, imported one thread at a time
+                self.server.import_libraries(embeddings=False)
+            return prepare(target, progress=report)
+
+        outcome = "adapter failed"
+        try:
+            prepared = await loop.run_in_executor(self._preparer, run)
+            outcome = f"adapter ready: {prepared.model_id}"
+            return prepared
+        finally:
+            if progress is not None:
+                self.server.work_done_progress.end(
+                    progress, types.WorkDoneProgressEnd(message=outcome)
+                )
+
+    async def _begin_progress(self, target: Any) -> str | None:
+        """A `$/progress` token for preparing `target`, or None when the editor takes none."""
+        capabilities = getattr(self.server, "client_capabilities", None)
+        window = getattr(capabilities, "window", None)
+        if not (window and window.work_done_progress):
+            return None
+        token = f"{ADAPTER_PROGRESS_TOKEN_PREFIX}{uuid.uuid4().hex[:8]}"
+        what = "the base model" if target is None else f"adapter {target.name}"
+        try:
+            await self.server.work_done_progress.create_async(token)
+            self.server.work_done_progress.begin(
+                token,
+                types.WorkDoneProgressBegin(
+                    title=ADAPTER_PROGRESS_TITLE, message=f"preparing {what}"
+                ),
+            )
+        except Exception:
+            log.debug("client refused work-done progress", exc_info=True)
+            return None
+        return token
 
     def on_ready(self) -> None:
         """The model (re)loaded: serve the registry's adapter on it."""
@@ -159,6 +241,9 @@ class LearningFeature:
     def on_shutdown(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._preparer is not None:
+            self._preparer.shutdown(wait=False, cancel_futures=True)
+            self._preparer = None
         if self.store is not None:
             self.store.close()
             self.store = None

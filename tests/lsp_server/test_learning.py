@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +18,7 @@ from completion.runners.local import LocalRunner
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
 from lsp_server.features.learning import DISTRACTION_COST, LearningFeature, local_reward
+from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
 from training.lora import LoraShape, attach_lora
 from training.registry import AdapterRegistry, scope_dir
@@ -41,6 +44,9 @@ def test_local_reward(event: OutcomeEvent, reward: float | None) -> None:
 
 
 class _Server(SimpleNamespace):
+    _import_lock = threading.Lock()
+    import_libraries = TabloopServer.import_libraries
+
     def run_task(self, coro: Any, name: str) -> Any:
         return asyncio.ensure_future(coro)
 
@@ -128,4 +134,80 @@ async def test_the_server_follows_promotions_and_refuses_a_damaged_adapter(
     registry.rollback()
     await feature.follow_registry()
     assert runner.adapter is None
+    runner.close()
+
+
+def _strong_adapter(runner: Any, cache: Path, target: Path) -> None:
+    """An adapter with large LoRA B weights (fixed seed): it changes what the model writes."""
+    import torch
+
+    _tokenizer, model = load_model(runner.source, "float32", cache)
+    wrapped = attach_lora(model, LoraShape(rank=2, alpha=4, dropout=0.0))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    save_adapter(wrapped, target, runner.base_model_id, {})
+
+
+async def test_the_fast_engine_follows_promotions_converting_off_the_model_thread(
+    tmp_path: Path, tiny_model_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from completion.runners.ct2 import Ct2Runner
+    from completion.types import CancelToken
+
+    runner = Ct2Runner(str(tiny_model_path), tmp_path / "cache", threads=1)
+    base_id = runner.model_id
+    server = _server(tmp_path, engine=SimpleNamespace(runner=runner))
+    server.model_executor = ThreadPoolExecutor(1, thread_name_prefix="model")
+    feature = LearningFeature(server)  # type: ignore[arg-type]
+    registry = AdapterRegistry(scope_dir(tmp_path / "cache", workspace=tmp_path / "ws"))
+    _strong_adapter(runner, tmp_path / "cache", tmp_path / "a")
+    first = registry.add(tmp_path / "a", runner.base_model_id, {})
+    second = registry.add(tmp_path / "a", runner.base_model_id, {})
+
+    def complete() -> str:
+        return runner.generate(
+            "def add(a, b):\n    return", max_new_tokens=8, stop=lambda _t: None,
+            cancel=CancelToken(),
+        ).text  # fmt: skip
+
+    base_text = complete()
+    served_while_preparing: list[str] = []
+    prepare = runner.prepare_adapter
+
+    def prepare_and_serve(adapter: Path | None, **kwargs: Any) -> Any:
+        # The model thread is free while the adapter is merged and converted: a request put on
+        # it now is answered by the serving (base) model before the preparation ends.
+        served_while_preparing.append(server.model_executor.submit(complete).result(timeout=60))
+        return prepare(adapter, **kwargs)
+
+    runner.prepare_adapter = prepare_and_serve  # type: ignore[method-assign]
+    registry.promote(first.version, force=True)
+    with caplog.at_level(logging.INFO):
+        await feature.follow_registry()
+    assert runner.adapter == registry.root / "v0001"
+    assert runner.model_id == base_id.replace("+ct2-", "+v0001+ct2-")
+    assert served_while_preparing == [base_text]
+    converting = [r for r in caplog.records if "converting" in r.getMessage()]
+    assert converting and all(r.threadName.startswith("tabloop-adapter") for r in converting)
+    assert complete() != base_text  # the adapter serves from the next request on
+
+    weights = registry.root / second.name / WEIGHTS
+    registry.promote(second.version, force=True)
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    served = complete()
+    await feature.follow_registry()
+    assert runner.adapter == registry.root / "v0001"  # the damaged one is refused
+    assert complete() == served
+
+    registry.rollback()
+    registry.rollback()
+    await feature.follow_registry()
+    assert runner.adapter is None and runner.model_id == base_id
+    assert complete() == base_text
+    feature.on_shutdown()
     runner.close()

@@ -1,0 +1,137 @@
+"""An adapter for the fast engine: merged into the base weights and converted, once per version.
+
+CTranslate2 runs a plain model; it cannot add LoRA layers at run time. So serving an adapter
+(`completion.adapters`) there takes three steps, all off the serving path: the float base model
+is loaded with transformers, the adapter is applied with peft and merged into the weights
+(`merge_and_unload`), and the merged model is converted with the same converter and
+quantisation as the base (`conversion.convert_once`: under a lock, into a temporary directory
+renamed into place, with a manifest of checksums checked at every load). The result lives in
+`<cache>/models/ct2/merged/`, keyed by the base model's identity, the adapter's checksums and the
+compute type, so each adapter version is merged once and survives restarts; a damaged or
+half-written copy fails its manifest check and is rebuilt, never loaded.
+
+The adapter's checksums and base model are checked before anything is read or written, and
+every tensor's name and shape before it touches the model: a damaged adapter is refused with
+`AdapterError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from pathlib import Path
+
+from completion.adapters import (
+    CONFIG,
+    WEIGHTS,
+    AdapterError,
+    check_adapter,
+    linear_shapes,
+    verify_adapter,
+)
+from completion.runners.conversion import (
+    CARRIED,
+    ENGINE_DIR,
+    ConversionError,
+    Progress,
+    convert_once,
+)
+from completion.runners.loading import ModelSource, ensure_plain_copy
+
+log = logging.getLogger(__name__)
+
+MERGED_DIR = "merged"
+
+
+def base_identity(source: ModelSource) -> str:
+    """The base model's identity as adapter manifests record it (`name@revision`)."""
+    return f"{source.name}@{source.revision}"
+
+
+def adapter_key(manifest: dict[str, object]) -> str:
+    """A short key for an adapter's content: its config's and weights' checksums."""
+    files = manifest.get("files")
+    assert isinstance(files, dict)  # `verify_adapter` checked it
+    content = f"{files.get(CONFIG)}:{files.get(WEIGHTS)}"
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
+
+
+def merged_path(source: ModelSource, key: str, compute_type: str, cache_dir: Path) -> Path:
+    """Where the merged and converted copy of base `source` + the adapter with `key` lives."""
+    weights = "int8" if compute_type.startswith("int8") else compute_type
+    return (
+        cache_dir
+        / "models"
+        / ENGINE_DIR
+        / MERGED_DIR
+        / f"{source.name}-{source.revision}-{key}-{weights}"
+    )
+
+
+def merge_adapter(base_plain: Path, adapter: Path, base_id: str, target: Path) -> None:
+    """Write base + adapter, merged into plain float32 weights, as a model directory at `target`.
+
+    Raises `AdapterError` (before the model is changed) when the adapter does not fit the model.
+    """
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base_plain), dtype=torch.float32)
+    model.eval()
+    check_adapter(adapter, base_id, linear_shapes(model))
+    wrapped = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
+    merged = wrapped.merge_and_unload()
+    merged.save_pretrained(str(target), safe_serialization=True)
+    for name in CARRIED:
+        if (base_plain / name).is_file() and not (target / name).exists():
+            shutil.copyfile(base_plain / name, target / name)
+
+
+def ensure_merged(
+    source: ModelSource,
+    adapter: Path,
+    compute_type: str,
+    cache_dir: Path,
+    *,
+    progress: Progress | None = None,
+) -> Path:
+    """The converted directory of base `source` with `adapter` merged in, made first if needed.
+
+    Raises `AdapterError` for an adapter that is damaged or made for another base model (nothing
+    is written then), `ConversionError` when merging or converting fails.
+    """
+    base_id = base_identity(source)
+    manifest = verify_adapter(adapter, base_id)
+    version = str(manifest.get("version", adapter.name))
+    target = merged_path(source, adapter_key(manifest), compute_type, cache_dir)
+
+    def merge(scratch: Path) -> Path:
+        try:
+            plain = ensure_plain_copy(source, cache_dir)
+        except Exception as exc:
+            raise ConversionError(f"could not read {source.name}: {exc}") from exc
+        say = progress or (lambda message: log.info("%s", message))
+        say(f"merging adapter {version} into {source.name}")
+        try:
+            merge_adapter(plain, adapter, base_id, scratch)
+        except AdapterError:
+            raise
+        except Exception as exc:
+            raise ConversionError(f"could not merge adapter {version}: {exc}") from exc
+        return scratch
+
+    files = manifest["files"]
+    return convert_once(
+        target,
+        f"{source.name} with adapter {version}",
+        compute_type,
+        merge,
+        manifest={
+            "source": base_id,
+            "adapter": version,
+            "adapter_files": {name: files.get(name) for name in (CONFIG, WEIGHTS)},
+        },
+        progress=progress,
+    )
