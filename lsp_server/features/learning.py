@@ -167,13 +167,13 @@ class LearningFeature:
         if target != current:
             try:
                 prepare = getattr(runner, "prepare_adapter", None)
-                if prepare is None:  # the torch runner: all of it on the model thread
+                install = getattr(runner, "install", None)
+                if prepare is None or install is None:  # torch: all of it on the model thread
                     await loop.run_in_executor(self.server.model_executor, swap, target)
                 else:
                     prepared = await self._prepare(prepare, target)
                     if self.server.engine is None or self.server.engine.runner is not runner:
                         return  # the model was reloaded meanwhile; it follows the registry anew
-                    install = runner.install  # type: ignore[union-attr]
                     await loop.run_in_executor(self.server.model_executor, install, prepared)
             except Exception as exc:
                 log.warning("keeping the serving adapter: %s", exc)

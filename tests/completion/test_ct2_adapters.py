@@ -171,7 +171,7 @@ def test_float32_merge_writes_what_torch_writes_with_the_adapter(
             torch_scores = _torch_logprobs(torch_runner.model, sequence)
             engine_scores = _ct2_logprobs(float_runner, sequence)
             assert len(engine_scores) == len(torch_scores)
-            assert max(abs(a - b) for a, b in zip(engine_scores, torch_scores)) < 1e-4
+            assert max(abs(a - b) for a, b in zip(engine_scores, torch_scores, strict=True)) < 1e-4
         assert compared >= 3 * NEW_TOKENS  # the equality was checked on most tokens
     finally:
         torch_runner.swap_adapter(None)
@@ -194,7 +194,11 @@ def test_int8_merge_follows_the_adapter(
 
     def distance() -> float:
         scores = [_ct2_logprobs(runner, s) for s in sequences]
-        pairs = [(a, b) for got, want in zip(scores, wanted) for a, b in zip(got, want)]
+        pairs = [
+            (a, b)
+            for got, want in zip(scores, wanted, strict=True)
+            for a, b in zip(got, want, strict=True)
+        ]
         return sum(abs(a - b) for a, b in pairs) / len(pairs)
 
     base_distance = distance()

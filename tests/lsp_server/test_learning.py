@@ -191,7 +191,8 @@ async def test_the_fast_engine_follows_promotions_converting_off_the_model_threa
     assert runner.model_id == base_id.replace("+ct2-", "+v0001+ct2-")
     assert served_while_preparing == [base_text]
     converting = [r for r in caplog.records if "converting" in r.getMessage()]
-    assert converting and all(r.threadName.startswith("tabloop-adapter") for r in converting)
+    assert converting
+    assert all((r.threadName or "").startswith("tabloop-adapter") for r in converting)
     assert complete() != base_text  # the adapter serves from the next request on
 
     weights = registry.root / second.name / WEIGHTS
