@@ -52,6 +52,11 @@ class TypingThroughCache:
         self.hits = 0
         self.misses = 0
 
+    def clear(self) -> None:
+        """Forget every suggestion (the model that wrote them no longer serves)."""
+        with self._lock:
+            self._entries.clear()
+
     def store(
         self,
         request: CompletionRequest,

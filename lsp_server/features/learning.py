@@ -173,10 +173,16 @@ class LearningFeature:
                 else:
                     prepared = await self._prepare(prepare, target)
                     if self.server.engine is None or self.server.engine.runner is not runner:
-                        return  # the model was reloaded meanwhile; it follows the registry anew
+                        # The model was reloaded meanwhile: follow the registry on the new one.
+                        self.server.run_task(self.follow_registry(), "adapter-registry")
+                        return
                     await loop.run_in_executor(self.server.model_executor, install, prepared)
             except Exception as exc:
                 log.warning("keeping the serving adapter: %s", exc)
+            else:
+                cache = getattr(engine, "cache", None)
+                if cache is not None:
+                    cache.clear()  # suggestions the previous version wrote
         self._registry_stamp = stamp
 
     async def _prepare(self, prepare: Any, target: Any) -> Any:

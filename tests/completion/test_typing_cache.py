@@ -72,3 +72,12 @@ def test_bounded_least_recently_used() -> None:
         cache.store(request(f"x{i} = "), f"value_{i}")
     assert cache.lookup(request("x0 = ")) is None  # evicted
     assert cache.lookup(request("x4 = v")) == "alue_4"
+
+
+def test_clear_forgets_every_suggestion() -> None:
+    cache = TypingThroughCache()
+    request = CompletionRequest(prefix="x = compu", suffix="\n", language="python")
+    cache.store(request, "te()")
+    assert cache.find(request) is not None
+    cache.clear()
+    assert cache.find(request) is None

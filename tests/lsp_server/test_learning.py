@@ -154,12 +154,16 @@ def _strong_adapter(runner: Any, cache: Path, target: Path) -> None:
 async def test_the_fast_engine_follows_promotions_converting_off_the_model_thread(
     tmp_path: Path, tiny_model_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    from completion.cache import TypingThroughCache
     from completion.runners.ct2 import Ct2Runner
     from completion.types import CancelToken
 
     runner = Ct2Runner(str(tiny_model_path), tmp_path / "cache", threads=1)
     base_id = runner.model_id
-    server = _server(tmp_path, engine=SimpleNamespace(runner=runner))
+    typed = CompletionRequest(prefix="x = compu", suffix="\n", language="python")
+    engine = SimpleNamespace(runner=runner, cache=TypingThroughCache())
+    engine.cache.store(typed, "te()")  # written by the base model
+    server = _server(tmp_path, engine=engine)
     server.model_executor = ThreadPoolExecutor(1, thread_name_prefix="model")
     feature = LearningFeature(server)  # type: ignore[arg-type]
     registry = AdapterRegistry(scope_dir(tmp_path / "cache", workspace=tmp_path / "ws"))
@@ -190,6 +194,7 @@ async def test_the_fast_engine_follows_promotions_converting_off_the_model_threa
     assert runner.adapter == registry.root / "v0001"
     assert runner.model_id == base_id.replace("+ct2-", "+v0001+ct2-")
     assert served_while_preparing == [base_text]
+    assert engine.cache.find(typed) is None  # the base model's suggestions are not served
     converting = [r for r in caplog.records if "converting" in r.getMessage()]
     assert converting
     assert all((r.threadName or "").startswith("tabloop-adapter") for r in converting)
