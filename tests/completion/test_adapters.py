@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from completion.adapters import CONFIG, MANIFEST, WEIGHTS, AdapterError, save_adapter
+from completion.adapters import CONFIG, MANIFEST, AdapterError, save_adapter
 from completion.runners.loading import load_model
 from completion.runners.local import LocalRunner
 from completion.types import CancelToken
+from tests.support import adapters as damage
 
 
 def _never(text: str) -> int | None:
@@ -67,40 +66,14 @@ def test_swap_serves_the_adapter_and_back(runner: LocalRunner, adapter: Path) ->
     assert _generate(runner) == base_text
 
 
-def _damage_weights(directory: Path) -> None:
-    path = directory / WEIGHTS
-    data = bytearray(path.read_bytes())
-    data[-3] ^= 0x55
-    path.write_bytes(bytes(data))
-
-
-def _wrong_shape(directory: Path) -> None:
-    """Checksums re-made by hand: the manifest agrees, the tensors do not fit the model."""
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(str(directory / WEIGHTS))
-    name = next(iter(tensors))
-    tensors[name] = torch.zeros(3, 3)
-    save_file(tensors, str(directory / WEIGHTS))
-    manifest = json.loads((directory / MANIFEST).read_text())
-    manifest["files"][WEIGHTS] = hashlib.sha256((directory / WEIGHTS).read_bytes()).hexdigest()
-    (directory / MANIFEST).write_text(json.dumps(manifest))
-
-
-def _other_base(directory: Path) -> None:
-    manifest = json.loads((directory / MANIFEST).read_text())
-    manifest["base_model"] = "another@model"
-    (directory / MANIFEST).write_text(json.dumps(manifest))
-
-
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        pytest.param(_damage_weights, "checksum", id="flipped-byte"),
+        pytest.param(damage.flip_byte, "checksum", id="flipped-byte"),
         pytest.param(lambda d: (d / CONFIG).unlink(), "missing", id="no-config"),
         pytest.param(lambda d: (d / MANIFEST).unlink(), "manifest", id="no-manifest"),
-        pytest.param(_wrong_shape, "shape", id="wrong-shape"),
-        pytest.param(_other_base, "trained on", id="other-base-model"),
+        pytest.param(damage.wrong_shape, "shape", id="wrong-shape"),
+        pytest.param(damage.other_base, "trained on", id="other-base-model"),
     ],
 )
 def test_a_bad_adapter_is_refused_and_the_serving_one_keeps_serving(

@@ -9,7 +9,6 @@ with itself (base, adapter, base again) and check that the int8 merge follows th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from completion.adapters import MANIFEST, WEIGHTS, AdapterError, save_adapter
+from completion.adapters import AdapterError, save_adapter
 from completion.runners.conversion import MANIFEST as CONVERTED_MANIFEST
 from completion.runners.conversion import verify
 from completion.runners.ct2 import Ct2Runner
@@ -27,6 +26,7 @@ from completion.runners.loading import load_model
 from completion.runners.local import LocalRunner
 from completion.runners.merge import MERGED_DIR
 from completion.types import CancelToken
+from tests.support import adapters as damage
 from tests.support.tiny_model import NEAR_TIE
 
 PROMPTS = (
@@ -244,44 +244,13 @@ def test_a_merged_adapter_is_converted_once_and_survives_a_restart(
         restarted.close()
 
 
-def _flip_byte(directory: Path) -> None:
-    path = directory / WEIGHTS
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-def _wrong_checksum(directory: Path) -> None:
-    manifest = json.loads((directory / MANIFEST).read_text())
-    manifest["files"][WEIGHTS] = hashlib.sha256(b"another file").hexdigest()
-    (directory / MANIFEST).write_text(json.dumps(manifest))
-
-
-def _wrong_shape(directory: Path) -> None:
-    """The manifest agrees with the file (checksum re-made); the tensors do not fit the model."""
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(str(directory / WEIGHTS))
-    tensors[next(iter(tensors))] = torch.zeros(3, 3)
-    save_file(tensors, str(directory / WEIGHTS))
-    manifest = json.loads((directory / MANIFEST).read_text())
-    manifest["files"][WEIGHTS] = hashlib.sha256((directory / WEIGHTS).read_bytes()).hexdigest()
-    (directory / MANIFEST).write_text(json.dumps(manifest))
-
-
-def _other_base(directory: Path) -> None:
-    manifest = json.loads((directory / MANIFEST).read_text())
-    manifest["base_model"] = "another@model"
-    (directory / MANIFEST).write_text(json.dumps(manifest))
-
-
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        pytest.param(_flip_byte, "checksum", id="flipped-byte"),
-        pytest.param(_wrong_checksum, "checksum", id="wrong-manifest-checksum"),
-        pytest.param(_wrong_shape, "shape", id="wrong-shape"),
-        pytest.param(_other_base, "trained on", id="other-base-model"),
+        pytest.param(damage.flip_byte, "checksum", id="flipped-byte"),
+        pytest.param(damage.wrong_checksum, "checksum", id="wrong-manifest-checksum"),
+        pytest.param(damage.wrong_shape, "shape", id="wrong-shape"),
+        pytest.param(damage.other_base, "trained on", id="other-base-model"),
     ],
 )
 def test_a_bad_adapter_is_refused_and_the_serving_model_keeps_serving(
