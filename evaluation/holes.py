@@ -17,7 +17,11 @@ completing the word). With `completion.syntaxCheck` on, `syntax_check` gives wha
 (`outcomes`, `changed`), its time (`ms`), and the figures of the same suggestions before it
 (`without_check`). `--healing-baseline` completes the mid-word holes once more without token
 healing (in the run without retrieval) and reports both. `--set key=value` changes a completion
-setting for the run (e.g. `snippet_min_similarity=0.7`).
+setting for the run (e.g. `snippet_min_similarity=0.7`). `--against key=value` completes the
+same holes once more with that setting changed and reports that run beside this one, with
+`paired`: the per-hole differences (this run's minus the other's) of exact-line match and edit
+similarity, their standard errors, and how many holes got another suggestion; this is how a
+default is chosen.
 """
 
 from __future__ import annotations
@@ -181,24 +185,52 @@ def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
+def exact_line(hole: Hole, suggestion: str) -> bool:
+    """The suggestion's first line is the truth's first line (blanks around them aside)."""
+    return suggestion.split("\n", 1)[0].strip() == hole.truth.split("\n", 1)[0].strip()
+
+
+def similarity(hole: Hole, suggestion: str) -> float:
+    """Edit similarity to the truth: the whole suggestion for a block hole, else its first line."""
+    return edit_similarity(
+        suggestion if hole.kind == "block" else suggestion.split("\n", 1)[0], hole.truth
+    )
+
+
+def _mean_and_stderr(differences: Sequence[float]) -> dict[str, float]:
+    mean = statistics.fmean(differences)
+    spread = statistics.stdev(differences) if len(differences) > 1 else 0.0
+    return {"mean": round(mean, 4), "stderr": round(spread / math.sqrt(len(differences)), 4)}
+
+
+def paired(holes: Sequence[Hole], ours: Sequence[str], theirs: Sequence[str]) -> dict[str, Any]:
+    """Per-hole differences (ours - theirs) on the same holes, with their standard errors: a
+    paired comparison separates two settings with far fewer holes than two separate means."""
+    rows = list(zip(holes, ours, theirs, strict=True))
+    return {
+        "n": len(rows),
+        "exact_line_match": _mean_and_stderr(
+            [float(exact_line(h, a)) - float(exact_line(h, b)) for h, a, b in rows]
+        ),
+        "edit_similarity": _mean_and_stderr(
+            [similarity(h, a) - similarity(h, b) for h, a, b in rows]
+        ),
+        "holes_differing": sum(1 for _, a, b in rows if a != b),
+    }
+
+
 def score(
     holes: Sequence[Hole], suggestions: Sequence[str], latencies: Sequence[float]
 ) -> dict[str, Any]:
-    exact = [
-        s.split("\n", 1)[0].strip() == h.truth.split("\n", 1)[0].strip()
-        for h, s in zip(holes, suggestions, strict=True)
-    ]
-    similarity = [
-        edit_similarity(s if h.kind == "block" else s.split("\n", 1)[0], h.truth)
-        for h, s in zip(holes, suggestions, strict=True)
-    ]
+    exact = [exact_line(h, s) for h, s in zip(holes, suggestions, strict=True)]
+    similarities = [similarity(h, s) for h, s in zip(holes, suggestions, strict=True)]
     parsed = [p for h, s in zip(holes, suggestions, strict=True) if (p := parses(h, s)) is not None]
     # Baseline for `parses`: the file with nothing inserted (a hole often leaves it broken).
     parsed_empty = [p for h in holes if (p := parses(h, "")) is not None]
     return {
         "n": len(holes),
         "exact_line_match": round(sum(exact) / len(holes), 4),
-        "edit_similarity": round(statistics.fmean(similarity), 4),
+        "edit_similarity": round(statistics.fmean(similarities), 4),
         "parses": round(sum(parsed) / len(parsed), 4) if parsed else None,
         "parses_if_left_empty": round(sum(parsed_empty) / len(parsed_empty), 4)
         if parsed_empty
@@ -291,6 +323,8 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
                 results.update(found)
             else:
                 results[engine_name] = found
+        if args.against:
+            results["against"] = _against(args, completion, cache_dir, sources, holes, results)
         if len(engines) > 1 and args.baseline_n:
             # The new default on exactly the baseline's holes, for a like-for-like comparison.
             first = engines[0]
@@ -302,6 +336,42 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
             index.close()
     _drop_suggestions(results)
     return results
+
+
+def _against(
+    args: argparse.Namespace,
+    completion: Any,
+    cache_dir: Path,
+    sources: Sequence[tuple[str, ContextSource | None]],
+    holes: Sequence[Hole],
+    results: dict[str, Any],
+) -> dict[str, Any]:
+    """The same holes with `--against` settings, scored alone and paired with the run's own."""
+    from completion.output_cache import CachedRunner
+    from completion.runners import load_runner
+
+    try:
+        other = type(completion).model_validate(
+            {**completion.model_dump(), **_overrides(args.against)}
+        )
+    except ValidationError as error:
+        raise SystemExit(f"--against: {error}") from None
+    if len([e for e in args.engines.split(",") if e]) > 1:
+        raise SystemExit("--against compares settings of one engine; leave out --engines")
+    runner = CachedRunner(load_runner(other, cache_dir), cache_dir / "eval" / "outputs.jsonl")
+    found: dict[str, Any] = {"settings": _overrides(args.against), "model": runner.model_id}
+    try:
+        for name, source in sources:
+            theirs = _complete_holes(other, runner, source, holes, f"against {name}")
+            found[name] = {
+                **theirs,
+                "paired": paired(holes, results[name]["suggestions"], theirs["suggestions"]),
+            }
+        found["model_runs"] = runner.misses
+        found["cached_outputs_used"] = runner.hits
+    finally:
+        runner.close()
+    return found
 
 
 def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
@@ -406,18 +476,9 @@ def _complete_holes(
         scored["without_token_healing_on_mid_word_holes"] = {
             "n": len(cut),
             "mid_word_ignores_partial": _share([ignores_partial(t) for t in texts]),
-            "exact_line_match": _share(
-                [
-                    t.split("\n", 1)[0].strip() == h.truth.split("\n", 1)[0].strip()
-                    for h, t in zip(cut, texts, strict=True)
-                ]
-            ),
+            "exact_line_match": _share([exact_line(h, t) for h, t in zip(cut, texts, strict=True)]),
             "with_token_healing_exact_line_match": _share(
-                [
-                    s.split("\n", 1)[0].strip() == h.truth.split("\n", 1)[0].strip()
-                    for h, s in zip(holes, suggestions, strict=True)
-                    if mid_word(h)
-                ]
+                [exact_line(h, s) for h, s in zip(holes, suggestions, strict=True) if mid_word(h)]
             ),
         }
     scored["suggestions"] = suggestions
@@ -464,6 +525,14 @@ def main(argv: list[str]) -> int:
         "--healing-baseline",
         action="store_true",
         help="also complete the mid-word holes without token healing (run without retrieval)",
+    )
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also complete the same holes with this setting changed (repeatable) and report "
+        "both, with per-hole paired differences (this run's minus theirs) and standard errors",
     )
     parser.add_argument(
         "--set",

@@ -283,6 +283,7 @@ def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
             baseline_n=0,
             healing_baseline=False,
             set=[],
+            against=[],
             argv=["--corpus", str(corpus)],
         )
         first = run_holes(args)
@@ -292,6 +293,8 @@ def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
         # The same outputs again, through the syntax check (`--set syntax_check=true`).
         checked = run_holes(argparse.Namespace(**{**vars(args), "set": ["syntax_check=true"]}))
         requests_after_check = len(server.requests)
+        # Against a setting that drops every suggestion as too short, on the same holes.
+        against = run_holes(argparse.Namespace(**{**vars(args), "against": ["min_chars=1000"]}))
 
     # One model call per hole and run. Every prompt with retrieval held snippets from other
     # files (the corpus has fewer chunks than one search returns), and none without.
@@ -320,6 +323,22 @@ def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
         assert checked[run]["parses"] >= first[run]["parses"]
         assert checked[run]["exact_line_match"] <= first[run]["exact_line_match"]
     assert requests_after_check == 2 * HOLES  # the check needs no model call
+    # The other arm ran on the same holes from the output cache; every paired difference is
+    # this run's figure minus nothing (ours - theirs).
+    other = against["against"]
+    assert other["settings"] == {"min_chars": 1000}
+    assert (other["model_runs"], other["cached_outputs_used"]) == (0, 2 * HOLES)
+    for run in ("without_retrieval", "with_retrieval"):
+        assert other[run]["empty_suggestions"] == HOLES
+        pairs = other[run]["paired"]
+        assert pairs["n"] == HOLES
+        assert pairs["exact_line_match"]["mean"] == first[run]["exact_line_match"]
+        assert pairs["edit_similarity"]["mean"] == pytest.approx(
+            first[run]["edit_similarity"], abs=1e-4
+        )
+        assert pairs["holes_differing"] == HOLES - first[run]["empty_suggestions"]
+        assert pairs["exact_line_match"]["stderr"] > 0
+        assert "suggestions" not in other[run]
     # A rerun answers every prompt from the output cache and scores the same.
     assert (second["model_runs"], second["cached_outputs_used"]) == (0, 2 * HOLES)
     assert requests_after_rerun == 2 * HOLES
@@ -372,6 +391,7 @@ def test_a_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
             baseline_n=0,
             healing_baseline=False,
             set=[bad],
+            against=[],
             argv=[],
         )
         with pytest.raises(SystemExit, match="--set"):
