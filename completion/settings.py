@@ -69,7 +69,11 @@ class CompletionSettings(BaseModel):
     )
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 decodes greedily.")
     context_tokens: int = Field(
-        1024, ge=64, le=32768, description="Token budget of the whole prompt."
+        512,
+        ge=64,
+        le=32768,
+        description="Token budget of the whole prompt. 512 reads the prompt in less than half "
+        "the time of 1,024 with the same quality on `tabloop eval holes` (docs/models.md).",
     )
     prefix_share: float = Field(0.6, gt=0, le=1, description="Share of the budget for the prefix.")
     suffix_share: float = Field(0.2, ge=0, le=1, description="Share of the budget for the suffix.")
