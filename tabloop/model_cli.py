@@ -1,16 +1,20 @@
 """`tabloop train model` and `tabloop model list|promote V|rollback|evaluate V`.
 
-tabloop train model [--workspace DIR] [--budget 20m | --samples N | --tokens N]
-                    [--promote] [--fresh] [--json]
-tabloop model list [--workspace DIR] [--json]
-tabloop model promote V [--force] [--margin M]
-tabloop model rollback
-tabloop model evaluate V [--n 50]
+tabloop train model [--workspace DIR | --tenant T --db URL]
+                    [--budget 20m | --samples N | --tokens N] [--promote] [--fresh] [--json]
+tabloop model list [--workspace DIR | --tenant T] [--json]
+tabloop model promote V [--force] [--margin M] [--workspace DIR | --tenant T]
+tabloop model rollback [--workspace DIR | --tenant T]
+tabloop model evaluate V [--n 50] [--workspace DIR]
 
 A workspace's run lives in its adapter directory under the cache (`runs/current`): killed, it
 resumes from its last checkpoint when the same command runs again; finished, its adapter becomes
 a new candidate version, evaluated against the serving one on the held-out files. A promoted
 version reaches a running server without a restart (it follows the registry).
+
+With `--tenant T --db URL` the adapter is a backend tenant's, trained from the tenant's events
+that carry text (telemetry level `full`; `backend/adapters/`) and kept in the tenant's registry
+under the cache directory.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ RUN_DIR = "runs/current"
 FEEDBACK_FILE = "training/feedback.sqlite"
 
 
-def _scope(parser: argparse.ArgumentParser) -> None:
+def _scope(parser: argparse.ArgumentParser, tenant: bool = True) -> None:
     parser.add_argument("--workspace", help="workspace root (default: the current directory)")
+    if tenant:
+        parser.add_argument("--tenant", help="a backend tenant's adapters instead of a workspace's")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -45,6 +51,15 @@ def _resolved(args: argparse.Namespace) -> tuple[Path, config.Settings, Path]:
 
 
 def _registry(args: argparse.Namespace) -> AdapterRegistry:
+    if getattr(args, "tenant", None):
+        if args.workspace:
+            raise SystemExit("tabloop model: --workspace or --tenant, not both")
+        from common.config import configured_cache_dir
+
+        try:
+            return AdapterRegistry(scope_dir(configured_cache_dir(), tenant=args.tenant))
+        except ValueError as exc:
+            raise SystemExit(f"tabloop model: {exc}") from None
     workspace, _settings, cache_dir = _resolved(args)
     return AdapterRegistry(scope_dir(cache_dir, workspace=workspace))
 
@@ -97,19 +112,20 @@ def train_model_main(argv: list[str]) -> int:
     parser.add_argument("--promote", action="store_true", help="promote if the evaluation allows")
     parser.add_argument("--fresh", action="store_true", help="discard an unfinished run")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    parser.add_argument("--db", help="tenant: the backend's database URL")
+    parser.add_argument(
+        "--min-examples",
+        type=int,
+        default=50,
+        help="tenant: fewest training examples (text-carrying events with an outcome) to train",
+    )
     args = parser.parse_args(argv)
     try:
         budget = _budget(args)
     except ValueError as exc:
         parser.error(str(exc))
     from training.lora import LoraShape
-    from training.workspace import train_workspace
 
-    workspace, settings, cache_dir = _resolved(args)
-    registry = AdapterRegistry(scope_dir(cache_dir, workspace=workspace))
-    run_dir = registry.root / RUN_DIR
-    if args.fresh:
-        shutil.rmtree(run_dir, ignore_errors=True)
     train_settings = TrainSettings(
         seed=args.seed,
         learning_rate=args.learning_rate,
@@ -119,6 +135,17 @@ def train_model_main(argv: list[str]) -> int:
         max_prompt_tokens=args.max_prompt_tokens,
         lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
     )
+    if args.tenant:
+        return _train_tenant(args, parser, budget, train_settings)
+    if args.db:
+        parser.error("--db goes with --tenant")
+    from training.workspace import train_workspace
+
+    workspace, settings, cache_dir = _resolved(args)
+    registry = AdapterRegistry(scope_dir(cache_dir, workspace=workspace))
+    run_dir = registry.root / RUN_DIR
+    if args.fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
     feedback = FeedbackStore(cache_dir / FEEDBACK_FILE)
     bar = _Bar(enabled=not args.json)
     model = args.model or settings.completion.model
@@ -163,6 +190,49 @@ def train_model_main(argv: list[str]) -> int:
         except AdapterRegistryError as exc:
             report["not_promoted"] = str(exc)
     feedback.close()
+    _print(report, args.json)
+    return 0
+
+
+def _train_tenant(
+    args: argparse.Namespace,
+    parser: argparse.ArgumentParser,
+    budget: Budget,
+    train_settings: TrainSettings,
+) -> int:
+    """`tabloop train model --tenant T --db URL`: the tenant's adapter, from its events."""
+    from backend.adapters.run import TenantRunOptions, TenantTrainingError, train_tenant
+    from backend.storage import Storage, default_db_url
+    from common.config import configured_cache_dir
+
+    if args.workspace:
+        parser.error("--workspace or --tenant, not both")
+    try:
+        scope_dir(Path("."), tenant=args.tenant)
+    except ValueError as exc:
+        parser.error(str(exc))
+    options = TenantRunOptions(
+        model=args.model or config.resolve(None).settings.completion.model,
+        budget=budget,
+        settings=train_settings,
+        min_examples=args.min_examples,
+        eval_n=args.eval_n,
+        promote=args.promote,
+        fresh=args.fresh,
+        device=args.device,
+    )
+    storage = Storage(args.db or default_db_url())
+    bar = _Bar(enabled=not args.json)
+    try:
+        report = train_tenant(
+            storage, args.tenant, configured_cache_dir(), options, on_progress=bar
+        )
+    except TenantTrainingError as exc:
+        print(f"tabloop train model: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        bar.close()
+        storage.close()
     _print(report, args.json)
     return 0
 
@@ -222,7 +292,7 @@ def model_main(argv: list[str]) -> int:
     p = sub.add_parser("evaluate", help="evaluate a version against the serving one")
     p.add_argument("version")
     p.add_argument("--n", type=int, default=50)
-    _scope(p)
+    _scope(p, tenant=False)
     args = parser.parse_args(argv)
     registry = _registry(args)
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +22,8 @@ from training.examples import FimExample
 DEFAULT_MAX_ROWS = 20_000
 MAX_TEXT_CHARS = 8_000  # of the prefix or suffix kept around one suggestion
 MIN_PROPENSITY = 0.05  # clips the inverse propensity weight at 20
+DISTRACTION_COST = 0.25
+"""Reward of an ignored or dismissed suggestion (λ of docs/learning.md); accepted earns 1."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS feedback (
@@ -129,6 +131,27 @@ class FeedbackStore:
             self._db.close()
 
 
+def feedback_reward(kind: str, accepted_chars: int | None, suggestion: str) -> float | None:
+    """The reward a suggestion's outcome earns as a training example, the same on this machine
+    and in the backend: accepted 1, partially accepted the accepted share, ignored or dismissed
+    -`DISTRACTION_COST`; None for outcomes that judge nothing (superseded, not viewed)."""
+    if kind == "accepted":
+        return 1.0
+    if kind == "partial":
+        return min(1.0, (accepted_chars or 0) / max(len(suggestion), 1))
+    if kind in ("ignored", "dismissed"):
+        return -DISTRACTION_COST
+    return None
+
+
+def advantage_scale(rewards: Iterable[float], baseline: float) -> float:
+    """The largest |reward - baseline| (at least 1), so that advantages lie in [-1, 1]."""
+    scale = 1.0
+    for reward in rewards:
+        scale = max(scale, abs(reward - baseline))
+    return scale
+
+
 def as_example(item: Feedback, baseline: float, scale: float) -> FimExample:
     """A feedback row as a training example: advantage (reward - baseline) / scale, and the
     inverse of the logged propensity, clipped."""
@@ -147,9 +170,7 @@ def as_example(item: Feedback, baseline: float, scale: float) -> FimExample:
 def stream_feedback_examples(store: FeedbackStore, upto_id: int) -> Iterator[FimExample]:
     """Every row up to `upto_id` once per epoch, epoch after epoch (ends if there are none)."""
     baseline = store.mean_reward(upto_id)
-    scale = 1.0  # the largest |advantage|, so advantages lie in [-1, 1]
-    for item in store.rows(upto_id):
-        scale = max(scale, abs(item.reward - baseline))
+    scale = advantage_scale((item.reward for item in store.rows(upto_id)), baseline)
     while True:
         produced = 0
         for item in store.rows(upto_id):

@@ -29,7 +29,7 @@ from lsp_server.config import Settings
 from lsp_server.protocol import ADAPTER_PROGRESS_TITLE, ADAPTER_PROGRESS_TOKEN_PREFIX
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
-from training.feedback import Feedback, FeedbackStore
+from training.feedback import Feedback, FeedbackStore, feedback_reward
 from training.registry import REGISTRY_FILE, AdapterRegistry, scope_dir
 
 log = logging.getLogger(__name__)
@@ -37,19 +37,12 @@ log = logging.getLogger(__name__)
 FEEDBACK_FILE = "training/feedback.sqlite"
 PENDING_KEPT = 512
 REGISTRY_POLL_S = 30.0
-DISTRACTION_COST = 0.25
-"""Reward of an ignored or dismissed suggestion (λ of docs/learning.md); accepted earns 1."""
 
 
 def local_reward(event: OutcomeEvent, suggestion: str) -> float | None:
-    """Reward of an outcome at the time it is known (retention is not awaited locally)."""
-    if event.kind == "accepted":
-        return 1.0
-    if event.kind == "partial":
-        return min(1.0, (event.accepted_chars or 0) / max(len(suggestion), 1))
-    if event.kind in ("ignored", "dismissed"):
-        return -DISTRACTION_COST
-    return None  # superseded, not viewed: no judgement of the suggestion
+    """Reward of an outcome at the time it is known (retention is not awaited locally); the
+    backend gives events that carry text the same reward (`training.feedback.feedback_reward`)."""
+    return feedback_reward(event.kind, event.accepted_chars, suggestion)
 
 
 class LearningFeature:

@@ -17,7 +17,8 @@ from completion.runners.loading import load_model
 from completion.runners.local import LocalRunner
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
-from lsp_server.features.learning import DISTRACTION_COST, LearningFeature, local_reward
+from lsp_server.features.learning import LearningFeature, local_reward
+from training.feedback import DISTRACTION_COST
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
 from training.lora import LoraShape, attach_lora

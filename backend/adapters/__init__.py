@@ -1,0 +1,1 @@
+"""Adapters of the completion model trained for tenants from their text-carrying events."""

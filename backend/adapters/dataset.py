@@ -1,0 +1,270 @@
+"""A tenant's training examples for its adapter, read from the event store a page at a time.
+
+Only decision events that carry text (editors send `prompt` and `suggestion` at telemetry level
+`full`) and were shown can teach the model what to write. Each is joined with the outcome its
+user gave it and becomes the same example a workspace's local feedback gives
+(`training.feedback`: the reward of `feedback_reward`, the logged propensity, `as_example`), so
+one objective trains both. The logged prompt is the text before the cursor only: the examples
+have no suffix.
+
+The newest share (20%) of the examples, by the decision's time, is held out for evaluation and
+never trained on. Events are read in pages by row id (keyset pagination), never all at once; a
+run reads only rows up to the newest it saw when it first started, so a resumed run sees the
+same examples in the same order. Events skipped (silence, no text, no outcome yet, an outcome
+that judges nothing, a body the schema refuses) are counted by reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from backend.db.models import StoredEvent
+from backend.storage import Storage
+from common.languages import BY_ID
+from telemetry.events import DecisionEvent, OutcomeEvent, parse_event
+from training.examples import FimExample
+from training.feedback import Feedback, advantage_scale, as_example, feedback_reward
+
+PAGE_ROWS = 500
+HELD_OUT_SHARE = 0.2
+
+NO_TEXT = "shown without text (telemetry level below full)"
+SILENCE = "silence"
+NO_OUTCOME = "no outcome yet"
+NO_JUDGEMENT = "outcome judges nothing (superseded, not viewed)"
+
+
+@dataclass(frozen=True)
+class LoggedFeedback:
+    """A text-carrying decision with its outcome, as a feedback row."""
+
+    row_id: int  # the decision's row in the event store
+    time: float  # the decision's time, seconds since the epoch
+    feedback: Feedback
+
+    @property
+    def key(self) -> tuple[float, int]:
+        return (self.time, self.row_id)
+
+
+def path_for_language(language: str) -> str:
+    """A file name that tells the model (and `language_of`) the language of a logged prompt."""
+    known = BY_ID.get(language)
+    return f"untitled.{known.extensions[0]}" if known is not None and known.extensions else ""
+
+
+def _as_time(value: datetime) -> float:
+    return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
+
+
+def _skip_reason(body: Any, exc: ValidationError) -> str:
+    kind = body.get("type") if isinstance(body, dict) else None
+    where = ".".join(str(part) for part in exc.errors()[0]["loc"][1:])
+    return f"invalid {kind if isinstance(kind, str) else 'event'} {where or 'body'}"
+
+
+def logged_feedback(
+    storage: Storage,
+    tenant_id: int,
+    upto_row: int,
+    skipped: Counter[str] | None = None,
+    page_rows: int = PAGE_ROWS,
+) -> Iterator[LoggedFeedback]:
+    """The tenant's shown, text-carrying decisions with rows up to `upto_row`, oldest row first,
+    each with the reward of its newest outcome (rows up to `upto_row` too); the others are
+    counted in `skipped`."""
+    skipped = skipped if skipped is not None else Counter()
+    after = 0
+    while True:
+        with storage.session() as session:
+            page = session.execute(
+                select(StoredEvent.id, StoredEvent.body)
+                .where(
+                    StoredEvent.tenant_id == tenant_id,
+                    StoredEvent.type == "decision",
+                    StoredEvent.id > after,
+                    StoredEvent.id <= upto_row,
+                )
+                .order_by(StoredEvent.id)
+                .limit(page_rows)
+            ).all()
+            if not page:
+                return
+            after = int(page[-1][0])
+            decisions: list[tuple[int, DecisionEvent]] = []
+            for row_id, body in page:
+                try:
+                    event = parse_event(body)
+                except ValidationError as exc:
+                    skipped[_skip_reason(body, exc)] += 1
+                    continue
+                if not isinstance(event, DecisionEvent):
+                    continue
+                if event.action != "show":
+                    skipped[SILENCE] += 1
+                elif not event.prompt or not event.suggestion:
+                    skipped[NO_TEXT] += 1
+                else:
+                    decisions.append((int(row_id), event))
+            outcomes: dict[str, OutcomeEvent] = {}
+            if decisions:
+                rows = session.execute(
+                    select(StoredEvent.body)
+                    .where(
+                        StoredEvent.tenant_id == tenant_id,
+                        StoredEvent.type == "outcome",
+                        StoredEvent.decision_id.in_([d.decision_id for _, d in decisions]),
+                        StoredEvent.id <= upto_row,
+                    )
+                    .order_by(StoredEvent.id)
+                ).scalars()
+                for body in rows:
+                    try:
+                        outcome = parse_event(body)
+                    except ValidationError as exc:
+                        skipped[_skip_reason(body, exc)] += 1
+                        continue
+                    if isinstance(outcome, OutcomeEvent):
+                        outcomes[outcome.decision_id] = outcome  # the newest wins
+        for row_id, decision in decisions:
+            outcome = outcomes.get(decision.decision_id)
+            if outcome is None:
+                skipped[NO_OUTCOME] += 1
+                continue
+            assert decision.suggestion is not None and decision.prompt is not None
+            reward = feedback_reward(outcome.kind, outcome.accepted_chars, decision.suggestion)
+            if reward is None:
+                skipped[NO_JUDGEMENT] += 1
+                continue
+            yield LoggedFeedback(
+                row_id,
+                _as_time(decision.time),
+                Feedback(
+                    path_for_language(decision.language),
+                    decision.prompt,
+                    decision.suggestion,
+                    "",
+                    outcome.kind,
+                    reward,
+                    decision.propensity,
+                ),
+            )
+
+
+class TenantExamples:
+    """A tenant's examples up to one event row, split by time into training and held-out.
+
+    Construction reads the events once, keeping only each example's time, row and reward (not
+    its text), to place the split and the reward baseline; the streams read them again.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        tenant_id: int,
+        upto_row: int,
+        *,
+        held_out_share: float = HELD_OUT_SHARE,
+        page_rows: int = PAGE_ROWS,
+    ) -> None:
+        if not 0.0 <= held_out_share < 1.0:
+            raise ValueError("held_out_share must be in [0, 1)")
+        self.storage = storage
+        self.tenant_id = tenant_id
+        self.upto_row = upto_row
+        self.page_rows = page_rows
+        self.skipped: Counter[str] = Counter()
+        keys: list[tuple[float, int]] = []
+        rewards: list[float] = []
+        for item in logged_feedback(storage, tenant_id, upto_row, self.skipped, page_rows):
+            keys.append(item.key)
+            rewards.append(item.feedback.reward)
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        self.held_out_count = int(len(keys) * held_out_share)
+        self.train_count = len(keys) - self.held_out_count
+        # The first held-out example by (time, row): everything at or after it is held out.
+        self.threshold: tuple[float, int] | None = (
+            keys[order[self.train_count]] if self.held_out_count else None
+        )
+        train_rewards = [rewards[i] for i in order[: self.train_count]]
+        self.baseline = statistics.fmean(train_rewards) if train_rewards else 0.0
+        self.scale = advantage_scale(train_rewards, self.baseline)
+        # Positive (accepted, partially accepted) and negative (ignored, dismissed) examples.
+        self.outcomes = Counter(
+            "positive" if r > 0 else "negative" if r < 0 else "neutral" for r in rewards
+        )
+
+    @property
+    def text_events(self) -> int:
+        """Shown decisions that carried text, with or without a usable outcome."""
+        return (
+            self.train_count
+            + self.held_out_count
+            + self.skipped[NO_OUTCOME]
+            + self.skipped[NO_JUDGEMENT]
+        )
+
+    def is_held_out(self, item: LoggedFeedback) -> bool:
+        return self.threshold is not None and item.key >= self.threshold
+
+    def _items(self, held_out: bool) -> Iterator[LoggedFeedback]:
+        for item in logged_feedback(self.storage, self.tenant_id, self.upto_row, None, self.page_rows):
+            if self.is_held_out(item) == held_out:
+                yield item
+
+    def training_examples(self) -> Iterator[FimExample]:
+        """The training examples once, oldest row first."""
+        for item in self._items(held_out=False):
+            yield as_example(item.feedback, self.baseline, self.scale)
+
+    def stream(self) -> Callable[[], Iterator[FimExample]]:
+        """A factory of the run's stream: the training examples epoch after epoch (the same
+        sequence every time it is called; it ends at once when there are none)."""
+
+        def make() -> Iterator[FimExample]:
+            while True:
+                produced = 0
+                for example in self.training_examples():
+                    produced += 1
+                    yield example
+                if produced == 0:
+                    return
+
+        return make
+
+    def held_out(self) -> Iterator[LoggedFeedback]:
+        """The held-out examples, oldest row first."""
+        return self._items(held_out=True)
+
+    def held_out_accepted(self, limit: int) -> list[FimExample]:
+        """Up to `limit` held-out accepted suggestions as cursors to replay (the newest last),
+        the whole suggestion being the text to reproduce."""
+        kept: deque[FimExample] = deque(maxlen=max(limit, 0))
+        for item in self.held_out():
+            row = item.feedback
+            if row.outcome != "accepted":
+                continue
+            kind = "block" if "\n" in row.suggestion.strip("\n") else "line"
+            kept.append(FimExample(row.path, row.prefix, row.suggestion, row.suffix, kind))
+        return list(kept)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "through_event_id": self.upto_row,
+            "text_events": self.text_events,
+            "training": self.train_count,
+            "held_out": self.held_out_count,
+            "positive": self.outcomes["positive"],
+            "negative": self.outcomes["negative"],
+            "reward_baseline": round(self.baseline, 4),
+            "skipped": dict(self.skipped.most_common()),
+        }
+

@@ -1,0 +1,183 @@
+"""One adapter training run for a tenant: its examples, the trainer, evaluation, the registry.
+
+The run lives in the tenant's adapter directory (`scope_dir(cache, tenant=T)/runs/current`):
+the newest event row it reads is fixed when it first starts (`events-upto`), and its checkpoints
+are written there, so a run killed at any point resumes from its last checkpoint with the same
+examples in the same order. Finished, its adapter becomes a candidate version of the tenant's
+registry, evaluated against the serving version on the held-out events (does each reproduce
+the accepted suggestions in their logged prompts: exact-line match and edit similarity, paired),
+and promoted only by the registry's rule.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.adapters.dataset import TenantExamples
+from backend.policy.dataset import latest_event_id
+from backend.storage import Storage
+from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
+from training.trainer import Budget, Progress, TrainSettings
+
+RUN_DIR = "runs/current"
+MARK_FILE = "events-upto"
+DEFAULT_MIN_EXAMPLES = 50
+
+
+class TenantTrainingError(ValueError):
+    """A tenant's adapter cannot be trained (unknown tenant, no text-carrying events, too few
+    examples); the message says why."""
+
+
+@dataclass(frozen=True)
+class TenantRunOptions:
+    """What a run of a tenant's adapter needs besides the tenant."""
+
+    model: str
+    budget: Budget
+    settings: TrainSettings
+    min_examples: int = DEFAULT_MIN_EXAMPLES
+    eval_n: int = 50
+    promote: bool = False
+    fresh: bool = False
+    device: str | None = None
+
+
+def tenant_registry(cache_dir: Path, tenant: str) -> AdapterRegistry:
+    """The registry of tenant `tenant`'s adapters (ValueError for a name no tenant may have)."""
+    return AdapterRegistry(scope_dir(cache_dir, tenant=tenant))
+
+
+def last_trained_event(registry: AdapterRegistry) -> int:
+    """The newest event row the tenant's newest adapter version was trained up to (0: none)."""
+    marks = [int(v.train.get("through_event_id", 0) or 0) for v in registry.versions()]
+    return max(marks, default=0)
+
+
+def _mark(run_dir: Path, newest: int) -> int:
+    mark = run_dir / MARK_FILE
+    if mark.is_file():
+        return int(mark.read_text().strip() or 0)
+    return newest
+
+
+def train_tenant(
+    storage: Storage,
+    tenant: str,
+    cache_dir: Path,
+    options: TenantRunOptions,
+    *,
+    on_progress: Callable[[Progress], None] | None = None,
+    publish: Callable[[Callable[[], Any]], Any] | None = None,
+) -> dict[str, Any]:
+    """Train, evaluate and register an adapter for `tenant`; the run's report.
+
+    `publish`, when given, wraps each registry write (a cluster trainer checks there that its
+    job is still its own). Raises `TenantTrainingError` when there is nothing to train on.
+    """
+    tenant_id = storage.tenant_id(tenant)
+    if tenant_id is None:
+        raise TenantTrainingError(f"unknown tenant {tenant!r}")
+    registry = tenant_registry(cache_dir, tenant)
+    run_dir = registry.root / RUN_DIR
+    if options.fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    upto = _mark(run_dir, latest_event_id(storage, tenant_id))
+    data = TenantExamples(storage, tenant_id, upto)
+    if data.text_events == 0:
+        raise TenantTrainingError(
+            f"tenant {tenant!r} has no shown suggestions that carry text: editors send the "
+            'prompt and the suggestion only at telemetry level "full" (telemetry.level = '
+            '"full" in their settings)'
+        )
+    if data.train_count < options.min_examples:
+        raise TenantTrainingError(
+            f"tenant {tenant!r}: too few examples ({data.train_count} to train on, "
+            f"{data.held_out_count} held out; at least {options.min_examples} needed): "
+            f"skipped {dict(data.skipped.most_common())}"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MARK_FILE).write_text(f"{upto}\n")
+
+    from completion.adapters import read_manifest
+    from completion.fim import template_for
+    from training.trainer import Trainer
+    from training.workspace import load_trainable
+
+    trainable = load_trainable(options.model, cache_dir, options.settings)
+    trainer = Trainer(
+        trainable.model,
+        trainable.tokenizer,
+        template_for(trainable.family),
+        trainable.base_model_id,
+        options.settings,
+        run_dir,
+        device=options.device,
+    )
+    result = trainer.run(data.stream(), options.budget, on_progress)
+    del trainer, trainable  # the evaluation loads the model for serving
+    manifest = read_manifest(Path(result.adapter))
+    train = {**asdict(result), "tenant": tenant, "through_event_id": upto}
+    train["examples"] = data.summary()
+    write = publish or (lambda action: action())
+    record = write(lambda: registry.add(Path(result.adapter), manifest["base_model"], train))
+    shutil.rmtree(run_dir, ignore_errors=True)  # finished: the next run starts fresh
+    report: dict[str, Any] = {
+        "tenant": tenant,
+        "version": record.name,
+        "examples": train["examples"],
+        "training": asdict(result),
+    }
+    accepted = data.held_out_accepted(options.eval_n) if options.eval_n > 0 else []
+    if accepted:
+        evaluation = evaluate_on_events(registry, record.version, options.model, cache_dir, accepted)
+        write(lambda: registry.record_evaluation(record.version, evaluation))
+        report["evaluation"] = evaluation
+    else:
+        report["not_evaluated"] = (
+            "evaluation skipped (--eval-n 0)"
+            if options.eval_n <= 0
+            else "no accepted suggestions among the held-out events"
+        )
+    if options.promote and "evaluation" in report:
+        try:
+            report["promoted"] = write(lambda: registry.promote(record.version))
+        except AdapterRegistryError as exc:
+            report["not_promoted"] = str(exc)
+    report["serving"] = registry.serving()
+    return report
+
+
+def evaluate_on_events(
+    registry: AdapterRegistry,
+    version: int,
+    model: str,
+    cache_dir: Path,
+    accepted: list[Any],
+) -> dict[str, Any]:
+    """The serving version against `version` on held-out accepted suggestions: each completes
+    every logged prompt, scored against the suggestion the user accepted there."""
+    from completion.runners.local import LocalRunner
+    from completion.settings import CompletionSettings
+    from training.evaluate import compare
+
+    settings = CompletionSettings(model=model, adapter="", context_timeout_ms=60_000)
+    runner = LocalRunner(model, cache_dir, dtype="float32")
+    try:
+        report = compare(
+            runner, settings, registry.serving_path(), registry.path(version), accepted
+        )
+    finally:
+        runner.close()
+    # Here every cursor is a replayed accepted suggestion: exact-line match is the share of
+    # accepted first lines reproduced.
+    report["replay_accepted_first_line"] = {
+        name: report[name]["exact_line_match"] for name in ("serving", "candidate")
+    }
+    report["cursors"] = "held-out accepted suggestions"
+    report["against"] = registry.serving()
+    return report

@@ -1,0 +1,101 @@
+"""A tenant's examples from its events, posted through `/v1/events` (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from backend.adapters.dataset import NO_JUDGEMENT, NO_OUTCOME, NO_TEXT, SILENCE, TenantExamples
+from backend.policy.dataset import latest_event_id
+from tests.backend.adapters.events import Logged, logged, post
+from tests.support.backend_server import BackendServer
+from training.feedback import DISTRACTION_COST, MIN_PROPENSITY
+
+
+def _examples(backend: BackendServer, **kwargs: int) -> TenantExamples:
+    storage = backend.services.storage
+    return TenantExamples(
+        storage, backend.tenant_id, latest_event_id(storage, backend.tenant_id), **kwargs
+    )
+
+
+def _reward(item: Logged) -> float:
+    """accepted 1, partial its accepted share (3 characters), ignored or dismissed -λ."""
+    if item.outcome == "accepted":
+        return 1.0
+    if item.outcome == "partial":
+        return 3 / len(item.suggestion)
+    return -DISTRACTION_COST
+
+
+def test_labels_weights_and_the_split_by_time(backend: BackendServer) -> None:
+    items = logged(20)
+    post(backend, items)
+    data = _examples(backend, page_rows=3)  # several pages
+    assert (data.train_count, data.held_out_count) == (16, 4)
+    held = list(data.held_out())
+    by_text = {i.suggestion: i for i in items}
+    # The newest 20% by the decision's time, although they were not the newest rows.
+    assert sorted(by_text[h.feedback.suggestion].minute for h in held) == [16, 17, 18, 19]
+    training = list(data.training_examples())
+    assert len(training) == 16
+    train_items = [by_text[e.middle] for e in training]
+    assert {i.minute for i in train_items} == set(range(16))
+    expected = [_reward(i) for i in train_items]
+    baseline = sum(expected) / len(expected)
+    assert data.baseline == pytest.approx(baseline)
+    for example, item, reward in zip(training, train_items, expected, strict=True):
+        assert example.source == "feedback" and example.suffix == ""
+        assert example.prefix == item.prompt and example.path == "untitled.py"
+        assert example.weight == pytest.approx(1 / max(item.propensity, MIN_PROPENSITY))
+        # The advantage: the reward less the training examples' mean reward, scaled to [-1, 1].
+        assert example.advantage == pytest.approx((reward - baseline) / data.scale)
+        assert -1.0 <= example.advantage <= 1.0
+        if item.outcome == "accepted":
+            assert example.advantage > 0
+        elif item.outcome in ("ignored", "dismissed"):
+            assert example.advantage < 0
+    summary = data.summary()
+    kinds = [i.outcome for i in items]
+    assert summary["positive"] == kinds.count("accepted") + kinds.count("partial")
+    assert summary["negative"] == kinds.count("ignored") + kinds.count("dismissed")
+    # A stream is the same sequence every time (a resumed run skips exactly what it saw).
+    first = list(zip(range(40), data.stream()(), strict=False))
+    again = list(zip(range(40), data.stream()(), strict=False))
+    assert [e for _, e in first] == [e for _, e in again]
+    assert [e for _, e in first][16:32] == training  # the second epoch repeats the first
+
+
+def test_events_without_text_or_outcome_are_skipped_and_counted(backend: BackendServer) -> None:
+    with_text = logged(10)
+    without_text = logged(6, text=False)
+    silent = [dataclasses.replace(i, action="silence", outcome=None) for i in logged(2)]
+    pending = [dataclasses.replace(i, outcome=None) for i in logged(3)]
+    superseded = logged(2, outcomes=("superseded",))
+    post(backend, with_text + without_text + silent + pending + superseded)
+    data = _examples(backend)
+    assert data.train_count + data.held_out_count == 10
+    assert data.skipped[NO_TEXT] == 6
+    assert data.skipped[SILENCE] == 2
+    assert data.skipped[NO_OUTCOME] == 3
+    assert data.skipped[NO_JUDGEMENT] == 2
+    assert data.text_events == 10 + 3 + 2
+
+
+def test_only_rows_up_to_the_mark_are_read(backend: BackendServer) -> None:
+    post(backend, logged(10))
+    storage = backend.services.storage
+    mark = latest_event_id(storage, backend.tenant_id)
+    post(backend, logged(10))
+    data = TenantExamples(storage, backend.tenant_id, mark)
+    assert data.train_count + data.held_out_count == 10
+
+
+def test_a_tenant_without_text_has_no_examples(backend: BackendServer) -> None:
+    post(backend, logged(5, text=False))
+    data = _examples(backend)
+    assert (data.train_count, data.held_out_count, data.text_events) == (0, 0, 0)
+    assert list(data.stream()()) == []
+
+
