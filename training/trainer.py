@@ -10,7 +10,7 @@ skips exactly the examples already seen).
 
 The objective (docs/learning.md): for code examples the mean negative log-likelihood of the
 middle's tokens; for feedback examples a policy-gradient term, advantage times clipped inverse
-propensity times the middle's mean log-likelihood (held at a floor, so a rejected suggestion is
+propensity times the middle's mean log-likelihood (for a rejected suggestion held at a floor, so it is
 pushed down only until it is unlikely).
 """
 
@@ -462,9 +462,15 @@ class Trainer:
         losses = []
         for row, example in enumerate(batch):
             if example.feedback:
-                floor = torch.clamp(mean_logprob[row], min=self.settings.logprob_floor)
                 coefficient = self.settings.pg_weight * example.advantage * example.weight
-                losses.append(-coefficient * floor)
+                # The floor bounds only the push down on a rejected suggestion; an accepted one
+                # is pulled up however unlikely it is now (as a supervised example is).
+                logprob = (
+                    torch.clamp(mean_logprob[row], min=self.settings.logprob_floor)
+                    if coefficient < 0
+                    else mean_logprob[row]
+                )
+                losses.append(-coefficient * logprob)
             else:
                 losses.append(-mean_logprob[row])
         total = torch.stack(losses).sum() / self.settings.effective_batch
