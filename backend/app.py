@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from starlette.concurrency import run_in_threadpool
 
+from backend.adapters.scheduler import AdapterSchedule
 from backend.policy.settings import TrainerSettings
 from backend.routes import completions, dashboard, events, health, index_sync, policy, stats
 from backend.services.bodies import BodyLimits
@@ -80,6 +81,7 @@ def create_app(
     failover_s: float | None = None,
     shared_rate_limits: bool = False,
     pg_ingest: str = "array",
+    adapters: AdapterSchedule | None = None,
 ) -> BackendApp:
     """The backend app on `db_url` (migrated on creation unless `migrate` is false; closed when
     the app stops), or on an open `storage` (left open).
@@ -95,6 +97,9 @@ def create_app(
     On PostgreSQL, `failover_s` makes `train` stand in the trainer election (several instances
     on one database), `shared_rate_limits` keeps rate limits in the database, and `pg_ingest`
     chooses how events are inserted (`backend.storage.PG_INGEST_PATHS`).
+
+    `adapters` schedules the tenants' adapter training in the process that trains (off unless
+    its `every_s` is set).
     """
     owned = storage is None
     services = BackendServices.create(
@@ -115,6 +120,7 @@ def create_app(
         runner_loader=runner_loader,
         failover_s=failover_s,
         shared_rate_limits=shared_rate_limits,
+        adapters=adapters,
     )
     app = BackendApp(services, title="tabloop backend", version=_version(), lifespan=lifespan)
 

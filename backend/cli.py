@@ -2,7 +2,10 @@
 
 tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 1]
                 [--train-interval 60] [--failover 30] [--rate-limits shared|local]
+                [--adapter-every 6h [--adapter-min-events 200] [--adapter-budget 20m]
+                 [--adapter-model bundled]]
 tabloop backend trainer --db POSTGRESQL_URL [--failover 30] [--lambda 1]
+                        [--adapters [--adapter-budget 20m] [--adapter-model bundled]]
 tabloop backend token create --tenant NAME [--label WHO] [--admin] [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
 tabloop backend tenant set NAME --require-approval|--no-require-approval [--db URL]
@@ -24,6 +27,7 @@ from backend.storage import PG_INGEST_PATHS, Storage, default_db_url
 DEFAULT_FAILOVER_S = 30.0
 
 if TYPE_CHECKING:
+    from backend.adapters.scheduler import AdapterSchedule
     from backend.app import BackendApp
     from backend.policy.settings import TrainerSettings
 
@@ -115,12 +119,80 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="how events are inserted into PostgreSQL: array (one JSON array per batch, the "
         "default) or rows (multi-row VALUES, the earlier path; a benchmark baseline)",
     )
+    _adapter_arguments(parser)
     parser.add_argument(
         "--metrics-tenant-labels",
         action="store_true",
         help="label /metrics counters with tenant names (off: /metrics is served without a token)",
     )
     return parser
+
+
+def _duration(text: str) -> float:
+    from training.trainer import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _adapter_arguments(parser: argparse.ArgumentParser, *, trainer: bool = False) -> None:
+    if trainer:
+        group = parser.add_argument_group(
+            "adapters", "also claim the tenants' adapter training jobs (off unless --adapters)"
+        )
+        group.add_argument(
+            "--adapters",
+            action="store_true",
+            help="claim and run adapter jobs too (this machine trains the model: a GPU node)",
+        )
+        parser.set_defaults(adapter_every=None)
+    else:
+        group = parser.add_argument_group(
+            "adapters", "training the tenants' model adapters from text-carrying events (off "
+            "unless --adapter-every is given)"
+        )
+        group.add_argument(
+            "--adapter-every",
+            type=_duration,
+            default=None,
+            help="period of adapter training passes, e.g. 6h (default: off)",
+        )
+    group.add_argument(
+        "--adapter-min-events",
+        type=int,
+        default=200,
+        help="new shown, text-carrying decisions that make a tenant due (default 200)",
+    )
+    group.add_argument(
+        "--adapter-budget",
+        type=_duration,
+        default=1200.0,
+        help="wall-clock budget of one adapter run (default 20m)",
+    )
+    group.add_argument(
+        "--adapter-samples",
+        type=int,
+        default=None,
+        help="also end an adapter run after this many training examples",
+    )
+    group.add_argument(
+        "--adapter-model", default="bundled", help="base model of the adapters (default: bundled)"
+    )
+
+
+def adapter_schedule(args: argparse.Namespace) -> AdapterSchedule:
+    """The adapter schedule the command line sets (off without --adapter-every)."""
+    from backend.adapters.scheduler import AdapterSchedule
+
+    return AdapterSchedule(
+        every_s=args.adapter_every,
+        min_new_events=args.adapter_min_events,
+        budget_s=args.adapter_budget,
+        budget_samples=args.adapter_samples,
+        model=args.adapter_model,
+    )
 
 
 def _token_parser() -> argparse.ArgumentParser:
@@ -238,6 +310,7 @@ def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> Backe
         failover_s=args.failover if postgres else None,
         shared_rate_limits=postgres and args.rate_limits != "local",
         pg_ingest=args.pg_ingest,
+        adapters=adapter_schedule(args),
     )
 
 
@@ -333,6 +406,7 @@ def _trainer_parser() -> argparse.ArgumentParser:
         default=None,
         help="an ignored suggestion costs lambda characters (default 1)",
     )
+    _adapter_arguments(parser, trainer=True)
     parser.set_defaults(train_interval=None)
     return parser
 
@@ -350,7 +424,16 @@ def _trainer(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     storage = Storage(db_url)
-    trainer = ClusterTrainer(storage, trainer_settings(args), failover_s=args.failover, elect=False)
+    from common.config import configured_cache_dir
+
+    trainer = ClusterTrainer(
+        storage,
+        trainer_settings(args),
+        failover_s=args.failover,
+        elect=False,
+        adapters=adapter_schedule(args) if args.adapters else None,
+        cache_dir=configured_cache_dir(),
+    )
     stopped = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopped.set())

@@ -153,9 +153,10 @@ class JobClaim:
     attempts: int
 
 
-_CLAIM = text(
-    """
-    UPDATE training_jobs SET
+JOB_TABLES = ("training_jobs", "adapter_jobs")  # policy training, adapter training
+
+_CLAIM = """
+    UPDATE {table} SET
         claimed_by = :holder,
         claim = claim + 1,
         claim_event_id = wanted_event_id,
@@ -163,7 +164,7 @@ _CLAIM = text(
         attempts = attempts + 1,
         updated_at = clock_timestamp()
     WHERE tenant_id = (
-        SELECT tenant_id FROM training_jobs
+        SELECT tenant_id FROM {table}
         WHERE wanted_event_id > done_event_id
           AND (lease_until IS NULL OR lease_until <= clock_timestamp())
         ORDER BY updated_at
@@ -171,30 +172,35 @@ _CLAIM = text(
         FOR UPDATE SKIP LOCKED
     )
     RETURNING tenant_id, claim, claim_event_id, attempts
-    """
-)
+"""
 
 
 class JobQueue:
-    """Per-tenant training jobs in the database (PostgreSQL)."""
+    """Per-tenant training jobs in the database (PostgreSQL): the policy's (`training_jobs`,
+    the default) or the adapters' (`adapter_jobs`)."""
 
-    def __init__(self, engine: Engine, holder: str, ttl_s: float) -> None:
+    def __init__(
+        self, engine: Engine, holder: str, ttl_s: float, table: str = "training_jobs"
+    ) -> None:
         if engine.dialect.name != "postgresql":
             raise ValueError("training jobs in the database need PostgreSQL")
+        if table not in JOB_TABLES:
+            raise ValueError(f"not a job table: {table!r}")
         self.engine = engine
         self.holder = holder
         self.ttl_s = ttl_s
+        self.table = table  # one of JOB_TABLES: safe to write into the statements
 
     def want(self, tenant_id: int, through_event_id: int) -> None:
         """Ask for a training run of the tenant covering events up to `through_event_id`."""
         with self.engine.begin() as connection:
             connection.execute(
                 text(
-                    "INSERT INTO training_jobs (tenant_id, wanted_event_id, done_event_id, claim, "
+                    f"INSERT INTO {self.table} (tenant_id, wanted_event_id, done_event_id, claim, "
                     "claim_event_id, attempts, runs, updated_at) "
                     "VALUES (:t, :e, 0, 0, 0, 0, 0, clock_timestamp()) "
                     "ON CONFLICT (tenant_id) DO UPDATE SET wanted_event_id = "
-                    "GREATEST(training_jobs.wanted_event_id, excluded.wanted_event_id)"
+                    f"GREATEST({self.table}.wanted_event_id, excluded.wanted_event_id)"
                 ),
                 {"t": tenant_id, "e": through_event_id},
             )
@@ -202,7 +208,7 @@ class JobQueue:
     def claim(self) -> JobClaim | None:
         """Claim the longest-waiting wanted job nobody holds, or None."""
         with self.engine.begin() as connection:
-            row = connection.execute(_CLAIM, {"holder": self.holder, "ttl": self.ttl_s}).first()
+            row = connection.execute(text(_CLAIM.format(table=self.table)), {"holder": self.holder, "ttl": self.ttl_s}).first()
         if row is None:
             return None
         return JobClaim(int(row[0]), int(row[1]), int(row[2]), int(row[3]))
@@ -212,7 +218,7 @@ class JobQueue:
         with self.engine.begin() as connection:
             row = connection.execute(
                 text(
-                    "UPDATE training_jobs SET lease_until = clock_timestamp() + "
+                    f"UPDATE {self.table} SET lease_until = clock_timestamp() + "
                     "make_interval(secs => :ttl) WHERE tenant_id = :t AND claim = :c "
                     "AND claimed_by = :holder RETURNING 1"
                 ),
@@ -226,7 +232,7 @@ class JobQueue:
         between)."""
         row = session.execute(
             text(
-                "SELECT 1 FROM training_jobs WHERE tenant_id = :t AND claim = :c "
+                f"SELECT 1 FROM {self.table} WHERE tenant_id = :t AND claim = :c "
                 "AND claimed_by = :holder AND lease_until > clock_timestamp() FOR UPDATE"
             ),
             {"t": job.tenant_id, "c": job.claim, "holder": self.holder},
@@ -243,7 +249,7 @@ class JobQueue:
         with self.engine.begin() as connection:
             row = connection.execute(
                 text(
-                    f"UPDATE training_jobs SET done_event_id = {done}, claimed_by = NULL, "
+                    f"UPDATE {self.table} SET done_event_id = {done}, claimed_by = NULL, "
                     f"lease_until = {until}, runs = runs + :ran, attempts = :attempts, "
                     "last_error = :error, updated_at = clock_timestamp() "
                     "WHERE tenant_id = :t AND claim = :c AND claimed_by = :holder RETURNING 1"
@@ -266,7 +272,7 @@ class JobQueue:
             rows = connection.execute(
                 text(
                     "SELECT tenant_id, wanted_event_id, done_event_id, claim, claimed_by, "
-                    "attempts, runs, last_error FROM training_jobs ORDER BY tenant_id"
+                    f"attempts, runs, last_error FROM {self.table} ORDER BY tenant_id"
                 )
             ).mappings()
             return [dict(row) for row in rows]

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from backend.db.models import StoredEvent
 from backend.storage import Storage
@@ -53,6 +53,15 @@ class LoggedFeedback:
     @property
     def key(self) -> tuple[float, int]:
         return (self.time, self.row_id)
+
+
+def newest_event_row(storage: Storage, tenant_id: int) -> int:
+    """Row id of the tenant's newest event (0 when none)."""
+    with storage.session() as session:
+        newest = session.scalar(
+            select(func.max(StoredEvent.id)).where(StoredEvent.tenant_id == tenant_id)
+        )
+    return int(newest or 0)
 
 
 def path_for_language(language: str) -> str:
@@ -268,3 +277,40 @@ class TenantExamples:
             "skipped": dict(self.skipped.most_common()),
         }
 
+
+
+def text_decisions_after(
+    storage: Storage,
+    tenant_id: int,
+    after_row: int,
+    *,
+    enough: int | None = None,
+    page_rows: int = PAGE_ROWS,
+) -> int:
+    """How many shown, text-carrying decisions the tenant has after row `after_row` (counting
+    stops at `enough`)."""
+    count = 0
+    while enough is None or count < enough:
+        with storage.session() as session:
+            page = session.execute(
+                select(StoredEvent.id, StoredEvent.body)
+                .where(
+                    StoredEvent.tenant_id == tenant_id,
+                    StoredEvent.type == "decision",
+                    StoredEvent.id > after_row,
+                )
+                .order_by(StoredEvent.id)
+                .limit(page_rows)
+            ).all()
+        if not page:
+            break
+        after_row = int(page[-1][0])
+        count += sum(
+            1
+            for _, body in page
+            if isinstance(body, dict)
+            and body.get("action") == "show"
+            and body.get("prompt")
+            and body.get("suggestion")
+        )
+    return count

@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.adapters.dataset import TenantExamples
-from backend.policy.dataset import latest_event_id
+from backend.adapters.dataset import TenantExamples, newest_event_row
 from backend.storage import Storage
 from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
 from training.trainer import Budget, Progress, TrainSettings
@@ -86,7 +85,7 @@ def train_tenant(
     run_dir = registry.root / RUN_DIR
     if options.fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
-    upto = _mark(run_dir, latest_event_id(storage, tenant_id))
+    upto = _mark(run_dir, newest_event_row(storage, tenant_id))
     data = TenantExamples(storage, tenant_id, upto)
     if data.text_events == 0:
         raise TenantTrainingError(

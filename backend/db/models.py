@@ -247,6 +247,27 @@ class TrainingJob(Base):
     last_error: Mapped[str | None] = mapped_column(String(512), default=None)
 
 
+class AdapterJob(Base):
+    """A tenant's adapter training (migration 0007): the same life as a `TrainingJob`, in a
+    queue of its own, so a trainer claims the kind of work it is set up for."""
+
+    __tablename__ = "adapter_jobs"
+
+    tenant_id: Mapped[int] = mapped_column(
+        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
+    )
+    wanted_event_id: Mapped[int] = mapped_column(BigInteger)
+    done_event_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    claim: Mapped[int] = mapped_column(BigInteger, default=0)
+    claimed_by: Mapped[str | None] = mapped_column(String(200), default=None)
+    claim_event_id: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    runs: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(String(512), default=None)
+
+
 class RateBucket(Base):
     """A tenant's token bucket shared by every instance (`--rate-limits shared`)."""
 

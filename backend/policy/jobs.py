@@ -10,6 +10,14 @@
 - in `tabloop backend trainer` (`elect=False`, a trainer on another machine) it only claims and
   trains jobs.
 
+With an `AdapterSchedule` the same process also takes part in adapter training: the elected
+scheduler marks each tenant due for an adapter (`backend.adapters.scheduler.adapter_due`) as
+wanted in the `adapter_jobs` queue every `every_s`, and every process given the schedule claims
+such jobs after the policy's (a GPU node runs `tabloop backend trainer --adapters`). An adapter
+run keeps its checkpoints in the tenant's run directory under the cache directory; a killed
+trainer's job is claimed again when its claim expires and resumes from the last checkpoint
+(the cache directory must be shared between the processes for that, and for serving).
+
 A job is trained under its claim: a heartbeat renews it while the run lasts, and every write the
 run makes to the registry (candidate, canary, promotion) checks in its own transaction that the
 claim is still this trainer's (`PolicyRegistry.fenced`). A trainer killed mid-run leaves a claim
@@ -23,6 +31,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.adapters.dataset import newest_event_row
+from backend.adapters.run import TenantTrainingError, train_tenant
+from backend.adapters.scheduler import AdapterSchedule, adapter_due
 
 from backend.cluster import TRAINER_LEASE, JobClaim, JobQueue, Lease, LeaseLost, holder_id
 from backend.policy.dataset import latest_event_id
@@ -65,6 +79,8 @@ class ClusterTrainer:
         failover_s: float = DEFAULT_FAILOVER_S,
         elect: bool = True,
         holder: str | None = None,
+        adapters: AdapterSchedule | None = None,
+        cache_dir: Path | None = None,
     ) -> None:
         if failover_s <= 0:
             raise ValueError("failover_s must be positive")
@@ -76,10 +92,21 @@ class ClusterTrainer:
         self.holder = holder or holder_id("backend" if elect else "trainer")
         self.lease = Lease(storage.engine, TRAINER_LEASE, self.holder, self.timing.ttl_s)
         self.queue = JobQueue(storage.engine, self.holder, self.timing.ttl_s)
+        if adapters is not None and cache_dir is None:
+            raise ValueError("adapter training needs a cache directory")
+        self.adapters = adapters
+        self.cache_dir = cache_dir
+        self.adapter_queue = (
+            JobQueue(storage.engine, self.holder, self.timing.ttl_s, "adapter_jobs")
+            if adapters is not None
+            else None
+        )
+        self.adapter_runs: list[dict[str, Any]] = []
+        self._next_adapter_schedule = 0.0
         self.runs: list[RunSummary] = []
         self.leader = False
         self.became_leader_at: float | None = None  # time.time() of the last takeover
-        self._current: JobClaim | None = None
+        self._current: tuple[JobQueue, JobClaim] | None = None
         self._next_schedule = 0.0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -126,6 +153,7 @@ class ClusterTrainer:
         if held and not self.leader:
             self.became_leader_at = time.time()
             self._next_schedule = 0.0  # a new leader looks for work at once
+            self._next_adapter_schedule = 0.0
             log.info("%s is the trainer (epoch %s)", self.holder, self.lease.epoch)
         elif self.leader and not held:
             log.warning("%s lost the trainer lease", self.holder)
@@ -135,11 +163,12 @@ class ClusterTrainer:
         while not self._stop.wait(self.timing.tick_s):
             if self.elect:
                 self._stand()
-            job = self._current
-            if job is not None:
+            current = self._current
+            if current is not None:
+                queue, job = current
                 try:
-                    if not self.queue.renew(job):
-                        log.warning("training job of tenant %s was lost", job.tenant_id)
+                    if not queue.renew(job):
+                        log.warning("%s job of tenant %s was lost", queue.table, job.tenant_id)
                 except Exception:
                     log.warning("training job claim not renewed", exc_info=True)
 
@@ -160,7 +189,7 @@ class ClusterTrainer:
         job = self.queue.claim()
         if job is None:
             return None
-        self._current = job
+        self._current = (self.queue, job)
         try:
             registry = self.registry.fenced(lambda session: self.queue.fence(job, session))
             summary = run_training(self.storage, job.tenant_id, self.settings, registry=registry)
@@ -179,6 +208,72 @@ class ClusterTrainer:
         self.runs.append(summary)
         return summary
 
+    def schedule_adapters(self) -> int:
+        """Mark every tenant due for an adapter run as wanted in the adapter queue; returns how
+        many were marked."""
+        if self.adapters is None or self.adapter_queue is None or self.cache_dir is None:
+            return 0
+        marked = 0
+        for tenant_id, name in self.storage.tenants():
+            try:
+                due = adapter_due(
+                    self.storage, tenant_id, name, self.cache_dir, self.adapters, resume=False
+                )
+            except ValueError as exc:  # a name that cannot name an adapter directory
+                log.warning("no adapters for tenant %r: %s", name, exc)
+                continue
+            if due:
+                self.adapter_queue.want(tenant_id, newest_event_row(self.storage, tenant_id))
+                marked += 1
+        return marked
+
+    def run_next_adapter(self) -> dict[str, Any] | None:
+        """Claim one wanted adapter job and run it (resuming its checkpoint if a trainer before
+        this one died in it); its report, or None when there was none (or it was lost)."""
+        queue = self.adapter_queue
+        if queue is None or self.adapters is None or self.cache_dir is None:
+            return None
+        job = queue.claim()
+        if job is None:
+            return None
+        names = dict(self.storage.tenants())
+        self._current = (queue, job)
+
+        def publish(action: Any) -> Any:
+            # The registry write happens while the job row is locked and checked to be ours.
+            with self.storage.engine.begin() as connection:
+                queue.fence(job, connection)
+                return action()
+
+        name = names[job.tenant_id]
+        try:
+            if not adapter_due(self.storage, job.tenant_id, name, self.cache_dir, self.adapters):
+                # Wanted again while a run was in progress, and that run covered it.
+                report = {"tenant": name, "skipped": "nothing new since the last adapter run"}
+            else:
+                report = train_tenant(
+                    self.storage,
+                    name,
+                    self.cache_dir,
+                    self.adapters.options(),
+                    publish=publish,
+                )
+        except LeaseLost as exc:
+            log.warning("tenant %s: adapter run abandoned, %s", job.tenant_id, exc)
+            return None
+        except TenantTrainingError as exc:
+            report = {"tenant": name, "skipped": str(exc)}
+        except Exception as exc:
+            log.exception("adapter training of tenant %s failed", job.tenant_id)
+            queue.finish(job, error=f"{type(exc).__name__}: {exc}")
+            return None
+        finally:
+            self._current = None
+        if not queue.finish(job):
+            log.warning("tenant %s: the adapter job was lost as the run ended", job.tenant_id)
+        self.adapter_runs.append(report)
+        return report
+
     def _work_loop(self) -> None:
         if self.elect:
             self._stand()
@@ -187,8 +282,19 @@ class ClusterTrainer:
                 if self.elect and self.leader and time.monotonic() >= self._next_schedule:
                     self.schedule()
                     self._next_schedule = time.monotonic() + self.settings.interval_s
+                adapter_every = self.adapters.every_s if self.adapters is not None else None
+                if (
+                    self.elect
+                    and self.leader
+                    and adapter_every is not None
+                    and time.monotonic() >= self._next_adapter_schedule
+                ):
+                    self.schedule_adapters()
+                    self._next_adapter_schedule = time.monotonic() + adapter_every
                 if self.leader or not self.elect:
-                    while not self._stop.is_set() and self.run_next() is not None:
+                    while not self._stop.is_set() and (
+                        self.run_next() is not None or self.run_next_adapter() is not None
+                    ):
                         pass
             except Exception:
                 log.warning("trainer: database unavailable", exc_info=True)

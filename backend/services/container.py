@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from backend.adapters.scheduler import AdapterSchedule, AdapterScheduler
 from backend.metrics import Metrics
 from backend.policy.jobs import ClusterTrainer
 from backend.policy.loop import TrainingScheduler
@@ -50,6 +51,9 @@ class BackendServices:
     """Depth and read-timeout bounds on every JSON request body."""
     trainer: TrainingScheduler | None = None
     """The scheduled trainer, when this process trains (one process of `--workers N` does)."""
+    adapters: AdapterScheduler | None = None
+    """The scheduled adapter trainer: when this process trains and `AdapterSchedule.every_s`
+    is set (off by default)."""
     owns_storage: bool = False
     """Close the storage on stop (the app opened it)."""
     preload_model: bool = False
@@ -77,6 +81,7 @@ class BackendServices:
         runner_loader: RunnerLoader | None = None,
         failover_s: float | None = None,
         shared_rate_limits: bool = False,
+        adapters: AdapterSchedule | None = None,
     ) -> BackendServices:
         """The services on `storage`.
 
@@ -90,6 +95,9 @@ class BackendServices:
         training on its own: the elected instance schedules and trains the tenants' jobs, and
         another takes over within `failover_s` of its death. `shared_rate_limits` (PostgreSQL
         only) keeps the per-tenant buckets in the database, one limit across all instances.
+
+        `adapters` with `every_s` set makes the process that trains also train the tenants'
+        adapters on that period (`backend/adapters/scheduler.py`), under `cache_dir`.
         """
         limits = limits or IngestLimits()
         trainer_settings = trainer or TrainerSettings.model_validate({})
@@ -102,6 +110,7 @@ class BackendServices:
             else RateLimiter(limits.rate_events_per_s, burst)
         )
         cluster = failover_s is not None and train
+        adapter_schedule = adapters if adapters is not None and adapters.enabled else None
         return cls(
             storage=storage,
             limits=limits,
@@ -121,8 +130,22 @@ class BackendServices:
                 else None
             ),
             cluster=(
-                ClusterTrainer(storage, trainer_settings, registry, failover_s=failover_s)
+                ClusterTrainer(
+                    storage,
+                    trainer_settings,
+                    registry,
+                    failover_s=failover_s,
+                    adapters=adapter_schedule,
+                    cache_dir=cache_dir or default_cache_dir(),
+                )
                 if cluster and failover_s is not None
+                else None
+            ),
+            # On one database without an election this process trains the adapters itself;
+            # in a cluster the elected instance schedules them as jobs (`ClusterTrainer`).
+            adapters=(
+                AdapterScheduler(storage, adapter_schedule, cache_dir or default_cache_dir())
+                if train and adapter_schedule is not None and not cluster
                 else None
             ),
             owns_storage=owns_storage,
@@ -136,6 +159,8 @@ class BackendServices:
             self.trainer.start()
         if self.cluster is not None:
             self.cluster.start()
+        if self.adapters is not None:
+            self.adapters.start()
         if self.preload_model:
             self.completions.preload()
 
@@ -149,6 +174,8 @@ class BackendServices:
         trainer_done = self.trainer is None or self.trainer.stop()
         if self.cluster is not None:
             trainer_done = self.cluster.stop() and trainer_done
+        if self.adapters is not None:
+            trainer_done = self.adapters.stop() and trainer_done
         if isinstance(self.rate_limiter, SharedRateLimiter):
             self.rate_limiter.close()
         self.completions.close()

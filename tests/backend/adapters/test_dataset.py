@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from backend.adapters.dataset import NO_JUDGEMENT, NO_OUTCOME, NO_TEXT, SILENCE, TenantExamples
-from backend.policy.dataset import latest_event_id
+from backend.adapters.dataset import newest_event_row
 from tests.backend.adapters.events import Logged, logged, post
 from tests.support.backend_server import BackendServer
 from training.feedback import DISTRACTION_COST, MIN_PROPENSITY
@@ -16,7 +16,7 @@ from training.feedback import DISTRACTION_COST, MIN_PROPENSITY
 def _examples(backend: BackendServer, **kwargs: int) -> TenantExamples:
     storage = backend.services.storage
     return TenantExamples(
-        storage, backend.tenant_id, latest_event_id(storage, backend.tenant_id), **kwargs
+        storage, backend.tenant_id, newest_event_row(storage, backend.tenant_id), **kwargs
     )
 
 
@@ -86,7 +86,7 @@ def test_events_without_text_or_outcome_are_skipped_and_counted(backend: Backend
 def test_only_rows_up_to_the_mark_are_read(backend: BackendServer) -> None:
     post(backend, logged(10))
     storage = backend.services.storage
-    mark = latest_event_id(storage, backend.tenant_id)
+    mark = newest_event_row(storage, backend.tenant_id)
     post(backend, logged(10))
     data = TenantExamples(storage, backend.tenant_id, mark)
     assert data.train_count + data.held_out_count == 10
