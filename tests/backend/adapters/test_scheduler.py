@@ -1,0 +1,165 @@
+"""Scheduled adapter training: off by default, on with `--adapter-every`; in one process
+(SQLite) and as jobs claimed by trainers on a shared PostgreSQL database, where a killed
+trainer's job is claimed again and resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backend.adapters.scheduler import AdapterSchedule, AdapterScheduler, adapter_due
+from backend.cli import _serve_parser, _trainer_parser, adapter_schedule
+from backend.policy.jobs import ClusterTrainer
+from backend.policy.settings import TrainerSettings
+from backend.services.container import BackendServices
+from backend.storage import Storage
+from tests.backend.adapters.events import logged, post
+from tests.support.backend_server import BackendServer, postgres_database, postgres_url
+from training.registry import AdapterRegistry, scope_dir
+from training.trainer import KILL_AT_STEP_ENV, TrainSettings
+
+ROOT = Path(__file__).resolve().parents[3]
+SMALL = TrainSettings(micro_batch=2, effective_batch=4, checkpoint_every=1, max_prompt_tokens=64)
+
+
+def _schedule(model: Path, **over: object) -> AdapterSchedule:
+    values: dict[str, object] = {
+        "every_s": 3600,
+        "min_new_events": 20,
+        "budget_samples": 8,
+        "model": str(model),
+        "min_examples": 5,
+        "eval_n": 2,
+    }
+    return AdapterSchedule.model_validate({**values, **over})
+
+
+def test_off_by_default_and_on_with_the_setting(tmp_path: Path) -> None:
+    assert not adapter_schedule(_serve_parser().parse_args([])).enabled
+    on = adapter_schedule(_serve_parser().parse_args(["--adapter-every", "6h"]))
+    assert on.enabled and on.every_s == 6 * 3600
+    trainer = _trainer_parser().parse_args(["--adapters", "--adapter-samples", "64"])
+    assert trainer.adapters and adapter_schedule(trainer).budget_samples == 64
+    with pytest.raises(SystemExit):
+        _serve_parser().parse_args(["--adapter-every", "often"])
+
+    storage = Storage(f"sqlite:///{tmp_path / 'db.sqlite3'}")
+    try:
+        default = BackendServices.create(storage, train=True, cache_dir=tmp_path)
+        assert default.adapters is None
+        scheduled = BackendServices.create(
+            storage, train=True, cache_dir=tmp_path, adapters=on
+        )
+        assert isinstance(scheduled.adapters, AdapterScheduler)
+        # Only the process that trains schedules adapters.
+        serving_only = BackendServices.create(storage, cache_dir=tmp_path, adapters=on)
+        assert serving_only.adapters is None
+    finally:
+        storage.close()
+
+
+def test_a_tenant_is_due_after_enough_new_text_events_and_trained(
+    sqlite_backend: BackendServer, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    schedule = _schedule(tiny_model_path)
+    storage = sqlite_backend.storage
+    tenant, tenant_id = sqlite_backend.tenant, sqlite_backend.tenant_id
+    scheduler = AdapterScheduler(storage, schedule, tmp_path, SMALL)
+    post(sqlite_backend, logged(15) + logged(30, text=False))  # text-less events do not count
+    assert scheduler.due() == []
+    post(sqlite_backend, logged(10))
+    assert scheduler.due() == [(tenant_id, tenant)]
+
+    reports = scheduler.run_once()
+    assert [r["version"] for r in reports] == ["v0001"], reports
+    registry = AdapterRegistry(scope_dir(tmp_path, tenant=tenant))
+    (version,) = registry.versions()
+    assert version.evaluation is not None and version.train["through_event_id"] > 0
+    # Nothing new since the run: not due until enough new text-carrying events arrive.
+    assert not adapter_due(storage, tenant_id, tenant, tmp_path, schedule)
+    post(sqlite_backend, logged(19))
+    assert not adapter_due(storage, tenant_id, tenant, tmp_path, schedule)
+    post(sqlite_backend, logged(1))
+    assert adapter_due(storage, tenant_id, tenant, tmp_path, schedule)
+
+
+def test_a_tenant_without_text_is_never_due(
+    sqlite_backend: BackendServer, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    post(sqlite_backend, logged(60, text=False))
+    scheduler = AdapterScheduler(sqlite_backend.storage, _schedule(tiny_model_path), tmp_path)
+    assert scheduler.due() == [] and scheduler.run_once() == []
+
+
+@pytest.fixture
+def fresh_postgres() -> Iterator[str]:
+    """A database of its own: the scheduler looks at every tenant in it."""
+    if postgres_url() is None:
+        pytest.skip("TABLOOP_TEST_POSTGRES_URL is not set (.ci/run starts PostgreSQL)")
+    with postgres_database() as url:
+        yield url
+
+
+def test_cluster_jobs_are_claimed_and_a_killed_trainers_job_resumes(
+    fresh_postgres: str, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    with BackendServer(fresh_postgres) as backend:
+        post(backend, logged(70))  # 56 to train on: above the default --min-examples (50)
+        tenant = backend.tenant
+    storage = Storage(fresh_postgres)
+    try:
+        schedule = _schedule(tiny_model_path, min_new_events=30, budget_samples=8 * 23)
+        # Its claims last 40 s: the run below ends well within them without a heartbeat.
+        leader = ClusterTrainer(
+            storage, TrainerSettings(), failover_s=60, adapters=schedule, cache_dir=cache
+        )
+        assert leader.schedule_adapters() == 1
+        assert leader.adapter_queue is not None
+        (job,) = leader.adapter_queue.jobs()
+        assert job["wanted_event_id"] > job["done_event_id"] == 0
+
+        # A trainer on "another machine" claims the job and dies part-way into step 22; its
+        # checkpoint of step 20 is in the shared cache directory.
+        command = [
+            sys.executable, "-m", "tabloop", "backend", "trainer", "--db", fresh_postgres,
+            "--failover", "3", "--adapters", "--adapter-model", str(tiny_model_path),
+            "--adapter-samples", str(8 * 23), "--adapter-min-events", "30",
+        ]  # fmt: skip
+        env = {
+            **os.environ,
+            "TABLOOP_CACHE_DIR": str(cache),
+            "PYTHONPATH": str(ROOT),
+            KILL_AT_STEP_ENV: "22",
+        }
+        dead = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert dead.returncode == -signal.SIGKILL, dead.stderr[-2000:]
+        (job,) = leader.adapter_queue.jobs()
+        assert job["claimed_by"] is not None and job["runs"] == 0
+        # Claimed again once the dead trainer's claim has expired (2 s), and resumed.
+        deadline = time.monotonic() + 60
+        report = leader.run_next_adapter()
+        while report is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            report = leader.run_next_adapter()
+        assert report is not None
+        assert report["version"] == "v0001", json.dumps(report)[:2000]
+        assert report["training"]["resumed_from_step"] == 20
+        assert report["training"]["steps"] == 23
+        (job,) = leader.adapter_queue.jobs()
+        assert job["runs"] == 1 and job["claimed_by"] is None
+        assert job["done_event_id"] == job["wanted_event_id"]
+        registry = AdapterRegistry(scope_dir(cache, tenant=tenant))
+        assert [v.name for v in registry.versions()] == ["v0001"]
+        # Nothing new: no job is wanted again.
+        assert leader.schedule_adapters() == 0
+    finally:
+        storage.close()
