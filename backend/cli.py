@@ -150,8 +150,9 @@ def _adapter_arguments(parser: argparse.ArgumentParser, *, trainer: bool = False
         parser.set_defaults(adapter_every=None)
     else:
         group = parser.add_argument_group(
-            "adapters", "training the tenants' model adapters from text-carrying events (off "
-            "unless --adapter-every is given)"
+            "adapters",
+            "training the tenants' model adapters from text-carrying events (off "
+            "unless --adapter-every is given)",
         )
         group.add_argument(
             "--adapter-every",

@@ -208,7 +208,9 @@ class JobQueue:
     def claim(self) -> JobClaim | None:
         """Claim the longest-waiting wanted job nobody holds, or None."""
         with self.engine.begin() as connection:
-            row = connection.execute(text(_CLAIM.format(table=self.table)), {"holder": self.holder, "ttl": self.ttl_s}).first()
+            row = connection.execute(
+                text(_CLAIM.format(table=self.table)), {"holder": self.holder, "ttl": self.ttl_s}
+            ).first()
         if row is None:
             return None
         return JobClaim(int(row[0]), int(row[1]), int(row[2]), int(row[3]))

@@ -10,8 +10,8 @@ skips exactly the examples already seen).
 
 The objective (docs/learning.md): for code examples the mean negative log-likelihood of the
 middle's tokens; for feedback examples a policy-gradient term, advantage times clipped inverse
-propensity times the middle's mean log-likelihood (for a rejected suggestion held at a floor, so it is
-pushed down only until it is unlikely).
+propensity times the middle's mean log-likelihood (for a rejected suggestion held at a floor, so
+it is pushed down only until it is unlikely).
 """
 
 from __future__ import annotations

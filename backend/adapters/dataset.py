@@ -137,12 +137,12 @@ def logged_feedback(
                 ).scalars()
                 for body in rows:
                     try:
-                        outcome = parse_event(body)
+                        parsed = parse_event(body)
                     except ValidationError as exc:
                         skipped[_skip_reason(body, exc)] += 1
                         continue
-                    if isinstance(outcome, OutcomeEvent):
-                        outcomes[outcome.decision_id] = outcome  # the newest wins
+                    if isinstance(parsed, OutcomeEvent):
+                        outcomes[parsed.decision_id] = parsed  # the newest wins
         for row_id, decision in decisions:
             outcome = outcomes.get(decision.decision_id)
             if outcome is None:
@@ -225,7 +225,9 @@ class TenantExamples:
         return self.threshold is not None and item.key >= self.threshold
 
     def _items(self, held_out: bool) -> Iterator[LoggedFeedback]:
-        for item in logged_feedback(self.storage, self.tenant_id, self.upto_row, None, self.page_rows):
+        for item in logged_feedback(
+            self.storage, self.tenant_id, self.upto_row, None, self.page_rows
+        ):
             if self.is_held_out(item) == held_out:
                 yield item
 
@@ -276,7 +278,6 @@ class TenantExamples:
             "reward_baseline": round(self.baseline, 4),
             "skipped": dict(self.skipped.most_common()),
         }
-
 
 
 def text_decisions_after(

@@ -133,7 +133,9 @@ def train_tenant(
     }
     accepted = data.held_out_accepted(options.eval_n) if options.eval_n > 0 else []
     if accepted:
-        evaluation = evaluate_on_events(registry, record.version, options.model, cache_dir, accepted)
+        evaluation = evaluate_on_events(
+            registry, record.version, options.model, cache_dir, accepted
+        )
         write(lambda: registry.record_evaluation(record.version, evaluation))
         report["evaluation"] = evaluation
     else:

@@ -37,7 +37,6 @@ from typing import Any
 from backend.adapters.dataset import newest_event_row
 from backend.adapters.run import TenantTrainingError, train_tenant
 from backend.adapters.scheduler import AdapterSchedule, adapter_due
-
 from backend.cluster import TRAINER_LEASE, JobClaim, JobQueue, Lease, LeaseLost, holder_id
 from backend.policy.dataset import latest_event_id
 from backend.policy.loop import RunSummary, run_training, tenant_ids

@@ -18,9 +18,9 @@ from completion.runners.local import LocalRunner
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
 from lsp_server.features.learning import LearningFeature, local_reward
-from training.feedback import DISTRACTION_COST
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
+from training.feedback import DISTRACTION_COST
 from training.lora import LoraShape, attach_lora
 from training.registry import AdapterRegistry, scope_dir
 

@@ -41,7 +41,7 @@ def decision(item: Logged) -> dict[str, Any]:
         trigger="automatic",
         policy_version="builtin",
         model_id="tiny",
-        action=item.action,  # type: ignore[arg-type]
+        action=item.action,
         propensity=item.propensity,
         suggestion_chars=len(item.suggestion) if item.action == "show" else 0,
         prompt=item.prompt,
@@ -57,7 +57,7 @@ def outcome(item: Logged) -> dict[str, Any] | None:
     chars = len(item.suggestion) if item.outcome == "accepted" else OUTCOME_CHARS.get(item.outcome)
     event = OutcomeEvent(
         decision_id=item.decision_id,
-        kind=item.outcome,  # type: ignore[arg-type]
+        kind=item.outcome,
         accepted_chars=chars,
         time=START + timedelta(minutes=item.minute, seconds=5),
     )
@@ -82,7 +82,9 @@ def post(backend: BackendServer, items: list[Logged]) -> None:
                 timeout=30,
             )
             response.raise_for_status()
-            assert len(response.json()["accepted"]) == len(events[start : start + 100]), response.text
+            assert len(response.json()["accepted"]) == len(events[start : start + 100]), (
+                response.text
+            )
 
 
 def logged(

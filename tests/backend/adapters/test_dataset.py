@@ -6,8 +6,14 @@ import dataclasses
 
 import pytest
 
-from backend.adapters.dataset import NO_JUDGEMENT, NO_OUTCOME, NO_TEXT, SILENCE, TenantExamples
-from backend.adapters.dataset import newest_event_row
+from backend.adapters.dataset import (
+    NO_JUDGEMENT,
+    NO_OUTCOME,
+    NO_TEXT,
+    SILENCE,
+    TenantExamples,
+    newest_event_row,
+)
 from tests.backend.adapters.events import Logged, logged, post
 from tests.support.backend_server import BackendServer
 from training.feedback import DISTRACTION_COST, MIN_PROPENSITY
@@ -97,5 +103,3 @@ def test_a_tenant_without_text_has_no_examples(backend: BackendServer) -> None:
     data = _examples(backend)
     assert (data.train_count, data.held_out_count, data.text_events) == (0, 0, 0)
     assert list(data.stream()()) == []
-
-

@@ -55,9 +55,7 @@ def test_off_by_default_and_on_with_the_setting(tmp_path: Path) -> None:
     try:
         default = BackendServices.create(storage, train=True, cache_dir=tmp_path)
         assert default.adapters is None
-        scheduled = BackendServices.create(
-            storage, train=True, cache_dir=tmp_path, adapters=on
-        )
+        scheduled = BackendServices.create(storage, train=True, cache_dir=tmp_path, adapters=on)
         assert isinstance(scheduled.adapters, AdapterScheduler)
         # Only the process that trains schedules adapters.
         serving_only = BackendServices.create(storage, cache_dir=tmp_path, adapters=on)
@@ -140,7 +138,9 @@ def test_cluster_jobs_are_claimed_and_a_killed_trainers_job_resumes(
             "PYTHONPATH": str(ROOT),
             KILL_AT_STEP_ENV: "22",
         }
-        dead = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        dead = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
         assert dead.returncode == -signal.SIGKILL, dead.stderr[-2000:]
         (job,) = leader.adapter_queue.jobs()
         assert job["claimed_by"] is not None and job["runs"] == 0
