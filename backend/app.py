@@ -24,7 +24,16 @@ from starlette.concurrency import run_in_threadpool
 
 from backend.adapters.scheduler import AdapterSchedule
 from backend.policy.settings import TrainerSettings
-from backend.routes import completions, dashboard, events, health, index_sync, policy, stats
+from backend.routes import (
+    completions,
+    dashboard,
+    events,
+    health,
+    index_sync,
+    model,
+    policy,
+    stats,
+)
 from backend.services.bodies import BodyLimits
 from backend.services.completions import RunnerLoader
 from backend.services.container import BackendServices
@@ -132,6 +141,6 @@ def create_app(
             {"detail": "database unavailable"}, status_code=503, headers={"Retry-After": "1"}
         )
 
-    for module in (health, events, policy, index_sync, completions, stats, dashboard):
+    for module in (health, events, policy, model, index_sync, completions, stats, dashboard):
         app.include_router(module.router)
     return app

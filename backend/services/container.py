@@ -58,6 +58,8 @@ class BackendServices:
     """Close the storage on stop (the app opened it)."""
     preload_model: bool = False
     """Start loading the completion model when the app starts."""
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    """Where model weights and the tenants' adapter registries are kept."""
     training_lock: IO[bytes] | None = None
     """The lock file that makes this worker the training one, held open while it runs."""
     cluster: ClusterTrainer | None = None
@@ -150,6 +152,7 @@ class BackendServices:
             ),
             owns_storage=owns_storage,
             preload_model=preload_model,
+            cache_dir=cache_dir or default_cache_dir(),
         )
 
     def start(self) -> None:
