@@ -225,12 +225,10 @@ class BackendLease(Base):
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-class TrainingJob(Base):
-    """A tenant's training: wanted while `wanted_event_id` > `done_event_id`; claimed by one
-    trainer (`claimed_by`, `claim` counts the claims) until `lease_until`, which it renews while
-    it trains. A claim whose lease ran out (its trainer died) is taken again."""
-
-    __tablename__ = "training_jobs"
+class _JobColumns:
+    """A tenant's job: wanted while `wanted_event_id` > `done_event_id`; claimed by one trainer
+    (`claimed_by`, `claim` counts the claims) until `lease_until`, which it renews while it
+    trains. A claim whose lease ran out (its trainer died) is taken again."""
 
     tenant_id: Mapped[int] = mapped_column(
         ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
@@ -247,25 +245,17 @@ class TrainingJob(Base):
     last_error: Mapped[str | None] = mapped_column(String(512), default=None)
 
 
-class AdapterJob(Base):
+class TrainingJob(_JobColumns, Base):
+    """A tenant's policy training (see `_JobColumns`)."""
+
+    __tablename__ = "training_jobs"
+
+
+class AdapterJob(_JobColumns, Base):
     """A tenant's adapter training (migration 0007): the same life as a `TrainingJob`, in a
     queue of its own, so a trainer claims the kind of work it is set up for."""
 
     __tablename__ = "adapter_jobs"
-
-    tenant_id: Mapped[int] = mapped_column(
-        ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True
-    )
-    wanted_event_id: Mapped[int] = mapped_column(BigInteger)
-    done_event_id: Mapped[int] = mapped_column(BigInteger, default=0)
-    claim: Mapped[int] = mapped_column(BigInteger, default=0)
-    claimed_by: Mapped[str | None] = mapped_column(String(200), default=None)
-    claim_event_id: Mapped[int] = mapped_column(BigInteger, default=0)
-    lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), default=None)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    runs: Mapped[int] = mapped_column(BigInteger, default=0)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    last_error: Mapped[str | None] = mapped_column(String(512), default=None)
 
 
 class RateBucket(Base):
