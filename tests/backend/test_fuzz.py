@@ -99,14 +99,17 @@ def _request(
 
 
 def _response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One response read off `sock` (status, lower-cased headers, body); framed by its length."""
+    """One response read off `sock` (status, lower-cased headers, body); framed by its length.
+
+    Nothing past the response is read: when two responses arrive together, the next call finds
+    the second one whole (the head is read a byte at a time, the body to its length)."""
     data = b""
-    while b"\r\n\r\n" not in data:
-        piece = sock.recv(65536)
+    while not data.endswith(b"\r\n\r\n"):
+        piece = sock.recv(1)
         if not piece:
             raise ConnectionError(f"closed before a response; got {data!r}")
         data += piece
-    head, _, body = data.partition(b"\r\n\r\n")
+    head, body = data[:-4], b""
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
     headers = {}
     for line in header_lines:
@@ -114,11 +117,11 @@ def _response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
         headers[name.strip().lower()] = value.strip()
     length = int(headers.get("content-length", "0"))
     while len(body) < length:
-        piece = sock.recv(65536)
+        piece = sock.recv(length - len(body))
         if not piece:
             break
         body += piece
-    return int(status_line.split()[1]), headers, body[:length]
+    return int(status_line.split()[1]), headers, body
 
 
 def _closed(sock: socket.socket) -> bool:

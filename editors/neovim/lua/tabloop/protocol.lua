@@ -10,8 +10,10 @@ return {
   TELEMETRY_ENABLED_NOTIFICATION = 'tabloop/telemetryEnabled',
   MODEL_PROGRESS_TITLE = 'tabloop',
   INDEX_PROGRESS_TITLE = 'tabloop index',
+  ADAPTER_PROGRESS_TITLE = 'tabloop adapter',
   MODEL_PROGRESS_TOKEN_PREFIX = 'tabloop-model-',
   INDEX_PROGRESS_TOKEN_PREFIX = 'tabloop-index-',
+  ADAPTER_PROGRESS_TOKEN_PREFIX = 'tabloop-adapter-',
   SEARCH_K_DEFAULT = 10,
   SEARCH_K_MAX = 100,
 }
