@@ -10,6 +10,8 @@ stays put for many keystrokes, and the runner's KV-prefix cache keeps matching.
 
 from __future__ import annotations
 
+import builtins
+import keyword
 import re
 import threading
 import time
@@ -188,9 +190,14 @@ def _fit_chars(text: str, budget: int, count: TokenCounter, *, from_end: bool) -
 
 
 def fit_snippets(
-    snippets: Sequence[Snippet], budget: int, count: TokenCounter
+    snippets: Sequence[Snippet], budget: int, count: TokenCounter, heads: bool = False
 ) -> tuple[list[Snippet], int]:
-    """Snippets in order of preference while they fit; duplicates of one text are dropped."""
+    """Snippets in order of preference while they fit; duplicates of one text are dropped.
+
+    With `heads`, a definition too long for what is left is cut to its first lines that fit
+    (its signature, the start of its docstring) instead of being left out: how a name is called
+    is most of what a definition tells the code that uses it.
+    """
     chosen: list[Snippet] = []
     seen: set[str] = set()
     used = 0
@@ -198,13 +205,33 @@ def fit_snippets(
         if snippet.text in seen or not snippet.text.strip():
             continue
         # The path header and separator cost tokens too.
-        cost = count(snippet.path + "\n" + snippet.text) + 2
+        header = count(snippet.path + "\n") + 2
+        cost = header + count(snippet.text)
         if used + cost > budget:
-            continue
+            if not heads or snippet.source != "definition":
+                continue
+            head, head_cost = _head(snippet.text, budget - used - header, count)
+            if not head:
+                continue
+            seen.add(snippet.text)
+            snippet, cost = replace(snippet, text=head), header + head_cost
         chosen.append(snippet)
         seen.add(snippet.text)
         used += cost
     return chosen, used
+
+
+def _head(text: str, budget: int, count: TokenCounter) -> tuple[str, int]:
+    """The first whole lines of `text` that fit in `budget` tokens, and their cost."""
+    kept: list[str] = []
+    used = 0
+    for line in text.splitlines(keepends=True):
+        cost = count(line)
+        if used + cost > budget:
+            break
+        kept.append(line)
+        used += cost
+    return "".join(kept), used
 
 
 def assemble(
@@ -215,12 +242,14 @@ def assemble(
     source: ContextSource | None = None,
     deadline_s: float = 0.05,
     min_similarity: float = 0.0,
+    definition_heads: bool = False,
 ) -> PromptParts:
     """Prefix, suffix and snippets for `request`, each within its share of `budget`.
 
     Snippets found by similarity (`source == "index"`) below `min_similarity` are left out:
     loosely related code costs prompt tokens and leads the model astray. Definitions of names
-    used near the cursor and recent edits are kept whatever their score.
+    used near the cursor and recent edits are kept whatever their score; with
+    `definition_heads`, a definition too long for the share is cut to its first lines.
     """
     suffix, suffix_used = fit_suffix(request.suffix, budget.suffix_tokens, count_tokens)
     snippets: list[Snippet] = []
@@ -231,7 +260,9 @@ def assemble(
             for snippet in source.snippets(request, time.monotonic() + deadline_s)
             if snippet.source != "index" or snippet.score >= min_similarity
         ]
-        snippets, snippet_used = fit_snippets(found, budget.snippet_tokens, count_tokens)
+        snippets, snippet_used = fit_snippets(
+            found, budget.snippet_tokens, count_tokens, heads=definition_heads
+        )
     prefix, prefix_used = fit_prefix(
         request.prefix, budget.prefix_tokens(suffix_used, snippet_used), count_tokens
     )
@@ -241,6 +272,8 @@ def assemble(
 # A partial token at the end of the cursor's line: a run of word characters, or of operator
 # characters (a dot included, for dotted names).
 _PARTIAL_TOKEN = re.compile(r"(?:\w+|[=<>!+\-*/%&|^~@:.]+)$")
+_WORD_CHAR = re.compile(r"\w")
+_PYTHON_WORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins))
 # The longest typed fragment the model is made to write again; a longer word is left as it is.
 MAX_HEAL_CHARS = 48
 
@@ -262,10 +295,15 @@ class TypedTail:
       line start when only indentation precedes it. The runner must write `text` exactly before
       anything else (`completion.healing`), so its first token may complete the word
       (`" isinstance"`), and `text` is taken off its output: the suggestion starts at the cursor.
+      When the fragment ends in a word that the file never uses whole and that is not a keyword
+      or builtin of Python (`hasattr(socke`), it is `unfinished_word`: the token that finishes
+      the fragment must go on with a word character, so the model cannot take `socke` for the
+      whole name and write on after it.
     """
 
     text: str
     forced: bool = False
+    unfinished_word: bool = False
 
     def prompt_request(self, request: CompletionRequest) -> CompletionRequest:
         """The request whose prefix the prompt is built from: without the typed tail."""
@@ -353,7 +391,21 @@ def typed_tail(
     # Every tokenizer has a token for each ASCII character, so ASCII text can always be spelled.
     if len(text) > MAX_HEAL_CHARS or not text.isascii():
         return None
-    return TypedTail(text, forced=True)
+    word = match.group()
+    unfinished = _WORD_CHAR.match(word[-1]) is not None and not _complete_word(word, request)
+    return TypedTail(text, forced=True, unfinished_word=unfinished)
+
+
+def _complete_word(word: str, request: CompletionRequest) -> bool:
+    """Whether `word`, typed just before the cursor, may be a whole word: the file uses it whole
+    elsewhere, or it is one of Python's keywords or builtins (in a Python file)."""
+    if request.language == "python" and word in _PYTHON_WORDS:
+        return True
+    if word[0].isdigit():
+        return True  # a number: any length is whole
+    whole = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)")
+    before = request.prefix[: len(request.prefix) - len(word)]
+    return whole.search(before) is not None or whole.search(request.suffix) is not None
 
 
 def typed_indent(request: CompletionRequest) -> TypedTail | None:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from completion import fim, gate, postprocess
 from completion.cache import TypingThroughCache
@@ -217,6 +218,7 @@ class Engine:
             source=self.context_source,
             deadline_s=self.settings.context_timeout_ms / 1000,
             min_similarity=self.settings.snippet_min_similarity,
+            definition_heads=self.settings.snippet_definition_heads,
         )
         prompt = self.template.build(
             prompt_parts.prefix,
@@ -277,11 +279,11 @@ class Engine:
         model_started = time.perf_counter()
         stop = postprocess.stop_rule(request)
         indent = self._typed_tail(request)
-        forced: dict[str, str] = {}
+        forced: dict[str, Any] = {}
         if indent is not None:
             stop = indent.stop(stop)
             if indent.forced:
-                forced = {"forced_text": indent.text}
+                forced = {"forced_text": indent.text, "unfinished_word": indent.unfinished_word}
                 count = 1  # the candidates' different first tokens would not fit the constraint
         with self._model_lock:
             cancel.raise_if_cancelled()

@@ -45,27 +45,41 @@ class VocabIndex:
         self._exact: dict[str, list[int]] = {}
         for text, token in pairs:
             self._exact.setdefault(text, []).append(token)
-        self._remembered: OrderedDict[str, frozenset[int]] = OrderedDict()
+        self._remembered: OrderedDict[tuple[str, bool], frozenset[int]] = OrderedDict()
         self._lock = threading.Lock()
         self.size = len(texts)
 
-    def allowed(self, remaining: str) -> frozenset[int]:
+    def allowed(self, remaining: str, unfinished_word: bool = False) -> frozenset[int]:
         """Ids of the tokens that may come next while `remaining` (non-empty) is still to be
-        written: their text starts with `remaining`, or `remaining` starts with their text."""
+        written: their text starts with `remaining`, or `remaining` starts with their text.
+
+        `unfinished_word`: the typed text ends inside a word that is not complete (`hasattr(socke`),
+        so the token that finishes it must go on with a word character; a token that ends exactly
+        where the typing ended would take the fragment for the whole word.
+        """
+        key = (remaining, unfinished_word)
         with self._lock:
-            known = self._remembered.get(remaining)
+            known = self._remembered.get(key)
             if known is not None:
-                self._remembered.move_to_end(remaining)
+                self._remembered.move_to_end(key)
                 return known
         found: set[int] = set()
         lo = bisect.bisect_left(self._texts, remaining)
         hi = bisect.bisect_left(self._texts, remaining + "\U0010ffff", lo)
-        found.update(self._ids[lo:hi])
+        if unfinished_word:
+            cut = len(remaining)
+            found.update(
+                token
+                for text, token in zip(self._texts[lo:hi], self._ids[lo:hi], strict=True)
+                if len(text) > cut and _is_word_char(text[cut])
+            )
+        else:
+            found.update(self._ids[lo:hi])
         for end in range(1, len(remaining)):
             found.update(self._exact.get(remaining[:end], ()))
         result = frozenset(found)
         with self._lock:
-            self._remembered[remaining] = result
+            self._remembered[key] = result
             if len(self._remembered) > _MAX_REMEMBERED:
                 self._remembered.popitem(last=False)
         return result
@@ -77,6 +91,10 @@ class VocabIndex:
             if found == token:
                 return text
         return ""
+
+
+def _is_word_char(char: str) -> bool:
+    return char.isalnum() or char == "_"
 
 
 def best_allowed(logits: Any, allowed: Iterable[int]) -> tuple[int, float]:

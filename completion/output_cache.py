@@ -56,10 +56,14 @@ class CachedRunner:
     def count_tokens(self, text: str) -> int:
         return self.runner.count_tokens(text)
 
-    def _key(self, prompt: str, max_new_tokens: int, temperature: float, forced: str) -> str:
+    def _key(
+        self, prompt: str, max_new_tokens: int, temperature: float, forced: str, unfinished: bool
+    ) -> str:
         parts: list[object] = [self.model_id, max_new_tokens, temperature, prompt]
         if forced:  # keys of unhealed prompts stay as they were
             parts.append(forced)
+        if unfinished:
+            parts.append("unfinished word")
         material = json.dumps(parts)
         return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -72,8 +76,9 @@ class CachedRunner:
         cancel: CancelToken,
         temperature: float = 0.0,
         forced_text: str = "",
+        unfinished_word: bool = False,
     ) -> Generation:
-        key = self._key(prompt, max_new_tokens, temperature, forced_text)
+        key = self._key(prompt, max_new_tokens, temperature, forced_text, unfinished_word)
         with self._lock:
             entry = self._entries.get(key)
         if entry is not None:
@@ -88,7 +93,9 @@ class CachedRunner:
                 decode_ms=entry.decode_ms,
             )
         self.misses += 1
-        forced = {"forced_text": forced_text} if forced_text else {}
+        forced: dict[str, object] = {}
+        if forced_text:
+            forced = {"forced_text": forced_text, "unfinished_word": unfinished_word}
         generation = self.runner.generate(
             prompt,
             max_new_tokens=max_new_tokens,

@@ -87,6 +87,12 @@ class CompletionSettings(BaseModel):
         description="Least similarity (cosine, -1 to 1) of a snippet found by meaning to be put "
         "in the prompt; definitions of names near the cursor are kept whatever their score.",
     )
+    snippet_definition_heads: bool = Field(
+        False,
+        description="Cut a definition of a name used near the cursor that is too long for the "
+        "snippets' share to its first lines (its signature) instead of leaving it out (off: no "
+        "gain measured, docs/models.md).",
+    )
     context_timeout_ms: int = Field(
         50, ge=0, description="Time limit for gathering context; late snippets are left out."
     )

@@ -303,16 +303,24 @@ class Ct2Runner:
         cancel: CancelToken,
         temperature: float = 0.0,
         forced_text: str = "",
+        unfinished_word: bool = False,
     ) -> Generation:
         """Continue `prompt` until `stop` cuts, EOS, `max_new_tokens`, or cancellation.
 
-        With `forced_text`, the output starts with exactly that text (`_run_forced`).
+        With `forced_text`, the output starts with exactly that text (`_run_forced`); with
+        `unfinished_word` too, a word character follows it (`VocabIndex.allowed`).
         """
         with self._lock:
             encoding = self.tokenizer.encode(prompt, add_special_tokens=False)
             if forced_text:
                 return self._run_forced(
-                    encoding.ids, max_new_tokens, stop, cancel, temperature, forced_text
+                    encoding.ids,
+                    max_new_tokens,
+                    stop,
+                    cancel,
+                    temperature,
+                    forced_text,
+                    unfinished_word,
                 )
             return self._run([encoding.ids], max_new_tokens, stop, cancel, temperature)[0]
 
@@ -336,6 +344,7 @@ class Ct2Runner:
         cancel: CancelToken,
         temperature: float,
         forced: str,
+        unfinished_word: bool = False,
     ) -> Generation:
         """Generate text that starts with `forced` (token healing).
 
@@ -370,7 +379,7 @@ class Ct2Runner:
                 if cancel.cancelled or finished or rejected:
                     return True
                 if len(stream.text) < len(forced):
-                    allowed = vocab.allowed(forced[len(stream.text) :])
+                    allowed = vocab.allowed(forced[len(stream.text) :], unfinished_word)
                     if step.token_id not in allowed:
                         rejected.append((step.logits, allowed))
                         return True

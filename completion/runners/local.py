@@ -256,16 +256,20 @@ class LocalRunner:
         cancel: CancelToken,
         temperature: float = 0.0,
         forced_text: str = "",
+        unfinished_word: bool = False,
     ) -> Generation:
         """Continue `prompt` until `stop` cuts, EOS, `max_new_tokens`, or cancellation.
 
         With `forced_text`, the output starts with exactly that text: each step until it is
-        written takes the most likely token that fits it (`completion.healing`).
+        written takes the most likely token that fits it (`completion.healing`); with
+        `unfinished_word` too, a word character follows it.
         """
         import torch
 
         with self._lock, torch.inference_mode():
-            return self._generate(prompt, max_new_tokens, stop, cancel, temperature, forced_text)
+            return self._generate(
+                prompt, max_new_tokens, stop, cancel, temperature, forced_text, unfinished_word
+            )
 
     def vocab_index(self) -> VocabIndex:
         """The decoded text of every token, built at the first healed request."""
@@ -288,6 +292,7 @@ class LocalRunner:
         cancel: CancelToken,
         temperature: float,
         forced_text: str = "",
+        unfinished_word: bool = False,
     ) -> Generation:
         prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]
         result = Generation(text="", prompt_tokens=len(prompt_ids))
@@ -322,7 +327,9 @@ class LocalRunner:
         output = _Output(self, prompt_ids[-1:], stop, max_new_tokens, result)
         if forced_text:
             # Healing takes the plain loop: a drafted token is not checked against the text.
-            self._decode_plain(logits, entry, output, cancel, temperature, forced_text)
+            self._decode_plain(
+                logits, entry, output, cancel, temperature, forced_text, unfinished_word
+            )
         elif self.speculative and temperature <= 0:
             self._decode_speculative(prompt_ids, logits, entry, output, cancel)
         else:
@@ -341,6 +348,7 @@ class LocalRunner:
         cancel: CancelToken,
         temperature: float,
         forced_text: str = "",
+        unfinished_word: bool = False,
     ) -> None:
         """One forward pass per token; the first ones spell `forced_text` when it is given."""
         while len(output.generated) < output.max_new_tokens:
@@ -349,7 +357,7 @@ class LocalRunner:
                 return
             if len(output.text) < len(forced_text):
                 remaining = forced_text[len(output.text) :]
-                allowed = self.vocab_index().allowed(remaining)
+                allowed = self.vocab_index().allowed(remaining, unfinished_word)
                 if not allowed:  # no token spells it: nothing can be suggested
                     output.result.stop_reason = "stop"
                     return

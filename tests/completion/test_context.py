@@ -131,6 +131,23 @@ def test_snippets_in_order_within_budget_without_duplicates() -> None:
     assert used <= 30
 
 
+def test_a_long_definition_is_cut_to_its_head_when_asked() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(40))
+    definition = Snippet("d.py", "def parse(text, strict=False):\n" + body, 1.0, "definition")
+    similar = Snippet("s.py", "def s():\n" + body, 0.9)
+    counter = LineTokenCounter(words)
+    assert fit_snippets([definition, similar], 30, counter) == ([], 0)
+    chosen, used = fit_snippets([definition, similar], 30, counter, heads=True)
+    assert [s.path for s in chosen] == ["d.py"]  # a chunk found by meaning is never cut
+    head = chosen[0].text
+    assert head.startswith("def parse(text, strict=False):\n") and definition.text.startswith(head)
+    assert head.endswith("\n") and len(head) < len(definition.text)
+    assert used <= 30 and used == counter("d.py\n" + head) + 2
+    # The remaining lines did not fit: one more would have gone over.
+    next_line = definition.text[len(head) :].splitlines(keepends=True)[0]
+    assert used + counter(next_line) > 30
+
+
 class FixedSource:
     def __init__(self, snippets: list[Snippet]) -> None:
         self.found = snippets

@@ -54,7 +54,7 @@ def test_where_the_prompt_backs_off(prefix: str, expected: str | None) -> None:
     if expected is None:
         assert tail is None
         return
-    assert tail == TypedTail(expected, forced=True)
+    assert (tail.text, tail.forced) == (expected, True)
     assert tail.prompt_request(request(prefix)).prefix == prefix[: -len(expected)]
 
 
@@ -68,7 +68,31 @@ def test_partial_tokens_only_when_asked() -> None:
     assert typed_tail(request("if isinst")) is None
     # Without indentation healing, a word after indentation backs off to the word only.
     tail = typed_tail(request("    retu"), indentation=False, partial_tokens=True)
-    assert tail == TypedTail("retu", forced=True)
+    assert tail == TypedTail("retu", forced=True, unfinished_word=True)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "language", "unfinished"),
+    [
+        pytest.param("if hasattr(socke", ", 'x'):\n", "python", True, id="a-word-never-used-whole"),
+        pytest.param("import socket\nif hasattr(socke", "\n", "python", True, id="only-longer"),
+        pytest.param("socke = 1\nif hasattr(socke", "\n", "python", False, id="used-before"),
+        pytest.param("if hasattr(socke", "\nprint(socke)\n", "python", False, id="used-after"),
+        pytest.param("def f():\n    return", "\n", "python", False, id="python-keyword"),
+        pytest.param("x = len", "\n", "python", False, id="python-builtin"),
+        pytest.param("x = len", "\n", "javascript", True, id="other-language"),
+        pytest.param("x = 12", "\n", "python", False, id="a-number"),
+        pytest.param("return a <", "\n", "python", False, id="an-operator"),
+        pytest.param("p = os.pa", "\n", "python", True, id="dotted-name"),
+    ],
+)
+def test_an_unfinished_word_must_go_on(
+    prefix: str, suffix: str, language: str, unfinished: bool
+) -> None:
+    asked = CompletionRequest(prefix=prefix, suffix=suffix, language=language, path="m")
+    tail = typed_tail(asked, partial_tokens=True)
+    assert tail is not None and tail.forced
+    assert tail.unfinished_word is unfinished
 
 
 @pytest.mark.parametrize(
@@ -108,6 +132,16 @@ def test_vocab_index_allows_tokens_that_spell_or_finish_the_text() -> None:
     assert {VOCAB[i] for i in index.allowed("inst")} == {"i", "inst"}
     assert {VOCAB[i] for i in index.allowed(".pa")} == {".", ".pa", ".path"}
     assert index.allowed("zz") == frozenset()
+
+
+def test_vocab_index_for_an_unfinished_word_wants_a_word_character_after_it() -> None:
+    index = VocabIndex(VOCAB)
+    assert {VOCAB[i] for i in index.allowed(" is")} == {" ", " is", " isinstance", " isin"}
+    # A token that ends where the typing ended would take the fragment for the whole word.
+    assert {VOCAB[i] for i in index.allowed(" is", True)} == {" ", " isinstance", " isin"}
+    assert {VOCAB[i] for i in index.allowed(".pa", True)} == {".", ".path"}
+    index = VocabIndex(["ab", "ab(", "abc", "a"])
+    assert {index.text(i) for i in index.allowed("ab", True)} == {"a", "abc"}
 
 
 def test_vocab_index_leaves_out_excluded_and_partial_byte_tokens() -> None:
@@ -153,12 +187,20 @@ class PreferringModel:
         cancel: CancelToken,
         temperature: float = 0.0,
         forced_text: str = "",
+        unfinished_word: bool = False,
     ) -> Generation:
         self.prompts.append(prompt)
         self.forced.append(forced_text)
         before = code_before_cursor(prompt)
         options = next((v for k, v in self.preferences.items() if before.endswith(k)), [""])
-        text = next((o for o in options if o.startswith(forced_text)), "")
+
+        def fits(option: str) -> bool:
+            after = option[len(forced_text) : len(forced_text) + 1]
+            return option.startswith(forced_text) and (
+                not unfinished_word or after.isalnum() or after == "_"
+            )
+
+        text = next((o for o in options if fits(o)), "")
         result = Generation(text="", stop_reason="eos")
         for token in split_tokens(text)[:max_new_tokens]:
             result.text += token
@@ -183,6 +225,8 @@ PREFERENCES = {
     "= os": [".getcwd()", ".path.join(a, b)"],
     "return a <": [" b + 1"],
     "return a": [" + b", " <= b"],
+    # It would take the typed fragment for the whole name unless made to go on.
+    "if hasattr": ["(socke, 'x'):", "(socket, 'AF_UNIX'):"],
 }
 
 
@@ -227,6 +271,21 @@ def test_engine_heals_partial_tokens(
     assert decision.text == text
     assert code_before_cursor(model.prompts[-1]).endswith(prompt_end)
     assert model.forced[-1] == forced
+
+
+@pytest.mark.parametrize(
+    ("before", "text"),
+    [
+        pytest.param("", "t, 'AF_UNIX'):", id="unfinished"),
+        pytest.param("socke = None\n", ", 'x'):", id="a-name-the-file-uses"),
+    ],
+)
+def test_engine_completes_an_unfinished_word(before: str, text: str) -> None:
+    model = PreferringModel(PREFERENCES)
+    engine = engine_for(model, token_healing=True, syntax_check=False)
+    decision = engine.complete(request(before + "def f(x):\n    if hasattr(socke", "\n"))
+    assert decision.text == text
+    assert model.forced[-1] == "(socke"
 
 
 def test_engine_does_not_force_a_runner_that_cannot() -> None:
@@ -276,6 +335,21 @@ def test_runner_output_starts_with_the_forced_text(runner: object, forced: str) 
     )
     assert len(generation.token_logprobs) == generation.new_tokens
     assert all(lp <= 0.0 for lp in generation.token_logprobs)
+
+
+@pytest.mark.parametrize("forced", [" a", "(zq_zq", " retu"])
+def test_runner_goes_on_after_an_unfinished_word(runner: object, forced: str) -> None:
+    generation = runner.generate(  # type: ignore[attr-defined]
+        PROMPT,
+        max_new_tokens=12,
+        stop=never,
+        cancel=CancelToken(),
+        forced_text=forced,
+        unfinished_word=True,
+    )
+    assert generation.text.startswith(forced), generation
+    after = generation.text[len(forced)]
+    assert after.isalnum() or after == "_", generation.text
 
 
 def test_forcing_what_the_model_writes_anyway_changes_nothing(runner: object) -> None:
