@@ -1,7 +1,8 @@
 """What the model sees: prefix, suffix and snippets from elsewhere, under a token budget.
 
-Shares of the prompt budget (defaults: prefix 60%, suffix 20%, snippets 20%) are counted with the
-model's own tokenizer. Budget the snippets or the suffix leave unused goes to the prefix.
+Shares of the prompt budget are counted with the model's own tokenizer. Budget the snippets or
+the suffix leave unused goes to the prefix, and what the prefix leaves (it starts on an anchor
+line, below) goes to snippets.
 
 The prefix window starts on an *anchor* line (a multiple of `ANCHOR_LINES` from the top of the
 file) rather than at the first line that fits: while the user types, the start of the prompt then
@@ -198,27 +199,39 @@ def fit_snippets(
     (its signature, the start of its docstring) instead of being left out: how a name is called
     is most of what a definition tells the code that uses it.
     """
-    chosen: list[Snippet] = []
-    seen: set[str] = set()
+    chosen: dict[int, Snippet] = {}
+    used = _fill(snippets, budget, count, heads, chosen)
+    return [chosen[i] for i in sorted(chosen)], used
+
+
+def _fill(
+    snippets: Sequence[Snippet],
+    budget: int,
+    count: TokenCounter,
+    heads: bool,
+    chosen: dict[int, Snippet],
+) -> int:
+    """Add to `chosen` (by position in `snippets`) those not yet in it that fit in `budget`
+    tokens, in order; returns the tokens they cost."""
+    seen = {snippets[i].text for i in chosen}
     used = 0
-    for snippet in snippets:
-        if snippet.text in seen or not snippet.text.strip():
+    for position, snippet in enumerate(snippets):
+        if position in chosen or snippet.text in seen or not snippet.text.strip():
             continue
         # The path header and separator cost tokens too.
         header = count(snippet.path + "\n") + 2
         cost = header + count(snippet.text)
+        seen.add(snippet.text)
         if used + cost > budget:
             if not heads or snippet.source != "definition":
                 continue
             head, head_cost = _head(snippet.text, budget - used - header, count)
             if not head:
                 continue
-            seen.add(snippet.text)
             snippet, cost = replace(snippet, text=head), header + head_cost
-        chosen.append(snippet)
-        seen.add(snippet.text)
+        chosen[position] = snippet
         used += cost
-    return chosen, used
+    return used
 
 
 def _head(text: str, budget: int, count: TokenCounter) -> tuple[str, int]:
@@ -244,7 +257,8 @@ def assemble(
     min_similarity: float = 0.0,
     definition_heads: bool = False,
 ) -> PromptParts:
-    """Prefix, suffix and snippets for `request`, each within its share of `budget`.
+    """Prefix, suffix and snippets for `request`, each within its share of `budget`; snippets
+    also get what the prefix leaves of its budget (it starts on an anchor line).
 
     Snippets found by similarity (`source == "index"`) below `min_similarity` are left out:
     loosely related code costs prompt tokens and leads the model astray. Definitions of names
@@ -252,20 +266,30 @@ def assemble(
     `definition_heads`, a definition too long for the share is cut to its first lines.
     """
     suffix, suffix_used = fit_suffix(request.suffix, budget.suffix_tokens, count_tokens)
-    snippets: list[Snippet] = []
-    snippet_used = 0
-    if source is not None and budget.snippet_tokens > 0:
-        found = [
-            snippet
-            for snippet in source.snippets(request, time.monotonic() + deadline_s)
-            if snippet.source != "index" or snippet.score >= min_similarity
-        ]
-        snippets, snippet_used = fit_snippets(
-            found, budget.snippet_tokens, count_tokens, heads=definition_heads
+    if source is None:
+        prefix, prefix_used = fit_prefix(
+            request.prefix, budget.prefix_tokens(suffix_used, 0), count_tokens
         )
+        return PromptParts(prefix, suffix, [], prefix_used, suffix_used, 0)
+    found = [
+        snippet
+        for snippet in source.snippets(request, time.monotonic() + deadline_s)
+        if snippet.source != "index" or snippet.score >= min_similarity
+    ]
+    chosen: dict[int, Snippet] = {}
+    snippet_used = _fill(found, budget.snippet_tokens, count_tokens, definition_heads, chosen)
     prefix, prefix_used = fit_prefix(
         request.prefix, budget.prefix_tokens(suffix_used, snippet_used), count_tokens
     )
+    # The prefix starts on an anchor line, so it seldom fills its budget: what it leaves goes to
+    # the snippets, at no cost to the code around the cursor. The cursor's line is left out of
+    # the reckoning, so the snippets (the start of the prompt, and with it the runner's KV cache)
+    # stay the same while the user types on it; the prompt may go over by that line.
+    cursor_line = count_tokens(request.line_prefix) if prefix.endswith(request.line_prefix) else 0
+    slack = budget.total - suffix_used - snippet_used - (prefix_used - cursor_line)
+    if slack > 0:
+        snippet_used += _fill(found, slack, count_tokens, definition_heads, chosen)
+    snippets = [chosen[i] for i in sorted(chosen)]
     return PromptParts(prefix, suffix, snippets, prefix_used, suffix_used, snippet_used)
 
 

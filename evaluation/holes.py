@@ -281,11 +281,13 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
             )
         except ValidationError as error:
             raise SystemExit(f"--set: {error}") from None
+    engines = [e for e in args.engines.split(",") if e] or [completion.engine]
+    if args.against and len(engines) > 1:
+        raise SystemExit("--against compares settings of one engine; leave out --engines")
     cache_dir = settings.cache_path()
     holes = sample_holes(corpus_files(corpus), args.n, random.Random(args.seed))
     if not holes:
         raise SystemExit(f"no source files with code lines under {corpus}")
-    engines = [e for e in args.engines.split(",") if e] or [completion.engine]
     results: dict[str, Any] = {
         "command": "tabloop eval holes " + " ".join(args.argv),
         "corpus": str(corpus),
@@ -356,8 +358,6 @@ def _against(
         )
     except ValidationError as error:
         raise SystemExit(f"--against: {error}") from None
-    if len([e for e in args.engines.split(",") if e]) > 1:
-        raise SystemExit("--against compares settings of one engine; leave out --engines")
     runner = CachedRunner(load_runner(other, cache_dir), cache_dir / "eval" / "outputs.jsonl")
     found: dict[str, Any] = {"settings": _overrides(args.against), "model": runner.model_id}
     try:

@@ -162,9 +162,31 @@ def test_assemble_respects_every_share() -> None:
     counter = LineTokenCounter(words)
     parts = assemble(request, ContextBudget(1000), count_tokens=counter, source=source)
     assert parts.suffix_tokens <= 200
-    assert parts.snippet_tokens <= 200 and parts.snippets
+    assert parts.snippets
     assert parts.prefix_tokens + parts.suffix_tokens + parts.snippet_tokens <= 1000
     assert request.prefix.endswith(parts.prefix) and request.suffix.startswith(parts.suffix)
+    # The prefix keeps at least its share and starts on an anchor line.
+    assert parts.prefix_tokens >= 600 - ANCHOR_LINES * 5
+    assert (400 - parts.prefix.count("\n")) % ANCHOR_LINES == 0
+
+
+@pytest.mark.parametrize("share", [0.0, 0.2])
+def test_snippets_fill_what_the_anchored_prefix_leaves(share: float) -> None:
+    # 410 lines: the prefix would fit from line 260 but starts on the anchor line 272.
+    request = CompletionRequest(prefix=numbered(410), suffix=numbered(50, 410), language="python")
+    small = [Snippet(f"m{i}.py", f"def f{i}(x):\n    return x\n", 0.9) for i in range(100)]
+    counter = LineTokenCounter(words)
+    budget = ContextBudget(1000, 0.6, 0.2, share)
+    alone = assemble(request, budget, count_tokens=counter)
+    parts = assemble(request, budget, count_tokens=counter, source=FixedSource(small))
+    assert alone.snippets == [] and alone.prefix_tokens < 1000 - alone.suffix_tokens
+    if share == 0.0:
+        # Snippets take nothing from the code around the cursor: the prefix is the same.
+        assert parts.prefix == alone.prefix
+    assert parts.snippets and parts.snippets == small[: len(parts.snippets)]  # best first
+    used = parts.prefix_tokens + parts.suffix_tokens + parts.snippet_tokens
+    each = counter("m0.py\n") + 2 + counter(small[0].text)
+    assert used <= 1000 and used + each > 1000  # no room was left for one more
 
 
 @pytest.mark.parametrize(
@@ -261,3 +283,18 @@ def test_relevance_floor_leaves_out_loosely_related_snippets_only() -> None:
             min_similarity=floor,
         )
         assert [s.path for s in parts.snippets] == kept
+
+
+def test_snippets_in_the_slack_stay_while_the_user_types_on_the_line() -> None:
+    small = [Snippet(f"m{i}.py", f"def f{i}(x):\n    return x\n", 0.9) for i in range(100)]
+    counter = LineTokenCounter(words)
+    budget = ContextBudget(1000, 0.8, 0.2, 0.0)
+    chosen = []
+    for typed in ("x", "x = f", "x = f ( a , b", "x = f ( a , b , c , d , e )"):
+        request = CompletionRequest(
+            prefix=numbered(410) + typed, suffix=numbered(50, 410), language="python"
+        )
+        parts = assemble(request, budget, count_tokens=counter, source=FixedSource(small))
+        assert parts.prefix.endswith(typed)
+        chosen.append(parts.snippets)
+    assert chosen[0] and all(snippets == chosen[0] for snippets in chosen)

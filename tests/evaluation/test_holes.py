@@ -396,3 +396,27 @@ def test_a_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
         )
         with pytest.raises(SystemExit, match="--set"):
             run_holes(args)
+
+
+def test_against_with_several_engines_is_refused_before_any_run(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "m.py").write_text("x = 1\ny = 2\n", encoding="utf-8")
+    (corpus / "tabloop.toml").write_text(f'cache_dir = "{tmp_path / "cache"}"\n')
+    args = argparse.Namespace(
+        corpus=str(corpus),
+        n=1,
+        seed=0,
+        model="no-such-model",  # loading it would fail: the refusal must come first
+        max_new_tokens=8,
+        no_retrieval=True,
+        engines="ctranslate2,torch",
+        baseline_n=0,
+        healing_baseline=False,
+        set=[],
+        against=["min_chars=3"],
+        argv=[],
+    )
+    with pytest.raises(SystemExit, match="one engine"):
+        run_holes(args)
+    assert not (tmp_path / "cache" / "eval").exists()
