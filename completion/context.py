@@ -45,9 +45,9 @@ class ContextBudget:
     """Token budget of one prompt, split in shares."""
 
     total: int
-    prefix_share: float = 0.6
+    prefix_share: float = 0.8
     suffix_share: float = 0.2
-    snippet_share: float = 0.2
+    snippet_share: float = 0.0
 
     @classmethod
     def from_settings(cls, settings: CompletionSettings) -> ContextBudget:

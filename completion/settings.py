@@ -75,10 +75,15 @@ class CompletionSettings(BaseModel):
         description="Token budget of the whole prompt. 512 reads the prompt in less than half "
         "the time of 1,024 with the same quality on `tabloop eval holes` (docs/models.md).",
     )
-    prefix_share: float = Field(0.6, gt=0, le=1, description="Share of the budget for the prefix.")
+    prefix_share: float = Field(0.8, gt=0, le=1, description="Share of the budget for the prefix.")
     suffix_share: float = Field(0.2, ge=0, le=1, description="Share of the budget for the suffix.")
     snippet_share: float = Field(
-        0.2, ge=0, le=1, description="Share of the budget for snippets from other files."
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of the budget that snippets from other files may take from the "
+        "prefix. Snippets always get what the prefix leaves (it starts on an anchor line); 0 "
+        "keeps the prefix whole, which lost least on `tabloop eval holes` (docs/models.md).",
     )
     snippet_min_similarity: float = Field(
         0.0,

@@ -160,7 +160,9 @@ def test_assemble_respects_every_share() -> None:
     request = CompletionRequest(prefix=numbered(400), suffix=numbered(400, 400), language="python")
     source = FixedSource([Snippet(f"m{i}.py", numbered(8, i * 10), 1.0) for i in range(20)])
     counter = LineTokenCounter(words)
-    parts = assemble(request, ContextBudget(1000), count_tokens=counter, source=source)
+    parts = assemble(
+        request, ContextBudget(1000, 0.6, 0.2, 0.2), count_tokens=counter, source=source
+    )
     assert parts.suffix_tokens <= 200
     assert parts.snippets
     assert parts.prefix_tokens + parts.suffix_tokens + parts.snippet_tokens <= 1000
