@@ -504,7 +504,8 @@ def corpus_context(
     return index, context
 
 
-def main(argv: list[str]) -> int:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line of `tabloop eval holes` (`argv` kept in the report's `command`)."""
     parser = argparse.ArgumentParser(prog="tabloop eval holes", description=__doc__)
     parser.add_argument("--corpus", required=True, help="directory of real source files")
     parser.add_argument("--n", type=int, default=200, help="holes to sample")
@@ -544,5 +545,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)
     args.argv = argv
-    print(json.dumps(run_holes(args), indent=2))
+    return args
+
+
+def main(argv: list[str]) -> int:
+    print(json.dumps(run_holes(parse_args(argv)), indent=2))
     return 0

@@ -24,6 +24,7 @@ from evaluation.holes import (
     ignores_partial,
     levenshtein,
     mid_word,
+    parse_args,
     run_holes,
     sample_holes,
 )
@@ -272,19 +273,11 @@ def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
             f'[index]\nembedding_model = "{tiny_embedder_path()}"\n',
             encoding="utf-8",
         )
-        args = argparse.Namespace(
-            corpus=str(corpus),
-            n=HOLES,
-            seed=SEED,
-            model=None,
-            max_new_tokens=200,
-            no_retrieval=False,
-            engines="",
-            baseline_n=0,
-            healing_baseline=False,
-            set=[],
-            against=[],
-            argv=["--corpus", str(corpus)],
+        args = parse_args(
+            [
+                *("--corpus", str(corpus), "--n", str(HOLES), "--seed", str(SEED)),
+                *("--max-new-tokens", "200"),
+            ]
         )
         first = run_holes(args)
         prompts = [request["prompt"] for request in server.requests]
@@ -380,20 +373,7 @@ def test_a_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
     (corpus / "m.py").write_text("x = 1\n", encoding="utf-8")
     (corpus / "tabloop.toml").write_text(f'cache_dir = "{tmp_path / "cache"}"\n')
     for bad in ("snippet_min_similarity=2", "no_such_setting=1", "snippet_share"):
-        args = argparse.Namespace(
-            corpus=str(corpus),
-            n=1,
-            seed=0,
-            model=None,
-            max_new_tokens=8,
-            no_retrieval=True,
-            engines="",
-            baseline_n=0,
-            healing_baseline=False,
-            set=[bad],
-            against=[],
-            argv=[],
-        )
+        args = parse_args(["--corpus", str(corpus), "--n", "1", "--no-retrieval", "--set", bad])
         with pytest.raises(SystemExit, match="--set"):
             run_holes(args)
 
@@ -403,19 +383,12 @@ def test_against_with_several_engines_is_refused_before_any_run(tmp_path: Path) 
     corpus.mkdir()
     (corpus / "m.py").write_text("x = 1\ny = 2\n", encoding="utf-8")
     (corpus / "tabloop.toml").write_text(f'cache_dir = "{tmp_path / "cache"}"\n')
-    args = argparse.Namespace(
-        corpus=str(corpus),
-        n=1,
-        seed=0,
-        model="no-such-model",  # loading it would fail: the refusal must come first
-        max_new_tokens=8,
-        no_retrieval=True,
-        engines="ctranslate2,torch",
-        baseline_n=0,
-        healing_baseline=False,
-        set=[],
-        against=["min_chars=3"],
-        argv=[],
+    # The model cannot be loaded: the refusal must come first.
+    args = parse_args(
+        [
+            *("--corpus", str(corpus), "--model", "no-such-model"),
+            *("--engines", "ctranslate2,torch", "--against", "min_chars=3"),
+        ]
     )
     with pytest.raises(SystemExit, match="one engine"):
         run_holes(args)
