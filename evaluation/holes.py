@@ -9,19 +9,19 @@ Reported per run: `exact_line_match` (the first line is exactly right) and its s
 `edit_similarity` (1 - Levenshtein distance / longer length, between suggestion and truth),
 `parses` (Python files still parse with the suggestion in place; `parses_if_left_empty` with
 nothing inserted), `latency_ms_p50`/`p95` (the engine's time when the model ran, syntax check
-included; model outputs are cached by prompt, so a rerun costs little and keeps the latency of
-the first run), `context_ms` (gathering context: retrieval's time), `mid_word_holes` (holes that
-cut a word: the prefix ends with a word character and so does the truth's start) and
-`mid_word_ignores_partial` (the share of them whose suggestion starts a new token instead of
-completing the word). With `completion.syntaxCheck` on, `syntax_check` gives what the check did
-(`outcomes`, `changed`), its time (`ms`), and the figures of the same suggestions before it
-(`without_check`). `--healing-baseline` completes the mid-word holes once more without token
-healing (in the run without retrieval) and reports both. `--set key=value` changes a completion
-setting for the run (e.g. `snippet_min_similarity=0.7`). `--against key=value` completes the
-same holes once more with that setting changed and reports that run beside this one, with
-`paired`: the per-hole differences (this run's minus the other's) of exact-line match and edit
-similarity, their standard errors, and how many holes got another suggestion; this is how a
-default is chosen.
+included; model outputs are cached by prompt, so a rerun costs little and keeps the latency of the
+first run), `context_ms` (gathering context: retrieval's time), `prompts_with_snippets` (the share
+of prompts that held code from other files), `mid_word_holes` (holes that cut a word: the prefix
+ends with a word character and so does the truth's start) and `mid_word_ignores_partial` (the share
+of them whose suggestion starts a new token instead of completing the word). With
+`completion.syntaxCheck` on, `syntax_check` gives what the check did (`outcomes`, `changed`), its
+time (`ms`), and the figures of the same suggestions before it (`without_check`).
+`--healing-baseline` completes the mid-word holes once more without token healing (in the run
+without retrieval) and reports both. `--set key=value` changes a completion setting for the run
+(e.g. `snippet_min_similarity=0.7`). `--against key=value` completes the same holes once more with
+that setting changed and reports that run beside this one, with `paired`: the per-hole differences
+(this run's minus the other's) of exact-line match and edit similarity, their standard errors, and
+how many holes got another suggestion; this is how a default is chosen.
 """
 
 from __future__ import annotations
@@ -418,12 +418,14 @@ def _complete_holes(
     )
     checker = Engine(completion, runner)
     suggestions, unchecked, latencies, context_ms, syntax_ms = [], [], [], [], []
+    with_snippets: list[bool] = []
     outcomes: dict[str, int] = {}
     for number, hole in enumerate(holes, 1):
         request = hole.request()
         decision = engine.complete(request)
         text = decision.text
         unchecked.append(text)
+        with_snippets.append(bool(decision.features.get("retrieval_found")))
         timings = Timings()
         if checking:
             text, outcome = checker.check_syntax(request, text, timings)
@@ -444,6 +446,7 @@ def _complete_holes(
     print(file=sys.stderr)
     scored = score(holes, suggestions, latencies)
     scored["context_ms"] = _quantiles(context_ms)
+    scored["prompts_with_snippets"] = _share(with_snippets)
     scored["token_healing"] = bool(completion.token_healing)
     if checking:
         before = score(holes, unchecked, [])

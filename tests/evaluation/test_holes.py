@@ -299,6 +299,7 @@ def test_a_run_with_and_without_retrieval(tmp_path: Path) -> None:
         scores.pop("latency_ms_p95")
         assert scores.pop("token_healing") is True  # asked, but an HTTP runner cannot follow it
         assert set(scores.pop("context_ms")) == {"p50", "p95"}
+        assert scores.pop("prompts_with_snippets") == (1.0 if run == "with_retrieval" else 0.0)
         assert scores == expected_scores(holes, kinds), run
         # The syntax check: the suggestions before it are the unchecked run's; what it changed
         # is counted, it never lowers the parse rate, and it only cuts (exact-line may drop
