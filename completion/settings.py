@@ -152,8 +152,14 @@ class CompletionSettings(BaseModel):
     adapter: str = Field(
         "",
         description="LoRA adapter directory served on the local model by the torch engine "
-        "(`tabloop train model` writes them); empty serves the workspace's promoted adapter "
-        "(`tabloop model promote`) when the engine is torch, else the base model.",
+        "(`tabloop train model` writes them); empty serves the adapter `adapterSource` names.",
+    )
+    adapter_source: Literal["auto", "backend", "workspace"] = Field(
+        "auto",
+        description="Where the served adapter comes from: `backend`, the tenant's serving adapter "
+        "(`GET /v1/model` of `telemetry.backendUrl`, fetched and checked); `workspace`, the "
+        "workspace's promoted one (`tabloop model promote`); `auto`, the backend's when it "
+        "serves one, else the workspace's.",
     )
     feedback_rows: int = Field(
         20_000,

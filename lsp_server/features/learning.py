@@ -5,8 +5,10 @@ dismissed) is kept with its context in the local feedback store (`training.feedb
 in the cache directory, never sent), where `tabloop train model` finds it. Superseded and unseen
 suggestions say nothing about the suggestion and are not kept.
 
-The server also follows the workspace's adapter registry: when `tabloop model promote` or
-`rollback` changes the serving version, the runner swaps base + adapter without a restart. The
+The server also follows the serving adapter, the workspace's (its registry: `tabloop model
+promote` and `rollback`) or, with a backend, the tenant's (`GET /v1/model`, fetched into the cache
+and checked file by file; `completion.adapterSource` chooses): when the serving version changes,
+the runner swaps base + adapter without a restart. The
 torch runner swaps on the model thread. The fast engine (CTranslate2) first merges the adapter
 into the base weights and converts the result (minutes on a real model, once per version) on a
 thread of its own while the serving version keeps serving, then only the swap runs on the model
@@ -16,21 +18,24 @@ thread. A damaged adapter is refused and the serving one keeps serving.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import uuid
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
 
+from completion.adapter_client import AdapterFetcher, AdapterFetchError
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
 from lsp_server.protocol import ADAPTER_PROGRESS_TITLE, ADAPTER_PROGRESS_TOKEN_PREFIX
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
 from training.feedback import Feedback, FeedbackStore, feedback_reward
-from training.registry import REGISTRY_FILE, AdapterRegistry, scope_dir
+from training.registry import REGISTRY_FILE, AdapterRegistry, AdapterRegistryError, scope_dir
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +57,15 @@ class LearningFeature:
         self.server = server
         self.store: FeedbackStore | None = None
         self._pending: OrderedDict[str, Feedback] = OrderedDict()
-        self._registry_stamp: float | None = None
+        self._registry_stamp: tuple[object, ...] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._unservable_reported = False
         self._following = False
-        # Merging and converting an adapter for the fast engine: never on the model thread.
+        # Fetching, merging and converting an adapter: never on the model thread.
         self._preparer: ThreadPoolExecutor | None = None
+        self._fetcher_obj: AdapterFetcher | None = None
+        self._fetcher_key: tuple[str, str] | None = None
+        self._fetch_error: str | None = None
 
     def on_settings(self, settings: Settings) -> None:
         wanted = settings.completion.feedback_rows
@@ -124,7 +132,7 @@ class LearningFeature:
         self._schedule()
 
     async def follow_registry(self) -> None:
-        """Swap the runner's adapter if the registry's serving version changed."""
+        """Swap the runner's adapter if the serving version (backend's or workspace's) changed."""
         if self._following:
             return  # a swap is still being prepared; the next poll looks again
         self._following = True
@@ -134,28 +142,27 @@ class LearningFeature:
             self._following = False
 
     async def _follow_registry(self) -> None:
-        registry = self.registry()
         engine = self.server.engine
-        swap = getattr(engine.runner, "swap_adapter", None) if engine else None
-        if registry is None or engine is None or self.server.settings.completion.adapter:
-            return  # no workspace, no model yet, or an adapter named in the settings
+        if engine is None or self.server.settings.completion.adapter:
+            return  # no model yet, or an adapter named in the settings
+        runner = engine.runner
+        swap = getattr(runner, "swap_adapter", None)
+        if swap is None and self._unservable_reported:
+            return
+        target, stamp = await self._wanted()
+        if stamp == self._registry_stamp:
+            return
         if swap is None:
-            if registry.serving() is not None and not self._unservable_reported:
+            if target is not None and not self._unservable_reported:
                 self._unservable_reported = True
                 log.warning(
-                    "adapter v%04d is promoted but %s cannot serve adapters: only the local "
+                    "adapter %s is promoted but %s cannot serve adapters: only the local "
                     "runner (completion.runner = local) serves them",
-                    registry.serving(),
+                    target.name,
                     engine.model_id,
                 )
             return
-        path = registry.root / REGISTRY_FILE
-        stamp = path.stat().st_mtime if path.is_file() else None
-        if stamp == self._registry_stamp:
-            return
-        runner = engine.runner
         current = getattr(runner, "adapter", None)
-        target = registry.serving_path()
         loop = asyncio.get_running_loop()
         if target != current:
             try:
@@ -178,6 +185,64 @@ class LearningFeature:
                     cache.clear()  # suggestions the previous version wrote
         self._registry_stamp = stamp
 
+    async def _wanted(self) -> tuple[Path | None, tuple[object, ...]]:
+        """The adapter that should serve now (None: the base model) and a stamp that changes
+        when it may have changed.
+
+        `completion.adapterSource` decides: the tenant's serving adapter fetched from the
+        backend, the workspace's promoted one, or (`auto`) the backend's when it serves one and
+        the workspace's otherwise. When the backend cannot be reached, or what it sends does not
+        check out, the version fetched last (kept in the cache) stands for it.
+        """
+        source = self.server.settings.completion.adapter_source
+        fetcher = self._fetcher()
+        if fetcher is not None:
+            loop = asyncio.get_running_loop()
+            try:
+                remote = await loop.run_in_executor(self._preparing_thread(), fetcher.fetch)
+            except AdapterFetchError as exc:
+                if str(exc) != self._fetch_error:
+                    log.warning("cannot fetch the backend's adapter: %s (%s)", exc, _named(fetcher))
+                self._fetch_error = str(exc)
+                remote = fetcher.serving
+            else:
+                self._fetch_error = None
+            if remote.path is not None or source == "backend":
+                return remote.path, ("backend", remote.checksum)
+        registry = self.registry() if source != "backend" else None
+        if registry is None:
+            return None, ("none",)
+        path = registry.root / REGISTRY_FILE
+        stamp = ("workspace", path.stat().st_mtime if path.is_file() else None)
+        if stamp == self._registry_stamp:
+            return None, stamp  # unchanged: nothing is swapped
+        try:
+            return registry.serving_path(), stamp
+        except AdapterRegistryError as exc:
+            log.warning("keeping the serving adapter: %s", exc)
+            return None, self._registry_stamp or ()
+
+    def _fetcher(self) -> AdapterFetcher | None:
+        """The fetcher of the tenant's adapter, when a backend is configured and wanted."""
+        settings = self.server.settings
+        url, token = settings.telemetry.backend_url, settings.telemetry.token
+        if not url or settings.completion.adapter_source == "workspace":
+            return None
+        key = (url, token)
+        if self._fetcher_key != key:
+            if self._fetcher_obj is not None:
+                self._fetcher_obj.close()
+            scope = hashlib.sha256(f"{url}\n{token}".encode()).hexdigest()[:16]
+            root = settings.cache_path() / "adapters" / f"backend-{scope}"
+            self._fetcher_obj = AdapterFetcher(url, token or None, root)
+            self._fetcher_key = key
+        return self._fetcher_obj
+
+    def _preparing_thread(self) -> ThreadPoolExecutor:
+        if self._preparer is None:
+            self._preparer = ThreadPoolExecutor(1, thread_name_prefix="tabloop-adapter")
+        return self._preparer
+
     async def _prepare(self, prepare: Any, target: Any) -> Any:
         """`prepare(target)` on the preparing thread, its steps logged and sent as `$/progress`."""
         loop = asyncio.get_running_loop()
@@ -192,9 +257,6 @@ class LearningFeature:
                     types.WorkDoneProgressReport(message=message),
                 )
 
-        if self._preparer is None:
-            self._preparer = ThreadPoolExecutor(1, thread_name_prefix="tabloop-adapter")
-
         def run() -> Any:
             if target is not None:  # merging needs transformers, imported one thread at a time
                 self.server.import_libraries(embeddings=False)
@@ -202,7 +264,7 @@ class LearningFeature:
 
         outcome = "adapter failed"
         try:
-            prepared = await loop.run_in_executor(self._preparer, run)
+            prepared = await loop.run_in_executor(self._preparing_thread(), run)
             outcome = f"adapter ready: {prepared.model_id}"
             return prepared
         finally:
@@ -243,9 +305,17 @@ class LearningFeature:
         if self._preparer is not None:
             self._preparer.shutdown(wait=False, cancel_futures=True)
             self._preparer = None
+        if self._fetcher_obj is not None:
+            self._fetcher_obj.close()
+            self._fetcher_obj = None
         if self.store is not None:
             self.store.close()
             self.store = None
+
+
+def _named(fetcher: AdapterFetcher) -> str:
+    version = fetcher.serving.version
+    return "none fetched before" if version is None else f"serving {version}, fetched before"
 
 
 def _log_failure(future: asyncio.Future[None]) -> None:

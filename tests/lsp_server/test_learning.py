@@ -218,3 +218,74 @@ async def test_the_fast_engine_follows_promotions_converting_off_the_model_threa
     assert complete() == base_text
     feature.on_shutdown()
     runner.close()
+
+
+async def test_the_server_serves_its_tenants_adapter_from_the_backend(
+    tmp_path: Path, tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`adapterSource` auto: the backend's serving adapter when there is one (fetched, checked,
+    kept across an outage and a restart), the workspace's otherwise; `workspace` ignores the
+    backend."""
+    from tests.support.backend_server import BackendServer
+
+    monkeypatch.setenv("TABLOOP_CACHE_DIR", str(tmp_path / "backend-cache"))
+    runner = LocalRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
+    _tokenizer, model = load_model(runner.source, "float32", tmp_path / "cache")
+    save_adapter(
+        attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", runner.base_model_id, {}
+    )
+    workspace = AdapterRegistry(scope_dir(tmp_path / "cache", workspace=tmp_path / "ws"))
+    workspace.promote(workspace.add(tmp_path / "a", runner.base_model_id, {}).version, force=True)
+
+    with BackendServer(f"sqlite:///{tmp_path / 'db.sqlite3'}") as backend:
+        tenant = AdapterRegistry(scope_dir(tmp_path / "backend-cache", tenant=backend.tenant))
+        version = tenant.add(tmp_path / "a", runner.base_model_id, {}).version
+
+        def started(source: str = "auto") -> tuple[_Server, LearningFeature]:
+            server = _server(tmp_path, engine=SimpleNamespace(runner=runner))
+            server.settings = Settings.model_validate(
+                {
+                    "cacheDir": str(tmp_path / "cache"),
+                    "completion": {"adapterSource": source},
+                    "telemetry": {"backendUrl": backend.url, "token": backend.token},
+                }
+            )
+            return server, LearningFeature(server)  # type: ignore[arg-type]
+
+        _unused, feature = started()
+        await feature.follow_registry()
+        assert runner.adapter == workspace.root / "v0001"  # the backend serves none
+
+        tenant.promote(version, force=True)
+        await feature.follow_registry()
+        fetched = runner.adapter
+        assert fetched is not None and fetched.parent.name.startswith("backend-")
+        assert (fetched / WEIGHTS).read_bytes() == (tenant.path(version) / WEIGHTS).read_bytes()
+
+        backend.stop_serving()  # an outage: the fetched version keeps serving ...
+        await feature.follow_registry()
+        assert runner.adapter == fetched
+        feature.on_shutdown()
+        runner.swap_adapter(None)
+        _unused, restarted = started()  # ... and serves again after a restart
+        await restarted.follow_registry()
+        assert runner.adapter == fetched
+
+        backend.start_serving()
+        tenant.rollback()  # the backend serves none again: auto goes back to the workspace's
+        await restarted.follow_registry()
+        assert runner.adapter == workspace.root / "v0001"
+        tenant.promote(version, force=True)
+        await restarted.follow_registry()
+        assert runner.adapter == fetched
+
+        _unused, only_workspace = started("workspace")
+        await only_workspace.follow_registry()
+        assert runner.adapter == workspace.root / "v0001"
+        tenant.rollback()
+        _unused, only_backend = started("backend")
+        await only_backend.follow_registry()
+        assert runner.adapter is None  # the tenant's base model
+        for each in (restarted, only_workspace, only_backend):
+            each.on_shutdown()
+    runner.close()
