@@ -151,8 +151,9 @@ class CompletionSettings(BaseModel):
     )
     adapter: str = Field(
         "",
-        description="LoRA adapter directory served on the local model by the torch engine "
-        "(`tabloop train model` writes them); empty serves the adapter `adapterSource` names.",
+        description="LoRA adapter directory served on the local model (`tabloop train model` "
+        "writes them; the fast engine merges and converts it once, at load); empty serves the "
+        "promoted adapter `adapterSource` names.",
     )
     adapter_source: Literal["auto", "backend", "workspace"] = Field(
         "auto",

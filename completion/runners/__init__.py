@@ -6,10 +6,13 @@ import importlib.util
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
+
+if TYPE_CHECKING:
+    from completion.runners.ct2 import Ct2Runner
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +38,18 @@ def load_runner(
             timeout_s=settings.http_timeout_s,
             family=family,
         )
-    if settings.engine != "torch" and not settings.adapter:
-        # An adapter named in the settings is served by the torch runner; the fast engine serves
-        # the registry's adapters, merged and converted off the serving path (`Ct2Runner`).
+    adapter = Path(settings.adapter).expanduser() if settings.adapter else None
+    if settings.engine != "torch":
         fast = _load_fast_runner(settings, cache_dir, family, progress)
         if fast is not None:
+            if adapter is not None:
+                # Merged into the base weights and converted the first time (minutes on a real
+                # model), found in the cache afterwards; a bad adapter stops the load, as on torch.
+                try:
+                    fast.install(fast.prepare_adapter(adapter, progress=progress))
+                except BaseException:
+                    fast.close()
+                    raise
             return fast
     from completion.runners.local import LocalRunner
 
@@ -52,7 +62,7 @@ def load_runner(
         family=family,
         speculative=settings.speculative,
         speculative_tokens=settings.speculative_tokens,
-        adapter=Path(settings.adapter).expanduser() if settings.adapter else None,
+        adapter=adapter,
     )
 
 
@@ -61,7 +71,7 @@ def _load_fast_runner(
     cache_dir: Path,
     family: str | None,
     progress: Callable[[str], None] | None,
-) -> ModelRunner | None:
+) -> Ct2Runner | None:
     """The CTranslate2 runner, or None (with one clear message) when it cannot be used."""
     try:
         from completion.runners.conversion import ConversionError, record_failure

@@ -66,6 +66,7 @@ class LearningFeature:
         self._fetcher_obj: AdapterFetcher | None = None
         self._fetcher_key: tuple[str, str] | None = None
         self._fetch_error: str | None = None
+        self._adapter_key: tuple[object, ...] | None = None
 
     def on_settings(self, settings: Settings) -> None:
         wanted = settings.completion.feedback_rows
@@ -82,6 +83,15 @@ class LearningFeature:
             self.store.max_rows = wanted
         if self._timer is None:
             self._schedule()
+        adapter_key = (
+            settings.completion.adapter,
+            settings.completion.adapter_source,
+            settings.telemetry.backend_url,
+            settings.telemetry.token,
+        )
+        if self._adapter_key is not None and adapter_key != self._adapter_key:
+            self._poll_now()  # which adapter serves may have changed: look now, not in 30 s
+        self._adapter_key = adapter_key
 
     def on_decision(self, decision: Decision, request: CompletionRequest) -> None:
         if self.store is None or not decision.shown:
@@ -131,6 +141,13 @@ class LearningFeature:
         self.server.run_task(self.follow_registry(), "adapter-registry")
         self._schedule()
 
+    def _poll_now(self) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop yet: the first poll comes when the model loads
+        self.server.run_task(self.follow_registry(), "adapter-registry")
+
     async def follow_registry(self) -> None:
         """Swap the runner's adapter if the serving version (backend's or workspace's) changed."""
         if self._following:
@@ -143,8 +160,8 @@ class LearningFeature:
 
     async def _follow_registry(self) -> None:
         engine = self.server.engine
-        if engine is None or self.server.settings.completion.adapter:
-            return  # no model yet, or an adapter named in the settings
+        if engine is None:
+            return  # no model yet
         runner = engine.runner
         swap = getattr(runner, "swap_adapter", None)
         if swap is None and self._unservable_reported:
@@ -189,11 +206,16 @@ class LearningFeature:
         """The adapter that should serve now (None: the base model) and a stamp that changes
         when it may have changed.
 
-        `completion.adapterSource` decides: the tenant's serving adapter fetched from the
-        backend, the workspace's promoted one, or (`auto`) the backend's when it serves one and
-        the workspace's otherwise. When the backend cannot be reached, or what it sends does not
-        check out, the version fetched last (kept in the cache) stands for it.
+        An adapter named in `completion.adapter` comes first (the runner loaded it already,
+        unless the setting changed since). Then `completion.adapterSource` decides: the tenant's
+        serving adapter fetched from the backend, the workspace's promoted one, or (`auto`) the
+        backend's when it serves one and the workspace's otherwise. When the backend cannot be
+        reached, or what it sends does not check out, the version fetched last (kept in the
+        cache) stands for it.
         """
+        named = self.server.settings.completion.adapter
+        if named:  # the settings name one: it serves, whatever is promoted
+            return Path(named).expanduser(), ("setting", named)
         source = self.server.settings.completion.adapter_source
         fetcher = self._fetcher()
         if fetcher is not None:

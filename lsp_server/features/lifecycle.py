@@ -31,8 +31,11 @@ ENGINE_FIELDS = (
     "http_url",
     "http_model",
     "http_api_key",
+    "engine",
     "dtype",
     "threads",
+    "speculative",
+    "speculative_tokens",
     "cache",
     "fim_template",
 )

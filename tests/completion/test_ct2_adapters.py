@@ -308,3 +308,29 @@ def test_a_damaged_merged_conversion_is_rebuilt_not_loaded(
     assert runner.path == merged and verify(merged) is None
     assert not stale.exists()
     assert _texts(runner) == texts
+
+
+def test_the_adapter_named_in_the_settings_is_served_by_the_fast_engine(
+    runner: Ct2Runner, adapter: Path, tiny_model_path: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """`completion.adapter` is merged and converted at load, like a promoted version; a bad one
+    stops the load with the adapter's error, as on the torch engine."""
+    from completion.runners import load_runner
+    from completion.settings import CompletionSettings
+
+    runner.swap_adapter(adapter)
+    expected = _texts(runner)
+    settings = CompletionSettings(model=str(tiny_model_path), adapter=str(adapter), threads=1)
+    loaded = load_runner(settings, cache_dir)
+    try:
+        assert isinstance(loaded, Ct2Runner)
+        assert loaded.adapter == adapter and loaded.model_id.endswith("+v0007+ct2-int8")
+        assert _texts(loaded) == expected
+    finally:
+        loaded.close()
+
+    bad = tmp_path / "bad"
+    shutil.copytree(adapter, bad)
+    damage.flip_byte(bad)
+    with pytest.raises(AdapterError, match="checksum"):
+        load_runner(CompletionSettings(model=str(tiny_model_path), adapter=str(bad)), cache_dir)

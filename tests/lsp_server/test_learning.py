@@ -289,3 +289,43 @@ async def test_the_server_serves_its_tenants_adapter_from_the_backend(
         for each in (restarted, only_workspace, only_backend):
             each.on_shutdown()
     runner.close()
+
+
+async def test_an_adapter_named_in_the_settings_serves_from_the_next_look(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    """Naming `completion.adapter` while the server runs swaps it in at once (no reload), and
+    clearing it gives the promoted version back."""
+    runner = LocalRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
+    server = _server(tmp_path, engine=SimpleNamespace(runner=runner))
+    feature = LearningFeature(server)  # type: ignore[arg-type]
+    _tokenizer, model = load_model(runner.source, "float32", tmp_path / "cache")
+    save_adapter(
+        attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", runner.base_model_id, {}
+    )
+    registry = AdapterRegistry(scope_dir(tmp_path / "cache", workspace=tmp_path / "ws"))
+    registry.promote(registry.add(tmp_path / "a", runner.base_model_id, {}).version, force=True)
+    feature.on_settings(server.settings)
+    await feature.follow_registry()
+    assert runner.adapter == registry.root / "v0001"
+
+    def configure(adapter: str) -> None:
+        server.settings = Settings.model_validate(
+            {"cacheDir": str(tmp_path / "cache"), "completion": {"adapter": adapter}}
+        )
+        feature.on_settings(server.settings)
+
+    async def settled() -> None:
+        for _ in range(200):  # the follow the settings change started
+            await asyncio.sleep(0.01)
+            if not feature._following:
+                return
+
+    configure(str(tmp_path / "a"))
+    await settled()
+    assert runner.adapter == tmp_path / "a"
+    configure("")
+    await settled()
+    assert runner.adapter == registry.root / "v0001"
+    feature.on_shutdown()
+    runner.close()
