@@ -14,11 +14,13 @@ reuse saves does not make up for its slower decoding (`tabloop bench complete`).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -159,6 +161,7 @@ class Ct2Runner:
         self._end_tokens = sorted(self.stop_ids)
         self._lock = threading.Lock()
         self._vocab: VocabIndex | None = None
+        _OPEN.add(self)
         self.load_s = time.perf_counter() - started
         log.info(
             "loaded %s in CTranslate2 %s (%s, %d threads) in %.1fs",
@@ -534,3 +537,21 @@ class Ct2Runner:
         """Release the engine's model."""
         with self._lock:
             self.generator = None
+        _OPEN.discard(self)
+
+
+# Runners not closed by their owner are closed before the interpreter tears down: a generator
+# that ever ran with a token callback and is still alive then makes the process abort
+# ("terminate called without an active exception", exit status 134) once torch is imported.
+_OPEN: weakref.WeakSet[Ct2Runner] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_runners() -> None:
+    for runner in list(_OPEN):
+        # A daemon thread may still be generating: wait a little for it, never for ever.
+        if runner._lock.acquire(timeout=5.0):
+            try:
+                runner.generator = None
+            finally:
+                runner._lock.release()

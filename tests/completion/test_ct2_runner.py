@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -230,3 +232,28 @@ def test_a_call_cancelled_after_its_prompt_still_reports_the_prompt_time(runner:
     result = runner.generate(PROMPT, max_new_tokens=8, stop=cancel_at_first, cancel=token)
     assert result.stop_reason == "cancelled"
     assert result.prefill_done and result.prefill_ms > 0
+
+
+def test_a_runner_left_open_does_not_abort_the_process_at_exit(
+    runner: Ct2Runner, tiny_model_path: Path, cache_dir: Path
+) -> None:
+    """A generator that ran with a token callback and is alive at interpreter exit made the
+    process abort (status 134) once torch was imported; open runners are closed at exit."""
+    script = (
+        "import sys, torch\n"
+        "from pathlib import Path\n"
+        "from completion.runners.ct2 import Ct2Runner\n"
+        "from completion.types import CancelToken\n"
+        "r = Ct2Runner(sys.argv[1], Path(sys.argv[2]), threads=1)\n"
+        "print(r.generate(sys.argv[3], max_new_tokens=4, stop=lambda t: None,"
+        " cancel=CancelToken()).prompt_tokens)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_model_path), str(cache_dir), PROMPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) > 0 and "terminate called" not in done.stderr
