@@ -131,14 +131,19 @@ class FeedbackStore:
             self._db.close()
 
 
-def feedback_reward(kind: str, accepted_chars: int | None, suggestion: str) -> float | None:
+def feedback_reward(
+    kind: str, accepted_chars: int | None, suggestion: str, retained_share: float = 1.0
+) -> float | None:
     """The reward a suggestion's outcome earns as a training example, the same on this machine
-    and in the backend: accepted 1, partially accepted the accepted share, ignored or dismissed
-    -`DISTRACTION_COST`; None for outcomes that judge nothing (superseded, not viewed)."""
+    and in the backend: accepted 1, partially accepted the accepted share, each times the share
+    of the accepted characters still in the document at the retention checkpoint (the backend
+    knows it; locally it is not awaited: 1); ignored or dismissed -`DISTRACTION_COST`; None for
+    outcomes that judge nothing (superseded, not viewed)."""
+    kept = min(max(retained_share, 0.0), 1.0)
     if kind == "accepted":
-        return 1.0
+        return kept
     if kind == "partial":
-        return min(1.0, (accepted_chars or 0) / max(len(suggestion), 1))
+        return min(1.0, (accepted_chars or 0) / max(len(suggestion), 1)) * kept
     if kind in ("ignored", "dismissed"):
         return -DISTRACTION_COST
     return None

@@ -2,10 +2,11 @@
 
 Only decision events that carry text (editors send `prompt` and `suggestion` at telemetry level
 `full`) and were shown can teach the model what to write. Each is joined with the outcome its
-user gave it and becomes the same example a workspace's local feedback gives
-(`training.feedback`: the reward of `feedback_reward`, the logged propensity, `as_example`), so
-one objective trains both. The logged prompt is the text before the cursor only: the examples
-have no suffix.
+user gave it, and an accepted one with the share of its characters still there at the retention
+checkpoint (the policy's, 120 s: code accepted and then deleted taught nothing), and becomes the
+same example a workspace's local feedback gives (`training.feedback`: the reward of
+`feedback_reward`, the logged propensity, `as_example`), so one objective trains both. The
+logged prompt is the text before the cursor only: the examples have no suffix.
 
 The newest share (20%) of the examples, by the decision's time, is held out for evaluation and
 never trained on. Events are read in pages by row id (keyset pagination), never all at once; a
@@ -29,12 +30,15 @@ from sqlalchemy import func, select
 from backend.db.models import StoredEvent
 from backend.storage import Storage
 from common.languages import BY_ID
-from telemetry.events import DecisionEvent, OutcomeEvent, parse_event
+from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent, parse_event
 from training.examples import FimExample
 from training.feedback import Feedback, advantage_scale, as_example, feedback_reward
 
 PAGE_ROWS = 500
 HELD_OUT_SHARE = 0.2
+# The checkpoint whose retained share scales an accepted suggestion's reward: the policy's
+# (`RewardSettings.retention_after_s`; `backend.policy` imports this package, so not from there).
+RETENTION_AFTER_S = 120
 
 NO_TEXT = "shown without text (telemetry level below full)"
 SILENCE = "silence"
@@ -86,10 +90,12 @@ def logged_feedback(
     upto_row: int,
     skipped: Counter[str] | None = None,
     page_rows: int = PAGE_ROWS,
+    retention_after_s: int = RETENTION_AFTER_S,
 ) -> Iterator[LoggedFeedback]:
     """The tenant's shown, text-carrying decisions with rows up to `upto_row`, oldest row first,
-    each with the reward of its newest outcome (rows up to `upto_row` too); the others are
-    counted in `skipped`."""
+    each with the reward of its newest outcome scaled by the share of the accepted characters
+    retained at the `retention_after_s` checkpoint (fully retained when none was reported; rows
+    up to `upto_row` too); the others are counted in `skipped`."""
     skipped = skipped if skipped is not None else Counter()
     after = 0
     while True:
@@ -124,12 +130,13 @@ def logged_feedback(
                 else:
                     decisions.append((int(row_id), event))
             outcomes: dict[str, OutcomeEvent] = {}
+            retained: dict[str, float] = {}
             if decisions:
                 rows = session.execute(
                     select(StoredEvent.body)
                     .where(
                         StoredEvent.tenant_id == tenant_id,
-                        StoredEvent.type == "outcome",
+                        StoredEvent.type.in_(("outcome", "retention")),
                         StoredEvent.decision_id.in_([d.decision_id for _, d in decisions]),
                         StoredEvent.id <= upto_row,
                     )
@@ -143,13 +150,25 @@ def logged_feedback(
                         continue
                     if isinstance(parsed, OutcomeEvent):
                         outcomes[parsed.decision_id] = parsed  # the newest wins
+                    elif (
+                        isinstance(parsed, RetentionEvent)
+                        and parsed.after_s == retention_after_s
+                        and parsed.accepted_chars > 0
+                    ):
+                        share = parsed.retained_chars / parsed.accepted_chars
+                        retained[parsed.decision_id] = share
         for row_id, decision in decisions:
             outcome = outcomes.get(decision.decision_id)
             if outcome is None:
                 skipped[NO_OUTCOME] += 1
                 continue
             assert decision.suggestion is not None and decision.prompt is not None
-            reward = feedback_reward(outcome.kind, outcome.accepted_chars, decision.suggestion)
+            reward = feedback_reward(
+                outcome.kind,
+                outcome.accepted_chars,
+                decision.suggestion,
+                retained.get(decision.decision_id, 1.0),
+            )
             if reward is None:
                 skipped[NO_JUDGEMENT] += 1
                 continue

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from telemetry.events import DecisionEvent, OutcomeEvent
+from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
 from tests.support.backend_server import BackendServer
 
 START = datetime.now(UTC).replace(microsecond=0) - timedelta(days=1)  # ingest bounds times
@@ -64,11 +64,27 @@ def outcome(item: Logged) -> dict[str, Any] | None:
     return event.model_dump(mode="json")
 
 
-def post(backend: BackendServer, items: list[Logged]) -> None:
-    """Post the decisions and their outcomes through `/v1/events`, outcomes in a later batch."""
+def retention(item: Logged, after_s: int, retained_chars: int) -> dict[str, Any]:
+    """How much of the accepted `item` was still there `after_s` seconds later."""
+    accepted = len(item.suggestion) if item.outcome == "accepted" else OUTCOME_CHARS[item.outcome]
+    event = RetentionEvent(
+        decision_id=item.decision_id,
+        after_s=after_s,  # type: ignore[arg-type]
+        accepted_chars=accepted or 0,
+        retained_chars=retained_chars,
+        time=START + timedelta(minutes=item.minute, seconds=5 + after_s),
+    )
+    return event.model_dump(mode="json")
+
+
+def post(
+    backend: BackendServer, items: list[Logged], later: list[dict[str, Any]] | None = None
+) -> None:
+    """Post the decisions and their outcomes through `/v1/events`, outcomes in a later batch
+    (and `later` events, such as retention checkpoints, after them)."""
     decisions = [decision(i) for i in items]
     outcomes = [o for o in (outcome(i) for i in items) if o is not None]
-    for events in (decisions, outcomes):
+    for events in (decisions, outcomes, later or []):
         for start in range(0, len(events), 100):
             body = json.dumps({"events": events[start : start + 100]}).encode()
             response = httpx.post(

@@ -10,11 +10,14 @@ from backend.adapters.dataset import (
     NO_JUDGEMENT,
     NO_OUTCOME,
     NO_TEXT,
+    RETENTION_AFTER_S,
     SILENCE,
     TenantExamples,
+    logged_feedback,
     newest_event_row,
 )
-from tests.backend.adapters.events import Logged, logged, post
+from backend.policy.settings import RewardSettings
+from tests.backend.adapters.events import Logged, logged, post, retention
 from tests.support.backend_server import BackendServer
 from training.feedback import DISTRACTION_COST, MIN_PROPENSITY
 
@@ -103,3 +106,39 @@ def test_a_tenant_without_text_has_no_examples(backend: BackendServer) -> None:
     data = _examples(backend)
     assert (data.train_count, data.held_out_count, data.text_events) == (0, 0, 0)
     assert list(data.stream()()) == []
+
+
+def test_accepted_code_counts_by_the_share_still_there_at_the_checkpoint(
+    backend: BackendServer,
+) -> None:
+    """Code accepted and then deleted taught less: the reward of an accepted suggestion is
+    scaled by the share retained at the policy's checkpoint (120 s); other checkpoints, and
+    suggestions without a reported checkpoint (fully retained), leave it whole."""
+    items = logged(5, outcomes=("accepted", "partial", "accepted", "accepted", "ignored"))
+    first, partial, kept, other_checkpoint, ignored = items
+    post(
+        backend,
+        items,
+        later=[
+            retention(first, 120, len(first.suggestion) // 4),
+            retention(partial, 120, 0),
+            retention(other_checkpoint, 600, 0),
+            retention(ignored, 120, 0),  # judges nothing: an ignored suggestion was not taken
+        ],
+    )
+    rewards = {
+        item.feedback.suggestion: item.feedback.reward
+        for item in logged_feedback(
+            backend.services.storage,
+            backend.tenant_id,
+            newest_event_row(backend.services.storage, backend.tenant_id),
+        )
+    }
+    assert rewards[first.suggestion] == pytest.approx(
+        (len(first.suggestion) // 4) / len(first.suggestion)
+    )
+    assert rewards[partial.suggestion] == 0.0
+    assert rewards[kept.suggestion] == 1.0
+    assert rewards[other_checkpoint.suggestion] == 1.0
+    assert rewards[ignored.suggestion] == -DISTRACTION_COST
+    assert RewardSettings().retention_after_s == RETENTION_AFTER_S
