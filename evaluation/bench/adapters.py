@@ -7,9 +7,11 @@ uses) within a fixed wall-clock budget on this machine; then the holes of `tablo
 (same sampler, same scoring) are cut in the held-out files and completed by the base model and by
 the base model with the adapter, on the same holes in the same run: exact-line match, edit
 similarity, parse rate. Training cost is reported too: samples/s, seconds per 1,000 examples and
-the largest resident memory while training.
+the largest resident memory while training, and what serving the new adapter took
+(`adapter_ready_s`: on the fast engine, the default, merging it into the base weights and
+converting the result; on torch, applying it).
 
-    tabloop bench adapters [--corpora email,xml] [--budget 8m] [--n 60] [--json]
+    tabloop bench adapters [--corpora email,xml] [--budget 8m] [--n 60] [--engine E] [--json]
 """
 
 from __future__ import annotations
@@ -142,10 +144,22 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
         context_tokens=args.context_tokens,
         context_timeout_ms=60_000,
     )
-    runner = LocalRunner(args.model, cache_dir, reuse_cache=True)
+    runner: Any
+    if args.engine == "ctranslate2":
+        from completion.runners.ct2 import Ct2Runner
+
+        runner = Ct2Runner(args.model, cache_dir)
+    else:
+        runner = LocalRunner(args.model, cache_dir, reuse_cache=True)
     try:
         base_text, base_ms = _complete(runner, completion, holes, f"{root.name} base")
-        runner.swap_adapter(Path(result.adapter))
+        swap_started = time.perf_counter()
+        runner.swap_adapter(Path(result.adapter))  # the fast engine merges and converts first
+        report["serving"] = {
+            "engine": args.engine,
+            "model_id": runner.model_id,
+            "adapter_ready_s": round(time.perf_counter() - swap_started, 2),
+        }
         adapted_text, adapted_ms = _complete(runner, completion, holes, f"{root.name} adapted")
     finally:
         runner.close()
@@ -177,6 +191,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--context-tokens", type=int, default=384)
     parser.add_argument("--effective-batch", type=int, default=8, help="examples per step")
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--engine",
+        choices=("ctranslate2", "torch"),
+        default="ctranslate2",
+        help="engine completing the holes (the fast one merges and converts the adapter first)",
+    )
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)
@@ -197,6 +217,7 @@ def main(argv: list[str]) -> int:
             "context_tokens": args.context_tokens,
             "effective_batch": args.effective_batch,
             "max_new_tokens": args.max_new_tokens,
+            "engine": args.engine,
         },
         "corpora": corpora,
         "wall_s": round(time.perf_counter() - started, 1),
