@@ -34,3 +34,15 @@ def test_the_bench_trains_serves_and_compares_on_the_same_holes(
     assert corpus["base"]["n"] == corpus["adapted"]["n"] == 4
     difference = corpus["exact_line_match_paired_difference"]
     assert difference["ci95_low"] <= difference["mean"] <= difference["ci95_high"]
+
+
+def test_the_cost_only_run_still_serves_the_adapter(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--corpora", "json", "--model", str(tiny_model_path), "--budget", "1s", "--n", "0",
+        "--effective-batch", "2", "--context-tokens", "96", "--cache-dir", str(tmp_path), "--json",
+    ]  # fmt: skip
+    assert adapters.main(argv) == 0
+    (corpus,) = json.loads(capsys.readouterr().out)["corpora"]
+    assert corpus["serving"]["adapter_ready_s"] > 0 and "base" not in corpus
