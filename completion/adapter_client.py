@@ -230,8 +230,9 @@ def _matches(directory: Path, digests: dict[str, str | None]) -> bool:
         path = directory / name
         if expected is None or not path.is_file():
             return False
-        if hashlib.sha256(path.read_bytes()).hexdigest() != expected:
-            return False
+        with path.open("rb") as handle:
+            if hashlib.file_digest(handle, "sha256").hexdigest() != expected:
+                return False
     return True
 
 
