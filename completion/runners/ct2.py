@@ -193,10 +193,10 @@ class Ct2Runner:
         """A generator on base + `adapter` (None: the base model alone), loaded but not serving.
 
         The first time an adapter version is asked for, it is merged into the base weights and
-        converted (`completion.runners.merge`; minutes on a real model), then found in the cache.
-        This touches nothing that serves, so it runs on any thread while requests go on. Raises
-        `AdapterError` for a damaged or foreign adapter, `ConversionError` when merging or
-        converting fails.
+        converted (`completion.runners.merge`; about 30 s for the bundled model on 2 cores), then
+        found in the cache. This touches nothing that serves, so it runs on any thread while
+        requests go on. Raises `AdapterError` for a damaged or foreign adapter, `ConversionError`
+        when merging or converting fails.
         """
         from completion.adapters import read_manifest
         from completion.runners.merge import ensure_merged
