@@ -334,22 +334,24 @@ class Engine:
         pause the user will probably leave. The prompt is not built yet, so its size is
         estimated from the text around the cursor, bounded by `context_tokens`.
         """
+        return self._skipped(Timings()) if self.would_skip_early(request, pause_ms) else None
+
+    def would_skip_early(self, request: CompletionRequest, pause_ms: float | None) -> bool:
+        """Whether `skip_early` would skip `request` now; counts and records nothing."""
         if not self.settings.latency_skip or request.trigger != "automatic" or pause_ms is None:
-            return None
+            return False
         if self.cache.enabled and self.cache.find(request) is not None:
-            return None  # answered from the cache, without the model
+            return False  # answered from the cache, without the model
         chars = len(request.prefix) + len(request.suffix)
         estimate = min(self.settings.context_tokens, chars // CHARS_PER_TOKEN + 1)
         own = self.latency.predict(estimate)
         if own is None:
-            return None
+            return False
         waiting = 0.0
         busy = self._busy
         if busy is not None and busy[1] is not None:
             waiting = max(0.0, busy[1] - (time.perf_counter() - busy[0]) * 1000)
-        if waiting + own <= pause_ms:
-            return None
-        return self._skipped(Timings())
+        return waiting + own > pause_ms
 
     def _too_late(
         self,

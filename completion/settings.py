@@ -138,8 +138,16 @@ class CompletionSettings(BaseModel):
     )
     latency_skip: bool = Field(
         True,
-        description="Answer empty at once when the suggestion would arrive after the user's "
-        "likely next keystroke (predicted from this engine's speed and the typing rhythm).",
+        description="Answer empty when the suggestion would arrive after the user's likely next "
+        "keystroke (predicted from this engine's speed and the typing rhythm).",
+    )
+    latency_wait_ms: int = Field(
+        2000,
+        ge=0,
+        le=10_000,
+        description="How long a request whose suggestion would come too late waits for the "
+        "user's pause to turn out longer (the longer they stay idle, the longer they probably "
+        "will) before it is answered empty; the next keystroke ends the wait. 0 answers at once.",
     )
     speculative: bool = Field(
         False,

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lsprotocol import types
@@ -105,6 +106,21 @@ async def decide(
     if prefetch is not None:
         await prefetch.before_request(request)
     pause_ms = typing.likely_pause_ms(uri)
+    if engine.would_skip_early(request, pause_ms):
+        ls.end_request(uri, ls.begin_request(uri))  # what was in flight here is stale too
+        try:
+            pause_ms = await wait_for_a_long_pause(
+                lambda: engine.would_skip_early(request, typing.likely_pause_ms(uri)),
+                lambda: typing.likely_pause_ms(uri),
+                lambda: _is_current(ls, uri, request),
+                ls.settings.completion.latency_wait_ms,
+            )
+        except asyncio.CancelledError:  # the next keystroke: nothing was computed
+            ls.counters.cancelled += 1
+            raise
+        if not _is_current(ls, uri, request):
+            ls.counters.stale += 1
+            return None
     skipped = engine.skip_early(request, pause_ms)
     if skipped is not None:
         ls.end_request(uri, ls.begin_request(uri))  # what was in flight here is stale too
@@ -138,6 +154,34 @@ async def decide(
     if prefetch is not None:
         prefetch.start(decision, request)
     return decision, request
+
+
+async def wait_for_a_long_pause(
+    late: Callable[[], bool],
+    pause_ms: Callable[[], float | None],
+    current: Callable[[], bool],
+    wait_ms: float,
+    step_ms: float = 50.0,
+) -> float | None:
+    """Wait while a suggestion would come too late (`late()`), at most `wait_ms`; the likely
+    pause when the wait ends.
+
+    A pause's likely rest is read from the user's rhythm given how long they have been idle
+    (`completion.latency`): at the editor's first request a fluent typist's pauses look short,
+    but one who stays idle past their word-boundary pauses is probably thinking, and the rest of
+    that pause is long. Looking again every `step_ms` lets such a pause be served instead of
+    answered empty. The wait ends early when the document changes (`current()` false: the
+    request is stale) or the client cancels the request (the next keystroke).
+    """
+    deadline = time.monotonic() + wait_ms / 1000
+    while time.monotonic() < deadline and current() and late():
+        await asyncio.sleep(step_ms / 1000)
+    return pause_ms()
+
+
+def _is_current(ls: TabloopServer, uri: str, request: CompletionRequest) -> bool:
+    document = open_document(ls.workspace, uri)
+    return document is not None and (document.version or 0) == request.version
 
 
 def _timing(decision: Decision, handler_started: float) -> RequestTiming:
