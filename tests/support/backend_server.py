@@ -16,6 +16,7 @@ from __future__ import annotations
 import gzip
 import os
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -202,9 +203,27 @@ def postgres_database() -> Iterator[str]:
     try:
         yield make_url(base).set(database=name).render_as_string(hide_password=False)
     finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        try:
+            _drop_database(admin, name)
+        finally:
+            admin.dispose()
+
+
+def _drop_database(admin: Any, name: str, attempts: int = 40) -> None:
+    """Drop `name`, ending its sessions. An autovacuum worker that has just started on it may
+    only be ended by a role in `pg_signal_backend` (`.ci/run` grants it); without that the drop
+    is tried again until the worker has finished (it does within seconds on a small database)."""
+    from sqlalchemy.exc import DBAPIError
+
+    for attempt in range(attempts):
+        try:
+            with admin.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            return
+        except DBAPIError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.25)
 
 
 # Fixtures: import them into a `conftest.py` to use them (`from tests.support.backend_server
