@@ -77,6 +77,7 @@ class Engine:
         self.latency_skips = 0
         # While the model runs: when the call started and its predicted time to first token.
         self._busy: tuple[float, float | None] | None = None
+        self._last_uri = ""  # the document of the last model call
 
     @classmethod
     def load(
@@ -287,10 +288,7 @@ class Engine:
                 count = 1  # the candidates' different first tokens would not fit the constraint
         with self._model_lock:
             cancel.raise_if_cancelled()
-            self._busy = (
-                time.perf_counter(),
-                self.latency.predict(self.runner.count_tokens(prompt)),
-            )
+            self._busy = (time.perf_counter(), self.latency.predict(self._to_read(prompt)))
             generations: list[Generation]
             if count > 1:
                 generations = self.runner.generate_candidates(  # type: ignore[attr-defined]
@@ -321,6 +319,7 @@ class Engine:
             if first.prefill_done or (first.stop_reason != "cancelled" and first.new_tokens):
                 self.latency.observe(read, first.prefill_ms)
             self._busy = None
+            self._last_uri = request.uri
         timings.model_ms = (time.perf_counter() - model_started) * 1000
         cancel.raise_if_cancelled()
         return generations
@@ -344,6 +343,10 @@ class Engine:
             return False  # answered from the cache, without the model
         chars = len(request.prefix) + len(request.suffix)
         estimate = min(self.settings.context_tokens, chars // CHARS_PER_TOKEN + 1)
+        if request.uri and request.uri == self._last_uri:
+            # Typing on in the same document: the runner probably still holds the prompt's
+            # start (`tokens_to_read`); only the cursor's lines and the suffix are read again.
+            estimate = max(estimate - getattr(self.runner, "kept_tokens", 0), 1)
         own = self.latency.predict(estimate)
         if own is None:
             return False
@@ -352,6 +355,11 @@ class Engine:
         if busy is not None and busy[1] is not None:
             waiting = max(0.0, busy[1] - (time.perf_counter() - busy[0]) * 1000)
         return waiting + own > pause_ms
+
+    def _to_read(self, prompt: str) -> int:
+        """Prompt tokens the runner will compute for `prompt` (less what it keeps from before)."""
+        to_read = getattr(self.runner, "tokens_to_read", None)
+        return int(to_read(prompt)) if to_read is not None else self.runner.count_tokens(prompt)
 
     def _too_late(
         self,
@@ -362,7 +370,7 @@ class Engine:
     ) -> bool:
         if not self.settings.latency_skip or request.trigger != "automatic" or pause_ms is None:
             return False
-        predicted = self.latency.predict(self.runner.count_tokens(prompt), timings.context_ms)
+        predicted = self.latency.predict(self._to_read(prompt), timings.context_ms)
         return predicted is not None and predicted > pause_ms
 
     def _skipped(self, timings: Timings) -> Decision:

@@ -46,6 +46,8 @@ class FimTemplate:
     _render: Callable[[str, str, Sequence[Snippet], str | None, str], str] = field(
         repr=False, compare=False
     )
+    # The token that follows the text before the cursor: what precedes it is the prefix.
+    suffix_marker: str = ""
 
     def build(
         self,
@@ -118,17 +120,22 @@ TEMPLATES: dict[str, FimTemplate] = {
             "<|im_end|>",
         ),
         _qwen,
+        "<|fim_suffix|>",
     ),
     "starcoder": FimTemplate(
         "starcoder",
         ("<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
         _starcoder,
+        "<fim_suffix>",
     ),
-    "codellama": FimTemplate("codellama", ("<EOT>", "</s>", "<PRE>", "<SUF>", "<MID>"), _codellama),
+    "codellama": FimTemplate(
+        "codellama", ("<EOT>", "</s>", "<PRE>", "<SUF>", "<MID>"), _codellama, "<SUF>"
+    ),
     "deepseek": FimTemplate(
         "deepseek",
         ("<｜end▁of▁sentence｜>", "<|EOT|>", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
         _deepseek,
+        "<｜fim▁hole｜>",
     ),
 }
 

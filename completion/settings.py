@@ -122,7 +122,9 @@ class CompletionSettings(BaseModel):
         "drop it.",
     )
     cache: bool = Field(
-        True, description="Reuse KV prefixes and typed-through suggestions (off only to measure)."
+        True,
+        description="Reuse the model state of the prompt's unchanged start across keystrokes, "
+        "and typed-through suggestions (off only to measure).",
     )
     candidates: int = Field(
         3,

@@ -115,6 +115,9 @@ class RequestTiming(TypedDict):
     context_ms: float
     prompt_tokens: float
     prefill_tokens: float
+    prefill_ms: float  # in the runner: reading the prompt (to the first token)
+    decode_ms: float  # in the runner: the tokens after the first
+    new_tokens: float
     cache_hit: float
     cache_source: str  # "typing", "prefetch", or "" for a model call
     candidates: int

@@ -91,6 +91,7 @@ def _load_fast_runner(
             threads=settings.threads,
             family=family,
             progress=progress,
+            reuse_prefix=settings.cache,
         )
     except (ConversionError, RuntimeError, OSError, ValueError) as exc:
         record_failure(settings.model, compute_type, cache_dir, str(exc))

@@ -15,6 +15,8 @@ reuse saves does not make up for its slower decoding (`tabloop bench complete`).
 from __future__ import annotations
 
 import atexit
+import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -35,6 +37,7 @@ from completion.runners.conversion import (
 )
 from completion.runners.conversion import Progress as ConversionProgress
 from completion.runners.loading import resolve_source
+from completion.runners.static_prompt import StaticPrompt
 from completion.types import CancelToken, Generation, StopRule
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,16 @@ log = logging.getLogger(__name__)
 def default_threads() -> int:
     """Engine threads when the user sets none: every core (the engine waits well on two)."""
     return max(1, os.cpu_count() or 1)
+
+
+def _ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
+
+
+def _release_free_memory() -> None:
+    """Hand freed heap memory back to the system (glibc; elsewhere nothing to do)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def cut_at(text: str, stop_strings: tuple[str, ...], stop: StopRule) -> int | None:
@@ -134,6 +147,7 @@ class Ct2Runner:
         threads: int = 0,
         family: str | None = None,
         progress: ConversionProgress | None = None,
+        reuse_prefix: bool = True,
     ) -> None:
         import ctranslate2
         from tokenizers import Tokenizer
@@ -161,6 +175,10 @@ class Ct2Runner:
         self._end_tokens = sorted(self.stop_ids)
         self._lock = threading.Lock()
         self._vocab: VocabIndex | None = None
+        self._breaks: dict[int, bool] = {}
+        marker = self.tokenizer.token_to_id(template_for(self.family).suffix_marker or "\0")
+        self.reuse = StaticPrompt(marker, self._has_break) if reuse_prefix else None
+        self.reset_ms = 0.0  # time spent emptying the engine's prompt cache
         _OPEN.add(self)
         self.load_s = time.perf_counter() - started
         log.info(
@@ -223,6 +241,8 @@ class Ct2Runner:
                 raise RuntimeError("the runner is closed")
             old = self.generator
             self.generator = prepared.generator
+            if self.reuse is not None:
+                self.reuse.forget()  # the kept state belongs to the old weights
             self.path = prepared.path
             self.adapter = prepared.adapter
             self.model_id = prepared.model_id
@@ -284,6 +304,71 @@ class Ct2Runner:
     def count_tokens(self, text: str) -> int:
         """Number of tokens `text` takes in this model's tokenizer."""
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def tokens_to_read(self, prompt: str) -> int:
+        """Prompt tokens the engine would compute for `prompt` now: those after the static part
+        it keeps, when `prompt` starts with it (`completion.cache`), else all of them."""
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        if self.reuse is not None and self.reuse.kept is not None:
+            end = self.reuse.split(ids)
+            if end and tuple(ids[:end]) == self.reuse.kept:
+                return len(ids) - end
+        return len(ids)
+
+    @property
+    def kept_tokens(self) -> int:
+        """Length of the static part whose state the engine keeps (0: none)."""
+        kept = self.reuse.kept if self.reuse is not None else None
+        return len(kept) if kept else 0
+
+    def _has_break(self, token: int) -> bool:
+        found = self._breaks.get(token)
+        if found is None:
+            found = self._breaks[token] = "\n" in self.tokenizer.decode([token])
+        return found
+
+    def _pieces(self, ids: list[int]) -> list[str]:
+        return [self.tokenizer.id_to_token(i) or "" for i in ids]
+
+    def _static(self, ids: list[int]) -> tuple[int, int, dict[str, Any]]:
+        """Where `ids` splits for the engine's static prompt (0: read whole), how many of its
+        tokens come from the kept state, and the options that say so (`StaticPrompt`)."""
+        if self.reuse is None:
+            return 0, 0, {}
+        end = self.reuse.split(ids)
+        if not end:
+            return 0, 0, {}
+        action = self.reuse.decide(ids[:end])
+        if action == "reset" and not self._empty_state_cache():
+            action = "once"
+        keep = action != "once"
+        if action in ("keep", "reset"):
+            self.reuse.kept_now(ids[:end], reset=action == "reset")
+        options = {"static_prompt": self._pieces(ids[:end]), "cache_static_prompt": keep}
+        return end, end if action == "hit" else 0, options
+
+    def _empty_state_cache(self) -> bool:
+        """Let go of every kept static-prompt state; False when the engine would not.
+
+        CTranslate2 never evicts one: unloading and loading the model again (about 0.3 s for the
+        bundled model, its file in the page cache) starts an empty cache, and the freed memory
+        goes back to the system. The engine refuses to unload while it still counts a batch as
+        running, which can last a moment after the previous call returned.
+        """
+        started = time.perf_counter()
+        for _ in range(40):
+            self.generator.unload_model()
+            if not self.generator.model_is_loaded:
+                break
+            time.sleep(0.005)
+        else:
+            log.warning("the engine kept its model loaded; its prompt cache stays as it is")
+            return False
+        self.generator.load_model()
+        _release_free_memory()
+        self.reset_ms += _ms(started)
+        log.debug("emptied the static-prompt cache in %.0f ms", _ms(started))
+        return True
 
     def _options(self, max_new_tokens: int, temperature: float) -> dict[str, Any]:
         sampling: dict[str, Any] = {"sampling_topk": 1}
@@ -391,8 +476,10 @@ class Ct2Runner:
 
             options = self._options(left, temperature)
             options["return_logits_vocab"] = True
-            tokens = [self.tokenizer.id_to_token(i) or "" for i in [*ids, *stream.ids]]
-            self.generator.generate_batch([tokens], callback=on_token, **options)
+            end, reused, static = self._static(ids)
+            result.reused_tokens = max(result.reused_tokens, reused)
+            tokens = self._pieces([*ids[end:], *stream.ids])
+            self.generator.generate_batch([tokens], callback=on_token, **options, **static)
             if cancel.cancelled:
                 result.stop_reason = "cancelled"
                 break
@@ -519,8 +606,10 @@ class Ct2Runner:
         options = self._options(max_new_tokens, temperature)
         if first_logits is not None:
             options["return_logits_vocab"] = True
-        tokens = [[self.tokenizer.id_to_token(i) or "" for i in ids] for ids in batch]
-        self.generator.generate_batch(tokens, callback=on_token, **options)
+        # Every prompt of a batch is the same prompt, or it with one more token (candidates).
+        end, reused, static = self._static(batch[0])
+        tokens = [self._pieces(ids[end:]) for ids in batch]
+        self.generator.generate_batch(tokens, callback=on_token, **options, **static)
         ended = time.perf_counter()
         for index, (result, stream) in enumerate(zip(results, streams, strict=True)):
             first = first_at[index] or ended
@@ -531,6 +620,7 @@ class Ct2Runner:
             result.prefill_done = first_at[index] is not None
             result.decode_ms = (ended - first) * 1000
             result.stop_reason = "cancelled" if cancelled else stream.reason
+            result.reused_tokens = reused
         return results
 
     def close(self) -> None:

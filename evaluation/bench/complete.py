@@ -4,7 +4,8 @@ A simulated person types part of a real standard-library function, character by 
 a human cadence, into the real server over stdio. Like an editor, the client asks for a
 suggestion once typing pauses for 150 ms, and cancels a request still in flight when the next
 key arrives. The same keystrokes, with the same timing, are replayed against a server with its
-caches on (KV-prefix reuse, typing-through) and one with them off, in the same run.
+caches on (the prompt start's model state kept across keystrokes, typing-through) and one with
+them off, in the same run.
 
 At a thinking pause, the person takes (Tab) a suggestion that is exactly what they were about to
 type, and the editor asks again at once; that request is where the prefetch pays.
@@ -17,11 +18,15 @@ once):
   150 ms pause included), over suggestions a model call produced (not typing-through or prefetch
   hits, counted apart as `typing_cache_served` and `prefetch_served`);
 - `keystroke_to_suggestion_ms_p50/p95`: the same over every suggestion shown;
+- `model_served_parts_p50`: where those suggestions' time went in the server (median handler,
+  context, model, prompt read and decode milliseconds, tokens read and written);
 - `latency_skips`: requests answered empty at once because the suggestion would come too late;
 - `model_calls_per_100_keystrokes`;
 - `prefill_tokens_per_call`: prompt tokens the model computed per call (the KV cache serves the
   rest);
-- `overhead_ms_p50`: the client's round trip minus the server's time in the model runner.
+- `overhead_ms_p50`: the client's round trip minus the server's time in the model runner;
+- `server_rss_mb`, `server_peak_rss_mb`: the language server's resident memory at the end and at
+  its peak.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any
 from lsprotocol import types
 
 from completion.types import LATENCY_SKIP
+from evaluation.bench.engines import server_memory_mb
 from evaluation.bench.lsp import percentile
 from evaluation.lsp_client import TabloopClient, plain
 from lsp_server.protocol import TIMINGS_REQUEST
@@ -129,6 +135,7 @@ async def replay(
     keystroke_at = 0.0
     answered = cancelled = accepted = latency_skips = 0
     model_ms: list[float] = []
+    parts: list[dict[str, Any]] = []  # the server's timing records of model-served suggestions
 
     async def last_timing() -> dict[str, Any]:
         timings = await client.protocol.send_request_async(TIMINGS_REQUEST, {})
@@ -188,6 +195,8 @@ async def replay(
             if suggestion:
                 source = record.get("cache_source") or "model"
                 latencies[source].append((now - keystroke_at) * 1000)
+                if source == "model":
+                    parts.append(record)
                 overheads.append((now - pending_started) * 1000)
                 model_ms.append(float(record.get("model_ms", 0.0)))
             # At a thinking pause the person takes a suggestion that says exactly what they were
@@ -211,6 +220,7 @@ async def replay(
         client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=pending.get_name()))
         await asyncio.wait({pending}, timeout=60)
     status = await client.status()
+    memory = server_memory_mb(client)
     await client.close_server()
     model_status = status["model"]
     calls = model_status["calls"] - start_model["calls"]
@@ -231,6 +241,19 @@ async def replay(
         "prefetch_used_after_accept": round(prefetch_used / max(accepted, 1), 3),
         "model_served_ms_p50": _quantile(latencies["model"], 0.5),
         "model_served_ms_p95": _quantile(latencies["model"], 0.95),
+        # Where a model-served suggestion's time goes, medians over them (server side).
+        "model_served_parts_p50": {
+            name: _quantile([float(part.get(name, 0.0)) for part in parts], 0.5)
+            for name in (
+                "handler_ms",
+                "context_ms",
+                "model_ms",
+                "prefill_ms",
+                "decode_ms",
+                "prefill_tokens",
+                "new_tokens",
+            )
+        },
         "keystroke_to_suggestion_ms_p50": _quantile(served, 0.5),
         "keystroke_to_suggestion_ms_p95": _quantile(served, 0.95),
         "model_calls_per_100_keystrokes": round(100 * calls / len(keys), 1),
@@ -241,6 +264,8 @@ async def replay(
             [rt - m for rt, m in zip(overheads, model_ms, strict=True)], 0.5, digits=2
         ),
         "typing_cache_hits": model_status["typingCacheHits"],
+        "server_rss_mb": memory["rss_mb"],
+        "server_peak_rss_mb": memory["peak_rss_mb"],
     }
 
 

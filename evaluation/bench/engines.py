@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import sysconfig
@@ -121,6 +122,22 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def cpu_description() -> dict[str, Any]:
+    """The CPU's model name and the vector instructions that set int8 and float32 speed."""
+    model, flags = "", set[str]()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "model name" and not model:
+                model = value.strip()
+            elif name.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
+    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
+
+
 def copy_bandwidth_gb_s(megabytes: int = 512) -> float:
     """A plain memory copy's bandwidth on this machine (best of 3), in GB/s."""
     import numpy as np
@@ -134,6 +151,21 @@ def copy_bandwidth_gb_s(megabytes: int = 512) -> float:
         best = min(best, time.perf_counter() - started)
     # A copy reads and writes every byte.
     return round(2 * source.nbytes / best / 1e9, 2)
+
+
+def server_memory_mb(client: Any) -> dict[str, float]:
+    """The language server's resident memory now and at its peak (Linux), in MB."""
+    pid = client._server.pid if client._server else None
+    memory: dict[str, int] = {}
+    if pid is not None:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                memory[name] = int(value.split()[0])
+    return {
+        "rss_mb": round(memory.get("VmRSS", 0) / 1024, 1),
+        "peak_rss_mb": round(memory.get("VmHWM", 0) / 1024, 1),
+    }
 
 
 async def _server_rss_mb(engine: str, model: str, cache_dir: Path) -> dict[str, Any]:
@@ -158,18 +190,10 @@ async def _server_rss_mb(engine: str, model: str, cache_dir: Path) -> dict[str, 
             path.write_text(text, encoding="utf-8")
             uri = client.open(path, text)
             await client.inline(uri, 1, 11)
-            pid = client._server.pid if client._server else None
-            memory: dict[str, int] = {}
-            if pid is not None:
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    name, _, value = line.partition(":")
-                    if name in ("VmRSS", "VmHWM"):
-                        memory[name] = int(value.split()[0])
             return {
                 "state": status["model"]["state"],
                 "model_id": status["model"]["modelId"],
-                "rss_mb": round(memory.get("VmRSS", 0) / 1024, 1),
-                "peak_rss_mb": round(memory.get("VmHWM", 0) / 1024, 1),
+                **server_memory_mb(client),
             }
         finally:
             await client.close_server()
@@ -208,6 +232,7 @@ def main(argv: list[str]) -> int:
     torch_runner = LocalRunner(args.model, cache_dir, threads=args.threads, reuse_cache=False)
     runners: dict[str, Any] = {"torch-float32": torch_runner, "ctranslate2-int8": fast}
     cases = prompts(args.prompts)
+    load_before = os.getloadavg()[0]
     for runner in runners.values():  # warm-up: first-call allocations are not the engine's speed
         runner.generate(cases[0]["prompt"], max_new_tokens=2, stop=_never, cancel=_token())
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
@@ -248,6 +273,9 @@ def main(argv: list[str]) -> int:
             2,
         ),
         "identical_to_float32": round(identical / len(cases), 3),
+        # Other work on the machine slows the two-thread engine more than the one-thread baseline.
+        "cpu": cpu_description(),
+        "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
         "limit": {
             "weights_mb": round(weights_bytes / 2**20, 1),
             "decode_gb_s_achieved": round(weights_bytes / decode_s_per_token / 1e9, 2),

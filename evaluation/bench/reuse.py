@@ -1,18 +1,20 @@
-"""Can the fast engine reuse a prompt's prefix across keystrokes? CTranslate2's static prompt.
+"""Does the fast engine's prompt reuse across keystrokes pay, and what does it cost?
 
-While the user types on one line, the fill-in-the-middle prompt changes only after the start of
-that line: `<|fim_prefix|>` and every earlier line stay the same. CTranslate2 can keep the model
-state after a fixed "static prompt" (`static_prompt=`, `cache_static_prompt=True`) and start the
-next generation from it. This bench measures, on the same prompts as `tabloop bench engines`
-(cut at the start of the cursor's line):
+CTranslate2 can start a generation from the model state after a fixed first part of the prompt
+(a "static prompt") and keep that state. The runner (`completion/runners/static_prompt.py`)
+splits each fill-in-the-middle prompt at a line break a little before the cursor, keeps the
+state of one such part from its second use on, and empties the engine's cache (a model reload)
+before it keeps another. This bench measures, on the same prompts as `tabloop bench engines`:
 
-- time to the first token with the whole prompt computed (the baseline, the default runner's path)
-  against the same prompt with its stable part served from the static-prompt cache, and whether
-  the generated tokens are identical;
-- what the cache costs: the process's resident memory after caching `--distinct` different
-  stable parts, as a user typing on that many lines would, per cached part.
+- time to the first token with the whole prompt read (a runner with `completion.cache` off, the
+  baseline) against the same prompt on a runner that keeps its first part, as the next keystroke
+  on the same line would find it; whether the text is the same as the whole-prompt read, and as
+  the same request on a runner that had seen nothing before (it must be);
+- what it costs: the time to empty the engine's cache, and the resident memory of a process
+  whose one runner goes from prompt to prompt (`--prompts` distinct first parts, each prompt
+  asked three times; the engine on its own would keep every part), with reuse on and off.
 
-    tabloop bench reuse [--model bundled] [--prompts 9] [--distinct 8] [--json]
+    tabloop bench reuse [--model bundled] [--prompts 9] [--new-tokens 16] [--json]
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,111 +42,124 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--prompts", type=int, default=9)
     parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--distinct", type=int, default=8, help="stable parts cached for memory")
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+    parser.add_argument("--memory-of", choices=("on", "off"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.memory_of:
+        print(json.dumps(_memory_walk(args, reuse=args.memory_of == "on")))
+        return 0
 
     from common.paths import default_cache_dir
     from completion.runners.ct2 import Ct2Runner
-    from evaluation.bench.engines import prompts
+    from completion.types import CancelToken
+    from evaluation.bench.engines import cpu_description, prompts
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    runner = Ct2Runner(args.model, cache_dir)
-    generator, tokenizer = runner.generator, runner.tokenizer
+    whole = Ct2Runner(args.model, cache_dir, reuse_prefix=False)
+    reusing = Ct2Runner(args.model, cache_dir)
+    fresh = Ct2Runner(args.model, cache_dir)  # sees each prompt once
 
-    def pieces(ids: list[int]) -> list[str]:
-        return [tokenizer.id_to_token(i) or "" for i in ids]
+    def run(runner: Ct2Runner, prompt: str) -> Any:
+        return runner.generate(
+            prompt, max_new_tokens=args.new_tokens, stop=lambda _text: None, cancel=CancelToken()
+        )
 
-    def first_token_ms(stable: list[int], rest: list[int], cached: bool) -> tuple[float, list[int]]:
-        first: list[float] = []
-
-        def on_token(_step: Any) -> bool:
-            if not first:
-                first.append(time.perf_counter())
-            return False
-
-        options: dict[str, Any] = {
-            "max_length": args.new_tokens,
-            "sampling_topk": 1,
-            "include_prompt_in_result": False,
-            "callback": on_token,
-        }
-        started = time.perf_counter()
-        if cached:
-            results = generator.generate_batch(
-                [pieces(rest)], static_prompt=pieces(stable), cache_static_prompt=True, **options
-            )
-        else:
-            results = generator.generate_batch([pieces(stable + rest)], **options)
-        return (first[0] - started) * 1000, list(results[0].sequences_ids[0])
-
-    rows = []
     cases = prompts(args.prompts)
-    first_token_ms(*_split(tokenizer, cases[0]["prompt"]), cached=False)  # warm-up
-    rss_before = _rss_mb()
+    run(whole, cases[0]["prompt"])  # warm-up: first-call allocations are not the engine's speed
+    assert reusing.reuse is not None and fresh.reuse is not None
+    rows = []
     for case in cases:
-        stable, rest = _split(tokenizer, case["prompt"])
-        whole_ms, whole_ids = first_token_ms(stable, rest, cached=False)
-        first_token_ms(stable, rest, cached=True)  # fills the cache: the first keystroke's cost
-        reused_ms, reused_ids = first_token_ms(stable, rest, cached=True)
+        prompt = case["prompt"]
+        cold = run(whole, prompt)
+        run(reusing, prompt)  # the first keystroke here: read whole, nothing kept
+        run(reusing, prompt)  # the second: its first part kept (after emptying the cache)
+        kept = run(reusing, prompt)  # the keystrokes after: the first part served
+        first = run(fresh, prompt)  # after another prompt: read without keeping anything
         rows.append(
             {
                 "kind": case["kind"],
                 "file": case["file"],
-                "stable_tokens": len(stable),
-                "recomputed_tokens": len(rest),
-                "ttft_whole_ms": round(whole_ms, 1),
-                "ttft_reused_ms": round(reused_ms, 1),
-                "identical": whole_ids == reused_ids,
+                "prompt_tokens": cold.prompt_tokens,
+                "kept_tokens": kept.reused_tokens,
+                "ttft_whole_ms": round(cold.prefill_ms, 1),
+                "ttft_reused_ms": round(kept.prefill_ms, 1),
+                "identical_to_whole": kept.text == cold.text,
+                "identical_to_first_request": (kept.text, kept.token_logprobs)
+                == (first.text, first.token_logprobs),
             }
         )
-    rss_after_prompts = _rss_mb()
-    # Memory: one stable part per line the user moves to; CTranslate2 keeps every one.
-    stable, rest = _split(tokenizer, cases[-1]["prompt"])
-    for cut in range(1, args.distinct + 1):
-        first_token_ms(stable[:-cut], stable[-cut:] + rest, cached=True)
-    rss_after_distinct = _rss_mb()
-    whole = statistics.median(r["ttft_whole_ms"] for r in rows)
-    reused = statistics.median(r["ttft_reused_ms"] for r in rows)
+    reused = [row for row in rows if row["kept_tokens"] > 0]
+    whole_ms = statistics.median(r["ttft_whole_ms"] for r in reused) if reused else None
+    reused_ms = statistics.median(r["ttft_reused_ms"] for r in reused) if reused else None
     report = {
         "benchmark": "prefix-reuse",
         "command": "tabloop bench reuse " + " ".join(argv),
-        "engine": runner.describe(),
+        "engine": reusing.describe(),
+        "cpu": cpu_description(),
         "prompts": len(rows),
+        "prompts_split": len(reused),
         "new_tokens": args.new_tokens,
-        "baseline": "whole prompt computed (the default runner)",
-        "ttft_whole_ms_p50": round(whole, 1),
-        "ttft_reused_ms_p50": round(reused, 1),
-        "ttft_speedup_p50": round(whole / max(reused, 1e-9), 2),
-        "identical_outputs": sum(r["identical"] for r in rows) / len(rows),
-        "rss_mb": {
-            "before": round(rss_before, 1),
-            "after_prompts": round(rss_after_prompts, 1),
-            "after_distinct": round(rss_after_distinct, 1),
-        },
-        "distinct_parts_cached": args.distinct,
-        "rss_mb_per_cached_part": round(
-            (rss_after_distinct - rss_after_prompts) / max(args.distinct, 1), 1
+        "baseline": "whole prompt read (completion.cache off)",
+        "ttft_whole_ms_p50": whole_ms,
+        "ttft_reused_ms_p50": reused_ms,
+        "ttft_speedup_p50": round(whole_ms / max(reused_ms, 1e-9), 2)
+        if whole_ms and reused_ms
+        else None,
+        "identical_to_whole": round(sum(r["identical_to_whole"] for r in rows) / len(rows), 3),
+        "identical_to_first_request": round(
+            sum(r["identical_to_first_request"] for r in rows) / len(rows), 3
         ),
+        "cache_resets": reusing.reuse.resets,
+        "cache_reset_ms_mean": round(reusing.reset_ms / max(reusing.reuse.resets, 1), 1),
         "rows": rows,
+    }
+    for runner in (whole, reusing, fresh):
+        runner.close()
+    del whole, reusing, fresh
+    # Memory, each in a process of its own: one runner walking through the prompts, each asked
+    # three times as typing would (with reuse: read whole, kept, served), with and without reuse.
+    report["rss_mb"] = {
+        mode: json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "tabloop", "bench", "reuse", *argv, "--memory-of", mode],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+        for mode in ("off", "on")
     }
     print(json.dumps(report, indent=2))
     return 0
 
 
-def _split(tokenizer: Any, prompt: str) -> tuple[list[int], list[int]]:
-    """Token ids of `prompt`, split at the start of the cursor's line: (stable, recomputed).
+def _memory_walk(args: argparse.Namespace, *, reuse: bool) -> dict[str, Any]:
+    """Resident memory of this process as one runner goes through the prompts."""
+    from common.paths import default_cache_dir
+    from completion.runners.ct2 import Ct2Runner
+    from completion.types import CancelToken
+    from evaluation.bench.engines import prompts
 
-    The split is made in the text and each side tokenized alone, as a runner would have to, so
-    the two parts together may tokenize a little differently from the whole; both measurements
-    use exactly these ids."""
-    marker = "<|fim_suffix|>"
-    cursor = prompt.index(marker)
-    line_start = prompt.rfind("\n", 0, cursor) + 1
-    encode = tokenizer.encode
-    stable = encode(prompt[:line_start], add_special_tokens=False).ids
-    rest = encode(prompt[line_start:], add_special_tokens=False).ids
-    return list(stable), list(rest)
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    runner = Ct2Runner(args.model, cache_dir, reuse_prefix=reuse)
+    loaded = _rss_mb()
+    after = []
+    for case in prompts(args.prompts):
+        for _ in range(3):
+            runner.generate(
+                case["prompt"],
+                max_new_tokens=args.new_tokens,
+                stop=lambda _text: None,
+                cancel=CancelToken(),
+            )
+        after.append(round(_rss_mb(), 1))
+    peak = 0.0
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == "VmHWM":
+            peak = int(value.split()[0]) / 1024
+    runner.close()
+    return {"loaded": round(loaded, 1), "after_each_prompt": after, "peak": round(peak, 1)}
 
 
 if __name__ == "__main__":

@@ -194,6 +194,9 @@ def _timing(decision: Decision, handler_started: float) -> RequestTiming:
         "prefill_tokens": (
             generation.prompt_tokens - generation.reused_tokens if generation else 0
         ),
+        "prefill_ms": generation.prefill_ms if generation else 0.0,
+        "decode_ms": generation.decode_ms if generation else 0.0,
+        "new_tokens": generation.new_tokens if generation else 0,
         "cache_hit": float(decision.cache_hit),
         "cache_source": decision.cache_source,
         "candidates": 1 + len(decision.alternatives),
