@@ -20,8 +20,8 @@ class CachedRunner:
     """A model runner that answers a prompt it has seen before from a file, by prompt hash.
 
     Entries are appended to a JSON-lines file
-    keyed by SHA-256 of (model id, generation parameters, prompt); a cut last line (a killed run)
-    is ignored.
+    keyed by SHA-256 of (model id, generation parameters, prompt, and how the runner reads a
+    prompt where that changes its text); a cut last line (a killed run) is ignored.
     """
 
     def __init__(self, runner: ModelRunner, path: Path) -> None:
@@ -30,6 +30,8 @@ class CachedRunner:
         self.family = runner.family
         # Token healing is asked of the runner only when it can follow it.
         self.forces_text = bool(getattr(runner, "forces_text", False))
+        # How the runner reads a prompt, where that changes its text (the fast engine's split).
+        self.variant = str(getattr(runner, "output_variant", ""))
         self.path = path
         self.hits = 0
         self.misses = 0
@@ -64,6 +66,8 @@ class CachedRunner:
             parts.append(forced)
         if unfinished:
             parts.append("unfinished word")
+        if self.variant:
+            parts.append(self.variant)
         material = json.dumps(parts)
         return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
 

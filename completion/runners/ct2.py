@@ -316,6 +316,12 @@ class Ct2Runner:
         return len(ids)
 
     @property
+    def output_variant(self) -> str:
+        """How this runner reads prompts, where that changes the text it writes: split prompts
+        round differently from whole ones (`completion.output_cache` keys outputs by it)."""
+        return self.reuse.variant if self.reuse is not None else ""
+
+    @property
     def kept_tokens(self) -> int:
         """Length of the static part whose state the engine keeps (0: none)."""
         kept = self.reuse.kept if self.reuse is not None else None

@@ -56,6 +56,11 @@ class StaticPrompt:
         self.hits = 0
         self.resets = 0
 
+    @property
+    def variant(self) -> str:
+        """The split rule, for keys of outputs computed with it."""
+        return f"static-prompt grid {GRID} margin {MARGIN} min {MIN_TOKENS} max {self.max_tokens}"
+
     def split(self, ids: Sequence[int]) -> int:
         """How many of `ids` form the static part: 0 when the prompt is read whole."""
         if self.marker is None:

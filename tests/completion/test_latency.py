@@ -106,3 +106,39 @@ def test_an_early_skip_counts_the_call_already_running() -> None:
     assert engine.skip_early(short, pause_ms=None) is None
     invoked = CompletionRequest(prefix="x = ", suffix="", language="python", trigger="invoked")
     assert engine.skip_early(invoked, pause_ms=500.0) is None
+
+
+class KeepingModel(ScriptedModel):
+    """A scripted model that, like the fast engine, keeps the start of its last prompt."""
+
+    kept_tokens = 0
+
+    def tokens_to_read(self, prompt: str) -> int:
+        return max(self.count_tokens(prompt) - self.kept_tokens, 1)
+
+
+def test_the_prediction_counts_only_what_the_runner_will_read() -> None:
+    model = KeepingModel(default="3.14 * r * r")
+    always = builtin_policy(show_floor=1.0)
+    engine = Engine(CompletionSettings(cache=False), model, policy_source=lambda: always, seed=1)
+    engine.latency.observe(10, 500.0)
+    engine.latency.observe(10, 500.0)  # 50 ms per prompt token
+    body = "".join(f"    total += values[{i}]\n" for i in range(40))
+    typing = CompletionRequest(
+        prefix=f"def total(values):\n    total = 0\n{body}    return ",
+        suffix="\n",
+        language="python",
+        uri="file:///total.py",
+    )
+    pause_ms = 2_000.0
+    assert engine.skip_early(typing, pause_ms) is not None  # ~100 tokens: about 5 s
+    assert engine.complete(typing, pause_ms=pause_ms).silence_reason == "latency"
+    model.kept_tokens = model.count_tokens(typing.prefix) - 10
+    assert engine.complete(typing, pause_ms=pause_ms).shown  # only the end is read: answered
+    # Before its prompt is built, a request in the document of the last call counts the kept
+    # tokens out too; one in another document does not.
+    assert engine.skip_early(typing, pause_ms) is None
+    elsewhere = CompletionRequest(
+        prefix=typing.prefix, suffix="\n", language="python", uri="file:///other.py"
+    )
+    assert engine.skip_early(elsewhere, pause_ms) is not None
