@@ -7,9 +7,9 @@ log-probability for the gate and checks for cancellation, so a superseded reques
 token once its prompt is read. The prompt is read in one pass of the engine (it offers no way to
 interrupt it): `completion.contextTokens` bounds how long that takes.
 
-CTranslate2 offers no way to keep a prompt's attention cache between calls (its static-prompt
-cache grows without bound), so every call reads its whole prompt; what the torch runner's prefix
-reuse saves does not make up for its slower decoding (`tabloop bench complete`).
+Across keystrokes the runner keeps the model state of the prompt's unchanged start in the
+engine's static-prompt cache, one at a time (`completion/runners/static_prompt.py`), so typing on
+a line reads only the cursor's lines and the suffix again.
 """
 
 from __future__ import annotations
@@ -370,7 +370,11 @@ class Ct2Runner:
         else:
             log.warning("the engine kept its model loaded; its prompt cache stays as it is")
             return False
-        self.generator.load_model()
+        try:
+            self.generator.load_model()
+        except Exception:  # the files changed under a running server: load them afresh
+            log.exception("reloading the model failed; loading %s again", self.path)
+            self.generator = self._load_generator(self.path)
         _release_free_memory()
         self.reset_ms += _ms(started)
         log.debug("emptied the static-prompt cache in %.0f ms", _ms(started))

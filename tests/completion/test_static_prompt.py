@@ -140,3 +140,35 @@ def test_moving_elsewhere_keeps_one_state_at_a_time(runner: Ct2Runner) -> None:
     assert runner.reuse.kept != kept_here
     assert runner.generator.model_is_loaded
     assert complete(runner, elsewhere)[2] > 0
+
+
+class FailingReload:
+    """The engine's generator, except that loading the model again fails (files changed)."""
+
+    def __init__(self, generator: object) -> None:
+        self._generator = generator
+
+    def load_model(self) -> None:
+        raise RuntimeError("Unable to open file 'model.bin'")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._generator, name)
+
+
+def test_a_failed_reload_loads_the_model_afresh_and_serving_goes_on(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    runner = Ct2Runner(str(tiny_model_path), tmp_path, threads=1)
+    try:
+        here = typed_prompt(12)
+        reference = complete(runner, here)
+        complete(runner, here)  # kept
+        runner.generator = FailingReload(runner.generator)
+        elsewhere = here.replace("def running_totals", "def other_totals")
+        complete(runner, elsewhere)
+        complete(runner, elsewhere)  # a reset: the reload fails, a new generator takes over
+        assert not isinstance(runner.generator, FailingReload)
+        assert runner.reuse is not None and runner.reuse.resets == 1
+        assert complete(runner, here)[:2] == reference[:2]
+    finally:
+        runner.close()
