@@ -47,8 +47,8 @@ class CompletionSettings(BaseModel):
     engine: Literal["auto", "ctranslate2", "torch"] = Field(
         "auto",
         description="Inference engine of the local runner. `auto` is CTranslate2 (int8 weights; "
-        "on a 2-core CPU 2.5x faster per request than torch float32 at about a third of the "
-        "memory: `tabloop bench engines`, docs/models.md), converted once at first use, and "
+        "on an idle 2-core CPU 4.3x faster per request than torch float32 at about a third of "
+        "the memory: `tabloop bench engines`, docs/models.md), converted once at first use, and "
         "torch when CTranslate2 cannot be used; `torch` is the reference output, and what "
         "adapter training and speculative decoding use.",
     )
