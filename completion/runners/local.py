@@ -211,6 +211,12 @@ class LocalRunner:
         """Number of tokens `text` takes in this model's tokenizer."""
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def tokens_to_read(self, prompt: str) -> int:
+        """Prompt tokens this runner would compute for `prompt` now: those its KV-prefix cache
+        does not hold (`completion.cache`)."""
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        return len(ids) - self._prefix_cache.reusable(ids)
+
     def _forward(self, input_ids: list[int], cache: Any) -> Any:
         import torch
 

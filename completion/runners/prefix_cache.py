@@ -55,6 +55,11 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def reusable(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` `take` would serve from an entry now (nothing is taken)."""
+        best = max((common_prefix_length(e.tokens, tokens) for e in list(self._entries)), default=0)
+        return max(0, min(best, len(tokens) - 1))
+
     def take(self, tokens: Sequence[int]) -> tuple[CacheEntry | None, int]:
         """The entry sharing the longest prefix with `tokens`, cropped to it, and that length.
 

@@ -124,7 +124,10 @@ def test_prefix_reuse_matches_a_cold_run(tiny_model_path: Path, tmp_path: Path) 
         prompt = fim_prompt(prefix)
         # Greedy texts computed two ways are equal on every CPU only away from near-ties.
         assert greedy_margin(tiny_model_path, prompt, 16) > NEAR_TIE
+        to_read = warm.tokens_to_read(prompt)
         hot = warm.generate(prompt, max_new_tokens=16, stop=never, cancel=CancelToken())
+        assert to_read == hot.prompt_tokens - hot.reused_tokens  # what the latency model counts
+        assert cold.tokens_to_read(prompt) == hot.prompt_tokens
         ref = cold.generate(prompt, max_new_tokens=16, stop=never, cancel=CancelToken())
         assert hot.text == ref.text
         assert hot.token_logprobs == pytest.approx(ref.token_logprobs, abs=1e-4)

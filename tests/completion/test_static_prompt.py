@@ -109,7 +109,11 @@ def test_typing_on_a_line_reads_only_its_end_and_writes_what_a_cold_request_writ
 ) -> None:
     assert runner.reuse is not None
     prompts = [typed_prompt(chars) for chars in range(8, len(LINE), 4)]
-    typed = [complete(runner, prompt) for prompt in prompts]
+    typed = []
+    for prompt in prompts:
+        to_read = runner.tokens_to_read(prompt)  # what the latency prediction counts
+        typed.append(complete(runner, prompt))
+        assert to_read == runner.count_tokens(prompt) - typed[-1][2]
     assert sum(reused > 0 for _, _, reused in typed) >= len(prompts) - 2
     assert runner.tokens_to_read(prompts[-1]) < runner.count_tokens(prompts[-1]) - MIN_TOKENS
     assert runner.kept_tokens > MIN_TOKENS
