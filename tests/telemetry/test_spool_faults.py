@@ -82,7 +82,8 @@ def test_full_disk_fails_flush_to_spool_and_shows_in_status(tmp_path: Path) -> N
     assert not client.flush_to_spool(10)
     spool_stats = client.stats()["spool"]
     assert (spool_stats["events"], spool_stats["dropped_events"]) == (0, 5)
-    assert spool_stats["write_errors"] == 1
+    # The writer thread may take the five events in more than one batch: each failed write counts.
+    assert 1 <= spool_stats["write_errors"] <= 5
     disk.full = False
     for i in range(3):
         assert client.record(OutcomeEvent(decision_id=f"after{i}", kind="ignored"))
