@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -131,6 +131,23 @@ class PreparedModel:
     generator: Any
     model_id: str
     weights_sha256: str
+
+
+@dataclass(frozen=True)
+class _Split:
+    """How one request reads its prompt: its first `end` tokens as the engine's static prompt
+    (0: the whole prompt at once), `reused` of them from the kept state, and the options that say
+    so. Decided once per request (`Ct2Runner._split`); a second reading within the request (a
+    healing reread, the candidates' batch) uses `again()`."""
+
+    end: int = 0
+    reused: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def again(self) -> _Split:
+        """The same request reading its prompt once more: a part it kept is in the cache now."""
+        kept = bool(self.options.get("cache_static_prompt"))
+        return replace(self, reused=self.end if kept else 0)
 
 
 class Ct2Runner:
@@ -336,14 +353,14 @@ class Ct2Runner:
     def _pieces(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.id_to_token(i) or "" for i in ids]
 
-    def _static(self, ids: list[int]) -> tuple[int, int, dict[str, Any]]:
-        """Where `ids` splits for the engine's static prompt (0: read whole), how many of its
-        tokens come from the kept state, and the options that say so (`StaticPrompt`)."""
-        if self.reuse is None:
-            return 0, 0, {}
+    def _split(self, ids: list[int], cancel: CancelToken) -> _Split:
+        """How a request reads the prompt `ids` (`StaticPrompt`); may empty the engine's cache.
+        A request already cancelled reads nothing and decides nothing."""
+        if self.reuse is None or cancel.cancelled:
+            return _Split()
         end = self.reuse.split(ids)
         if not end:
-            return 0, 0, {}
+            return _Split()
         action = self.reuse.decide(ids[:end])
         if action == "reset" and not self._empty_state_cache():
             action = "once"
@@ -351,7 +368,7 @@ class Ct2Runner:
         if action in ("keep", "reset"):
             self.reuse.kept_now(ids[:end], reset=action == "reset")
         options = {"static_prompt": self._pieces(ids[:end]), "cache_static_prompt": keep}
-        return end, end if action == "hit" else 0, options
+        return _Split(end, end if action == "hit" else 0, options)
 
     def _empty_state_cache(self) -> bool:
         """Let go of every kept static-prompt state; False when the engine would not.
@@ -420,7 +437,8 @@ class Ct2Runner:
                     forced_text,
                     unfinished_word,
                 )
-            return self._run([encoding.ids], max_new_tokens, stop, cancel, temperature)[0]
+            split = self._split(encoding.ids, cancel)
+            return self._run([encoding.ids], max_new_tokens, stop, cancel, temperature, split)[0]
 
     def vocab_index(self) -> VocabIndex:
         """The decoded text of every token, built at the first healed request."""
@@ -456,6 +474,8 @@ class Ct2Runner:
         """
         vocab = self.vocab_index()
         result = Generation(text="", prompt_tokens=len(ids))
+        split = self._split(ids, cancel)
+        result.reused_tokens = split.reused
         stream = _Stream(self.tokenizer, frozenset(self.stop_ids), self.stop_strings, ids, stop)
         started = time.perf_counter()
         first_at: float | None = None
@@ -486,10 +506,9 @@ class Ct2Runner:
 
             options = self._options(left, temperature)
             options["return_logits_vocab"] = True
-            end, reused, static = self._static(ids)
-            result.reused_tokens = max(result.reused_tokens, reused)
-            tokens = self._pieces([*ids[end:], *stream.ids])
-            self.generator.generate_batch([tokens], callback=on_token, **options, **static)
+            tokens = self._pieces([*ids[split.end :], *stream.ids])
+            self.generator.generate_batch([tokens], callback=on_token, **options, **split.options)
+            split = split.again()
             if cancel.cancelled:
                 result.stop_reason = "cancelled"
                 break
@@ -531,7 +550,8 @@ class Ct2Runner:
         with self._lock:
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
             first_logits: list[Any] = []
-            best = self._run([ids], max_new_tokens, stop, cancel, 0.0, first_logits)[0]
+            split = self._split(ids, cancel)
+            best = self._run([ids], max_new_tokens, stop, cancel, 0.0, split, first_logits)[0]
             if count <= 1 or best.stop_reason == "cancelled" or not first_logits:
                 return [best]
             alternatives = self._first_alternatives(first_logits[0], count - 1, best)
@@ -544,6 +564,7 @@ class Ct2Runner:
                 stop,
                 cancel,
                 0.0,
+                split.again(),
                 None,
                 heads,
             )
@@ -574,10 +595,12 @@ class Ct2Runner:
         stop: StopRule,
         cancel: CancelToken,
         temperature: float,
+        split: _Split,
         first_logits: list[Any] | None = None,
         heads: list[tuple[int, float]] | None = None,
     ) -> list[Generation]:
-        """Generate for every prompt of `batch` at once; one `Generation` per prompt."""
+        """Generate for every prompt of `batch` at once, reading each as `split` says (every
+        prompt of a batch is the same one, or it with one more token); one `Generation` each."""
         results = [Generation(text="", prompt_tokens=len(ids)) for ids in batch]
         if cancel.cancelled:
             for result in results:
@@ -616,10 +639,8 @@ class Ct2Runner:
         options = self._options(max_new_tokens, temperature)
         if first_logits is not None:
             options["return_logits_vocab"] = True
-        # Every prompt of a batch is the same prompt, or it with one more token (candidates).
-        end, reused, static = self._static(batch[0])
-        tokens = [self._pieces(ids[end:]) for ids in batch]
-        self.generator.generate_batch(tokens, callback=on_token, **options, **static)
+        tokens = [self._pieces(ids[split.end :]) for ids in batch]
+        self.generator.generate_batch(tokens, callback=on_token, **options, **split.options)
         ended = time.perf_counter()
         for index, (result, stream) in enumerate(zip(results, streams, strict=True)):
             first = first_at[index] or ended
@@ -630,7 +651,7 @@ class Ct2Runner:
             result.prefill_done = first_at[index] is not None
             result.decode_ms = (ended - first) * 1000
             result.stop_reason = "cancelled" if cancelled else stream.reason
-            result.reused_tokens = reused
+            result.reused_tokens = split.reused
         return results
 
     def close(self) -> None:

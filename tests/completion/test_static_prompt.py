@@ -176,3 +176,29 @@ def test_a_failed_reload_loads_the_model_afresh_and_serving_goes_on(
         assert complete(runner, here)[:2] == reference[:2]
     finally:
         runner.close()
+
+
+def test_one_request_is_one_use_whatever_it_reads_again(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """The candidates' second batch and a healing reread read the prompt again within the same
+    request: that is not the user typing there, so it keeps nothing and empties nothing."""
+    runner = Ct2Runner(str(tiny_model_path), tmp_path, threads=1)
+    try:
+        assert runner.reuse is not None
+        here = typed_prompt(12)
+        complete(runner, here)
+        complete(runner, here)
+        kept_here = runner.reuse.kept
+        elsewhere = here.replace("def running_totals", "def other_totals")
+        found = runner.generate_candidates(
+            elsewhere, count=3, max_new_tokens=6, stop=never, cancel=CancelToken()
+        )
+        assert len(found) >= 2  # the alternatives' batch ran
+        assert (runner.reuse.kept, runner.reuse.resets) == (kept_here, 0)
+        cancelled = CancelToken()
+        cancelled.cancel()
+        runner.generate(elsewhere, max_new_tokens=6, stop=never, cancel=cancelled)
+        assert (runner.reuse.kept, runner.reuse.resets) == (kept_here, 0)  # decided nothing
+    finally:
+        runner.close()
