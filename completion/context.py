@@ -46,7 +46,7 @@ class ContextBudget:
 
     total: int
     prefix_share: float = 0.8
-    suffix_share: float = 0.2
+    suffix_share: float = 0.1
     snippet_share: float = 0.0
 
     @classmethod

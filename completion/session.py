@@ -43,7 +43,8 @@ class SessionSignals:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._typed: dict[str, deque[tuple[float, int]]] = {}
+        # Per document: (time, characters inserted, `latency.edit_kind`) of each recent edit.
+        self._typed: dict[str, deque[tuple[float, int, str]]] = {}
         self._outcomes: deque[bool] = deque(maxlen=RECENT_OUTCOMES)
         self._last_accept: float | None = None
         self._lock = threading.Lock()
@@ -57,16 +58,21 @@ class SessionSignals:
         with self._lock:
             self._typed.pop(uri, None)
 
-    def typed(self, uri: str, chars: int, now: float | None = None) -> None:
-        """`chars` characters were inserted into the document (one edit)."""
+    def typed(self, uri: str, chars: int, now: float | None = None, kind: str = "") -> None:
+        """`chars` characters were inserted into the document (one edit, of `kind`)."""
         at = self.clock() if now is None else now
         with self._lock:
-            self._typed.setdefault(uri, deque(maxlen=256)).append((at, chars))
+            self._typed.setdefault(uri, deque(maxlen=256)).append((at, chars, kind))
 
     def edit_times(self, uri: str) -> list[float]:
         """When the document's recent edits happened (oldest first)."""
         with self._lock:
-            return [at for at, _ in self._typed.get(uri, ())]
+            return [at for at, _, _ in self._typed.get(uri, ())]
+
+    def edit_kinds(self, uri: str) -> list[str]:
+        """What each of `edit_times` was (`latency.edit_kind`; empty when not told)."""
+        with self._lock:
+            return [kind for _, _, kind in self._typed.get(uri, ())]
 
     def outcome(self, kind: str, now: float | None = None) -> None:
         """A shown suggestion's outcome (`telemetry.events.OutcomeKind`)."""
@@ -86,7 +92,9 @@ class SessionSignals:
 
         at = self.clock() if now is None else now
         with self._lock:
-            recent = sum(n for t, n in self._typed.get(uri, ()) if 0 <= at - t <= TYPING_WINDOW_S)
+            recent = sum(
+                n for t, n, _ in self._typed.get(uri, ()) if 0 <= at - t <= TYPING_WINDOW_S
+            )
             outcomes = list(self._outcomes)
             last = self._last_accept
         return Signals(

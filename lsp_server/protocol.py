@@ -111,6 +111,7 @@ class RequestTiming(TypedDict):
     """Per answered completion request: wall times, prompt sizes, and what was decided why."""
 
     handler_ms: float
+    wait_ms: float  # waiting for the user's pause to turn out long enough (latency skipping)
     model_ms: float
     context_ms: float
     prompt_tokens: float

@@ -19,7 +19,8 @@ once):
   hits, counted apart as `typing_cache_served` and `prefetch_served`);
 - `keystroke_to_suggestion_ms_p50/p95`: the same over every suggestion shown;
 - `model_served_parts_p50`: where those suggestions' time went in the server (median handler,
-  context, model, prompt read and decode milliseconds, tokens read and written);
+  latency wait, context, model, prompt read and decode milliseconds, tokens read and written),
+  and `model_served_each` the same for each of them, with its keystroke-to-screen `ms`;
 - `latency_skips`: requests answered empty at once because the suggestion would come too late;
 - `model_calls_per_100_keystrokes`;
 - `prefill_tokens_per_call`: prompt tokens the model computed per call (the KV cache serves the
@@ -243,17 +244,13 @@ async def replay(
         "model_served_ms_p95": _quantile(latencies["model"], 0.95),
         # Where a model-served suggestion's time goes, medians over them (server side).
         "model_served_parts_p50": {
-            name: _quantile([float(part.get(name, 0.0)) for part in parts], 0.5)
-            for name in (
-                "handler_ms",
-                "context_ms",
-                "model_ms",
-                "prefill_ms",
-                "decode_ms",
-                "prefill_tokens",
-                "new_tokens",
-            )
+            name: _quantile([float(part.get(name, 0.0)) for part in parts], 0.5) for name in _PARTS
         },
+        # Each model-served suggestion: keystroke to screen, and the server's parts of it.
+        "model_served_each": [
+            {"ms": round(ms, 1), **{k: _rounded(v) for k, v in part.items() if k in _PARTS}}
+            for ms, part in zip(latencies["model"], parts, strict=True)
+        ],
         "keystroke_to_suggestion_ms_p50": _quantile(served, 0.5),
         "keystroke_to_suggestion_ms_p95": _quantile(served, 0.95),
         "model_calls_per_100_keystrokes": round(100 * calls / len(keys), 1),
@@ -267,6 +264,22 @@ async def replay(
         "server_rss_mb": memory["rss_mb"],
         "server_peak_rss_mb": memory["peak_rss_mb"],
     }
+
+
+_PARTS = (
+    "handler_ms",
+    "wait_ms",
+    "context_ms",
+    "model_ms",
+    "prefill_ms",
+    "decode_ms",
+    "prefill_tokens",
+    "new_tokens",
+)
+
+
+def _rounded(value: Any) -> Any:
+    return round(value, 1) if isinstance(value, float) else value
 
 
 def _quantile(values: list[float], q: float, digits: int = 1) -> float | None:
@@ -291,7 +304,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     before, text, after = typing_target(source, args.chars)
     keys = cadence(text, random.Random(args.seed))
     results: dict[str, Any] = {}
-    base: dict[str, Any] = {"model": args.model}
+    base: dict[str, Any] = {"model": args.model, **dict(args.set)}
     if args.max_new_tokens:
         base["maxNewTokens"] = args.max_new_tokens
     with tempfile.TemporaryDirectory(prefix="tabloop-bench-complete-") as scratch:
@@ -320,6 +333,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _setting(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tabloop bench complete", description=__doc__)
     parser.add_argument("--model", default="bundled", help="completion model (default bundled)")
@@ -330,6 +353,15 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--configs", default="on,off,torch_reuse", help=", ".join(CONFIGS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--set",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a completion setting for every configuration (as the editor sends it, e.g. "
+        "suffixShare=0.1; the value is JSON)",
+    )
     parser.add_argument("--cache-dir", help="cache directory (default: the configured one)")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)

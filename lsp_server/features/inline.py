@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
-from completion.latency import likely_pause_ms
+from completion.latency import edit_kind, likely_pause_ms
 from completion.session import SessionSignals
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
 from indexer.languages import language_of as language_of_path
@@ -39,10 +39,11 @@ class TypingTracker:
     def did_change(
         self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
     ) -> None:
-        typed = sum(
-            len(c.text) for c in changes if isinstance(c, types.TextDocumentContentChangePartial)
-        )
-        self.session.typed(uri, typed)
+        partial = [c for c in changes if isinstance(c, types.TextDocumentContentChangePartial)]
+        typed = sum(len(c.text) for c in partial)
+        last = partial[-1] if partial else None
+        kind = edit_kind(last.text) if last else "other"
+        self.session.typed(uri, typed, kind=kind)
 
     def did_save(self, uri: str) -> None:
         pass
@@ -52,7 +53,9 @@ class TypingTracker:
 
     def likely_pause_ms(self, uri: str) -> float | None:
         """How long the user will probably pause after their latest edit (None: unknown)."""
-        return likely_pause_ms(self.session.edit_times(uri), self.session.clock())
+        return likely_pause_ms(
+            self.session.edit_times(uri), self.session.clock(), self.session.edit_kinds(uri)
+        )
 
 
 def language_of(document: Document) -> str:
@@ -106,6 +109,7 @@ async def decide(
     if prefetch is not None:
         await prefetch.before_request(request)
     pause_ms = typing.likely_pause_ms(uri)
+    waited_from = time.perf_counter()
     if engine.would_skip_early(request, pause_ms):
         ls.end_request(uri, ls.begin_request(uri))  # what was in flight here is stale too
         try:
@@ -121,11 +125,12 @@ async def decide(
         if not _is_current(ls, uri, request):
             ls.counters.stale += 1
             return None
+    wait_ms = (time.perf_counter() - waited_from) * 1000
     skipped = engine.skip_early(request, pause_ms)
     if skipped is not None:
         ls.end_request(uri, ls.begin_request(uri))  # what was in flight here is stale too
         ls.remember(skipped, request)
-        ls.request_timings.append(_timing(skipped, handler_started))
+        ls.request_timings.append(_timing(skipped, handler_started, wait_ms))
         return None
     token = ls.begin_request(uri)
     loop = asyncio.get_running_loop()
@@ -148,7 +153,7 @@ async def decide(
         ls.counters.stale += 1
         return None
     ls.remember(decision, request)
-    ls.request_timings.append(_timing(decision, handler_started))
+    ls.request_timings.append(_timing(decision, handler_started, wait_ms))
     if not decision.shown:
         return None
     if prefetch is not None:
@@ -184,10 +189,11 @@ def _is_current(ls: TabloopServer, uri: str, request: CompletionRequest) -> bool
     return document is not None and (document.version or 0) == request.version
 
 
-def _timing(decision: Decision, handler_started: float) -> RequestTiming:
+def _timing(decision: Decision, handler_started: float, wait_ms: float) -> RequestTiming:
     generation = decision.generation
     timing: RequestTiming = {
         "handler_ms": (time.perf_counter() - handler_started) * 1000,
+        "wait_ms": wait_ms,
         "model_ms": decision.timings.model_ms,
         "context_ms": decision.timings.context_ms,
         "prompt_tokens": generation.prompt_tokens if generation else 0,

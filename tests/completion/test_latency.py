@@ -8,7 +8,7 @@ import pytest
 
 from completion.engine import Engine
 from completion.gate import builtin_policy
-from completion.latency import LatencyModel, likely_pause_ms
+from completion.latency import LatencyModel, edit_kind, likely_pause_ms
 from completion.settings import CompletionSettings
 from completion.types import LATENCY_SKIP, CompletionRequest
 from tests.support.scripted_model import ScriptedModel
@@ -38,6 +38,57 @@ def test_too_few_longer_intervals_say_nothing() -> None:
     long_idle = times(*([100] * 10))
     assert likely_pause_ms(long_idle, long_idle[-1] + 5.0) is None  # idle past every interval
     assert likely_pause_ms([], 10.0) is None
+
+
+def test_edit_kinds() -> None:
+    assert [edit_kind(t) for t in ("a", "x_", "9", " ", "(", ".", "\n", "\n    ", "")] == [
+        "word",
+        "word",
+        "word",
+        "boundary",
+        "boundary",
+        "boundary",
+        "line",
+        "line",
+        "other",
+    ]
+    assert edit_kind("é") == "word"
+    assert edit_kind("foo(") == "boundary"  # a pasted or accepted text: its last character
+
+
+def typist(lines: int) -> tuple[list[float], list[str]]:
+    """Edits of someone who types words at 100 ms a key, pauses 300 ms at a space and thinks
+    2.5 s after each line break."""
+    text = "value = compute(x)\n" * lines
+    at, found, kinds = 100.0, [], []
+    for char in text:
+        previous = kinds[-1] if kinds else "word"
+        at += {"word": 0.1, "boundary": 0.3, "line": 2.5}[previous]
+        found.append(at)
+        kinds.append(edit_kind(char))
+    return found, kinds
+
+
+def test_the_pause_after_a_line_break_is_read_from_pauses_after_line_breaks() -> None:
+    changes, kinds = typist(lines=6)
+    assert kinds[-1] == "line"
+    # Among all recent intervals the few long ones are outvoted by 300 ms boundary pauses.
+    assert likely_pause_ms(changes, changes[-1] + 0.150) == pytest.approx(150.0)
+    assert likely_pause_ms(changes, changes[-1] + 0.150, kinds) == pytest.approx(2350.0)
+    # Mid-word, the same history says the next key is near.
+    mid_word = [k for k, kind in enumerate(kinds) if kind == "word"][-1] + 1
+    rest = likely_pause_ms(changes[:mid_word], changes[mid_word - 1] + 0.050, kinds[:mid_word])
+    assert rest == pytest.approx(50.0)
+
+
+def test_too_few_pauses_of_the_same_kind_fall_back_to_all_of_them() -> None:
+    changes, kinds = typist(lines=3)  # two line breaks before the last: fewer than MIN_SAMPLES
+    assert likely_pause_ms(changes, changes[-1] + 0.150, kinds) == likely_pause_ms(
+        changes, changes[-1] + 0.150
+    )
+    assert likely_pause_ms(changes, changes[-1] + 0.150, kinds[1:]) == likely_pause_ms(
+        changes, changes[-1] + 0.150
+    )  # kinds that do not match the edits are not used
 
 
 def test_the_model_learns_milliseconds_per_token() -> None:
@@ -142,3 +193,23 @@ def test_the_prediction_counts_only_what_the_runner_will_read() -> None:
         prefix=typing.prefix, suffix="\n", language="python", uri="file:///other.py"
     )
     assert engine.skip_early(elsewhere, pause_ms) is not None
+
+
+def test_the_server_tells_the_session_what_each_edit_was() -> None:
+    from lsprotocol import types
+
+    from completion.session import SessionSignals
+    from lsp_server.features.inline import TypingTracker
+
+    clock = iter(range(100, 200))
+    session = SessionSignals(clock=lambda: float(next(clock)))
+    tracker = TypingTracker(session)
+    uri = "file:///w/a.py"
+    tracker.did_open(uri)
+    at = types.Range(start=types.Position(line=0, character=0), end=types.Position(0, 0))
+    for text in ("x", " ", "\n", ""):
+        change = types.TextDocumentContentChangePartial(range=at, text=text)
+        tracker.did_change(uri, 1, [change])
+    tracker.did_change(uri, 2, [types.TextDocumentContentChangeWholeDocument(text="y\n")])
+    assert session.edit_kinds(uri) == ["word", "boundary", "line", "other", "other"]
+    assert len(session.edit_times(uri)) == 5
