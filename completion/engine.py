@@ -268,6 +268,12 @@ class Engine:
             return 1
         return self.settings.candidates
 
+    def _max_lines(self, request: CompletionRequest) -> int:
+        """Most lines of the suggestion: one at a time while typing (`typingMaxLines`)."""
+        if request.trigger == "automatic":
+            return self.settings.typing_max_lines
+        return postprocess.DEFAULT_MAX_LINES
+
     def _run_model(
         self,
         request: CompletionRequest,
@@ -278,7 +284,7 @@ class Engine:
     ) -> list[Generation]:
         cancel.raise_if_cancelled()
         model_started = time.perf_counter()
-        stop = postprocess.stop_rule(request)
+        stop = postprocess.stop_rule(request, max_lines=self._max_lines(request))
         indent = self._typed_tail(request)
         forced: dict[str, Any] = {}
         if indent is not None:

@@ -55,7 +55,11 @@ def _cut_at_line(text: str, start: int) -> int:
 
 
 def _cap_lines(text: str, max_lines: int) -> int | None:
+    """Cut after `max_lines` lines. A suggestion made at the end of a line starts with a line
+    break (it writes the next line): that empty first line is not one of them."""
     starts = _line_starts(text)
+    if len(starts) > 1 and starts[1] == 1:
+        starts = starts[1:]
     if len(starts) > max_lines:
         return _cut_at_line(text, starts[max_lines])
     return None

@@ -63,7 +63,11 @@ class Keystroke:
 
 
 def typing_target(path: Path, max_chars: int) -> tuple[str, str, str]:
-    """(text before, text to type, text after): the body of a real function, cut short."""
+    """(text before, text to type, text after): the body of a real function, cut short.
+
+    The cut falls at the end of a line, so the text after starts with a line break: the person
+    types new lines into the function, and nothing follows the cursor on its line (as when
+    writing code, not when retyping the middle of a line)."""
     source = path.read_text(encoding="utf-8")
     lines = source.splitlines(keepends=True)
     functions = [
@@ -76,6 +80,8 @@ def typing_target(path: Path, max_chars: int) -> tuple[str, str, str]:
     start = sum(len(line) for line in lines[: first.lineno - 1])
     end = sum(len(line) for line in lines[: function.end_lineno])
     typed = source[start:end][:max_chars]
+    if "\n" in typed.rstrip("\n"):
+        typed = typed[: typed.rstrip("\n").rfind("\n")]
     return source[:start], typed, source[start + len(typed) :]
 
 

@@ -101,6 +101,20 @@ def test_stop_rule_caps_lines() -> None:
     assert stop_rule(req, max_lines=5)(text) == len("".join(f"    {n},\n" for n in range(5))) - 1
 
 
+def test_a_suggestion_at_the_end_of_a_line_writes_the_next_line() -> None:
+    # The cursor ends a line: the suggestion's first line break is not a line of its own.
+    req = request("def mean(values):\n    total = sum(values)", "\n")
+    text = "\n    count = len(values)\n    return total / count\n"
+    assert stopped(text, req) == text  # the default 16 lines: all of it
+    one = stop_rule(req, max_lines=1)
+    assert text[: one(text)] == "\n    count = len(values)"
+    two = stop_rule(req, max_lines=2)
+    assert text[: two(text)] == "\n    count = len(values)\n    return total / count"
+    at_line_start = stop_rule(request(PY_FUNC), max_lines=1)
+    body = "total = sum(values)\n    return total\n"
+    assert body[: at_line_start(body)] == "total = sum(values)"
+
+
 def test_stop_rule_waits_for_a_complete_line() -> None:
     # The last line may still grow its indentation: "  " could become "        return".
     rule = stop_rule(request(PY_FUNC))

@@ -177,7 +177,9 @@ def test_engine_applies_the_check_and_reports_it(
 ) -> None:
     model = ScriptedModel(rules={"items:\n": "        result += item\n        print(result"})
     always = gate.builtin_policy().with_floor(1.0)
-    settings = CompletionSettings(model="scripted", cache=False, syntax_check=check)
+    settings = CompletionSettings(
+        model="scripted", cache=False, syntax_check=check, typing_max_lines=2
+    )
     engine = Engine(settings, model, policy_source=lambda: always)
     decision = engine.complete(request())
     assert decision.text == text
