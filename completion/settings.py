@@ -73,7 +73,7 @@ class CompletionSettings(BaseModel):
         le=16,
         description="Most lines of a suggestion asked for while typing (automatic trigger); an "
         "explicit request gets a block of up to 16. One line at a time arrives in about a "
-        "quarter of the time of a 64-token block on a 2-core CPU, and the prefetch computes "
+        "fifth of the time of a 64-token block on a 2-core CPU, and the prefetch computes "
         "the next line while the user reads this one (docs/models.md).",
     )
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 decodes greedily.")
