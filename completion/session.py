@@ -64,15 +64,11 @@ class SessionSignals:
         with self._lock:
             self._typed.setdefault(uri, deque(maxlen=256)).append((at, chars, kind))
 
-    def edit_times(self, uri: str) -> list[float]:
-        """When the document's recent edits happened (oldest first)."""
+    def edits(self, uri: str) -> list[tuple[float, str]]:
+        """When the document's recent edits happened and what each was (`latency.edit_kind`;
+        empty when not told), oldest first."""
         with self._lock:
-            return [at for at, _, _ in self._typed.get(uri, ())]
-
-    def edit_kinds(self, uri: str) -> list[str]:
-        """What each of `edit_times` was (`latency.edit_kind`; empty when not told)."""
-        with self._lock:
-            return [kind for _, _, kind in self._typed.get(uri, ())]
+            return [(at, kind) for at, _, kind in self._typed.get(uri, ())]
 
     def outcome(self, kind: str, now: float | None = None) -> None:
         """A shown suggestion's outcome (`telemetry.events.OutcomeKind`)."""

@@ -277,7 +277,7 @@ def run_holes(args: argparse.Namespace) -> dict[str, Any]:
     if args.set:
         try:
             completion = type(completion).model_validate(
-                {**completion.model_dump(), **_overrides(args.set)}
+                {**completion.model_dump(), **setting_overrides(args.set)}
             )
         except ValidationError as error:
             raise SystemExit(f"--set: {error}") from None
@@ -354,12 +354,12 @@ def _against(
 
     try:
         other = type(completion).model_validate(
-            {**completion.model_dump(), **_overrides(args.against)}
+            {**completion.model_dump(), **setting_overrides(args.against)}
         )
     except ValidationError as error:
         raise SystemExit(f"--against: {error}") from None
     runner = CachedRunner(load_runner(other, cache_dir), cache_dir / "eval" / "outputs.jsonl")
-    found: dict[str, Any] = {"settings": _overrides(args.against), "model": runner.model_id}
+    found: dict[str, Any] = {"settings": setting_overrides(args.against), "model": runner.model_id}
     try:
         for name, source in sources:
             theirs = _complete_holes(other, runner, source, holes, f"against {name}")
@@ -374,7 +374,7 @@ def _against(
     return found
 
 
-def _overrides(pairs: Sequence[str]) -> dict[str, Any]:
+def setting_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     """`--set key=value` pairs as completion settings (values read as JSON, else as text)."""
     found: dict[str, Any] = {}
     for pair in pairs:

@@ -49,6 +49,7 @@ from lsprotocol import types
 from completion.types import LATENCY_SKIP
 from evaluation.bench.engines import server_memory_mb
 from evaluation.bench.lsp import percentile
+from evaluation.holes import setting_overrides
 from evaluation.lsp_client import TabloopClient, plain
 from lsp_server.protocol import TIMINGS_REQUEST
 
@@ -310,7 +311,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     before, text, after = typing_target(source, args.chars)
     keys = cadence(text, random.Random(args.seed))
     results: dict[str, Any] = {}
-    base: dict[str, Any] = {"model": args.model, **dict(args.set)}
+    base: dict[str, Any] = {"model": args.model, **setting_overrides(args.set)}
     if args.max_new_tokens:
         base["maxNewTokens"] = args.max_new_tokens
     with tempfile.TemporaryDirectory(prefix="tabloop-bench-complete-") as scratch:
@@ -339,16 +340,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _setting(text: str) -> tuple[str, Any]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tabloop bench complete", description=__doc__)
     parser.add_argument("--model", default="bundled", help="completion model (default bundled)")
@@ -361,7 +352,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--set",
-        type=_setting,
         action="append",
         default=[],
         metavar="KEY=VALUE",

@@ -53,8 +53,9 @@ class TypingTracker:
 
     def likely_pause_ms(self, uri: str) -> float | None:
         """How long the user will probably pause after their latest edit (None: unknown)."""
+        edits = self.session.edits(uri)
         return likely_pause_ms(
-            self.session.edit_times(uri), self.session.clock(), self.session.edit_kinds(uri)
+            [at for at, _ in edits], self.session.clock(), [kind for _, kind in edits]
         )
 
 

@@ -211,5 +211,11 @@ def test_the_server_tells_the_session_what_each_edit_was() -> None:
         change = types.TextDocumentContentChangePartial(range=at, text=text)
         tracker.did_change(uri, 1, [change])
     tracker.did_change(uri, 2, [types.TextDocumentContentChangeWholeDocument(text="y\n")])
-    assert session.edit_kinds(uri) == ["word", "boundary", "line", "other", "other"]
-    assert len(session.edit_times(uri)) == 5
+    assert [kind for _, kind in session.edits(uri)] == [
+        "word",
+        "boundary",
+        "line",
+        "other",
+        "other",
+    ]
+    assert [at for at, _ in session.edits(uri)] == [100.0, 101.0, 102.0, 103.0, 104.0]
