@@ -12,8 +12,11 @@ nothing inserted), `latency_ms_p50`/`p95` (the engine's time when the model ran,
 included; model outputs are cached by prompt, so a rerun costs little and keeps the latency of the
 first run), `context_ms` (gathering context: retrieval's time), `prompts_with_snippets` (the share
 of prompts that held code from other files), `mid_word_holes` (holes that cut a word: the prefix
-ends with a word character and so does the truth's start) and `mid_word_ignores_partial` (the share
-of them whose suggestion starts a new token instead of completing the word). With
+ends with a word character and so does the truth's start), `mid_word_ignores_partial` (the share
+of them whose suggestion starts a new token instead of completing the word) and
+`mid_word_ignores_unknown_partial` (the same, counting only holes where the typed part is not a
+whole name anywhere else in the file: after `name` with `name = ...` a line above, ending the word
+is a reading of what was typed, not a failure to see it; after `isinst` it is the failure). With
 `completion.syntaxCheck` on, `syntax_check` gives what the check did (`outcomes`, `changed`), its
 time (`ms`), and the figures of the same suggestions before it (`without_check`).
 `--healing-baseline` completes the mid-word holes once more without token healing (in the run
@@ -58,6 +61,7 @@ from lsp_server import config
 BLOCK_SHARE = 0.25
 _WORD_END = re.compile(r"\w$")
 _WORD_START = re.compile(r"\w")
+_LAST_WORD = re.compile(r"\w+$")
 MAX_FILE_BYTES = 300_000
 
 
@@ -172,6 +176,21 @@ def ignores_partial(suggestion: str) -> bool:
     return bool(suggestion) and not _WORD_START.match(suggestion)
 
 
+def typed_word_is_a_name(hole: Hole) -> bool:
+    """Whether the word typed before a mid-word cursor is, as it stands, a whole name found
+    elsewhere in the file (before it or after the hole)."""
+    found = _LAST_WORD.search(hole.prefix)
+    if found is None:
+        return False
+    name = re.compile(rf"(?<!\w){re.escape(found.group())}(?!\w)")
+    return bool(name.search(hole.prefix, 0, found.start()) or name.search(hole.suffix))
+
+
+def ignores_unknown_partial(hole: Hole, suggestion: str) -> bool:
+    """`ignores_partial` where the typed part cannot be read as a complete name."""
+    return ignores_partial(suggestion) and not typed_word_is_a_name(hole)
+
+
 def _share(flags: Sequence[bool]) -> float | None:
     return round(sum(flags) / len(flags), 4) if flags else None
 
@@ -239,6 +258,13 @@ def score(
         "mid_word_holes": sum(1 for h in holes if mid_word(h)),
         "mid_word_ignores_partial": _share(
             [ignores_partial(s) for h, s in zip(holes, suggestions, strict=True) if mid_word(h)]
+        ),
+        "mid_word_ignores_unknown_partial": _share(
+            [
+                ignores_unknown_partial(h, s)
+                for h, s in zip(holes, suggestions, strict=True)
+                if mid_word(h)
+            ]
         ),
         "exact_line_match_stderr": round(
             math.sqrt(
@@ -479,6 +505,9 @@ def _complete_holes(
         scored["without_token_healing_on_mid_word_holes"] = {
             "n": len(cut),
             "mid_word_ignores_partial": _share([ignores_partial(t) for t in texts]),
+            "mid_word_ignores_unknown_partial": _share(
+                [ignores_unknown_partial(h, t) for h, t in zip(cut, texts, strict=True)]
+            ),
             "exact_line_match": _share([exact_line(h, t) for h, t in zip(cut, texts, strict=True)]),
             "with_token_healing_exact_line_match": _share(
                 [exact_line(h, s) for h, s in zip(holes, suggestions, strict=True) if mid_word(h)]

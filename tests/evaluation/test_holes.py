@@ -22,11 +22,13 @@ from evaluation.holes import (
     corpus_files,
     edit_similarity,
     ignores_partial,
+    ignores_unknown_partial,
     levenshtein,
     mid_word,
     parse_args,
     run_holes,
     sample_holes,
+    typed_word_is_a_name,
 )
 from tests.support.completion_server import serve_completions
 from tests.support.fixtures import tiny_embedder_path
@@ -237,6 +239,7 @@ def expected_scores(holes: list[Hole], kinds: dict[int, str]) -> dict[str, objec
     cut_words = [h for h in holes if mid_word(h)]
     # A right answer continues the word; `WRONG` starts with `@`, a new token.
     ignoring = [kinds.get(holes.index(h), WRONG) == WRONG for h in cut_words]
+    unknown = [i and not typed_word_is_a_name(h) for i, h in zip(ignoring, cut_words, strict=True)]
     share = sum(exact) / len(holes)
     return {
         "n": len(holes),
@@ -247,6 +250,9 @@ def expected_scores(holes: list[Hole], kinds: dict[int, str]) -> dict[str, objec
         "empty_suggestions": 0,
         "mid_word_holes": len(cut_words),
         "mid_word_ignores_partial": round(sum(ignoring) / len(ignoring), 4) if ignoring else None,
+        "mid_word_ignores_unknown_partial": round(sum(unknown) / len(unknown), 4)
+        if unknown
+        else None,
         "exact_line_match_stderr": round(math.sqrt(share * (1 - share) / len(holes)), 4),
     }
 
@@ -366,6 +372,25 @@ def test_a_suggestion_that_ignores_the_typed_word() -> None:
     assert ignores_partial("(x, int):")
     assert not ignores_partial("ance(x, int):")
     assert not ignores_partial("")  # silence ignores nothing
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "a_name"),
+    [
+        pytest.param("def f(x):\n    if isinst", "\n", False, id="a-part-of-a-word"),
+        # Seen in logging: `name = alogger.name` a line above; the truth was `namelen = ...`.
+        pytest.param("    name = a.name\n    name", "\n", True, id="a-name-defined-above"),
+        pytest.param("    return tot", "\n    tot = 0\n", True, id="a-name-used-below"),
+        pytest.param("    total = 1\n    tot", "\n", False, id="only-inside-a-longer-name"),
+        pytest.param("    name = 1\n    x", "\n", False, id="a-letter-inside-names"),
+    ],
+)
+def test_whether_the_typed_part_is_already_a_name(prefix: str, suffix: str, a_name: bool) -> None:
+    hole = Hole(Path("m.py"), prefix, "len = 1", suffix, "line", 0, 0)
+    assert typed_word_is_a_name(hole) is a_name
+    # Starting a new token after it is a failure to see the partial word only when it is not.
+    assert ignores_unknown_partial(hole, " = 2") is not a_name
+    assert not ignores_unknown_partial(hole, "len = 2")
 
 
 def test_a_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
