@@ -26,7 +26,10 @@ class CachedRunner:
 
     def __init__(self, runner: ModelRunner, path: Path) -> None:
         self.runner = runner
-        self.model_id = runner.model_id
+        self.model_id = runner.model_id  # part of every key; an adapter swapped here changes it
+        # The served adapter's content (its files' checksums), also in every key: two adapters
+        # may carry the same version name (two trainings in two temporary registries).
+        self.adapter_content = ""
         self.family = runner.family
         # Token healing is asked of the runner only when it can follow it.
         self.forces_text = bool(getattr(runner, "forces_text", False))
@@ -55,6 +58,19 @@ class CachedRunner:
                 except (ValueError, KeyError, TypeError):
                     continue
 
+    def swap_adapter(self, adapter: Path | None) -> None:
+        """Serve `adapter` (the runner's `swap_adapter`); the model id, and so every key, follows,
+        so the outputs of base and adapted models are kept apart."""
+        from completion.adapters import read_manifest
+
+        swap = getattr(self.runner, "swap_adapter", None)
+        if swap is None:
+            raise TypeError(f"{type(self.runner).__name__} cannot serve an adapter")
+        swap(adapter)
+        self.model_id = self.runner.model_id
+        files = read_manifest(adapter)["files"] if adapter is not None else None
+        self.adapter_content = json.dumps(files, sort_keys=True) if files else ""
+
     def count_tokens(self, text: str) -> int:
         return self.runner.count_tokens(text)
 
@@ -68,6 +84,8 @@ class CachedRunner:
             parts.append("unfinished word")
         if self.variant:
             parts.append(self.variant)
+        if self.adapter_content:
+            parts.append(self.adapter_content)
         material = json.dumps(parts)
         return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
 

@@ -10,6 +10,13 @@ whose scheduled trainer learns and promotes; the policy client picks the new ver
 next round runs on it. At the end the always-show baseline, the built-in policy and the learned
 policy are played on the held-out corpus (its events are not sent, so nothing learns from it).
 
+With `--model-loop BUDGET` the model learns too, as it does on a user's machine: the first
+round's shown suggestions and their outcomes are kept as the server keeps them
+(`training.feedback`), an adapter is trained within the budget on the training corpus's code and
+that feedback (`training.workspace.train_workspace`, what `tabloop train model` runs), the runner
+serves it, and the held-out corpus is played again with the adapted model, shown always and
+through the learned gate (`model_loop` in the report).
+
 Model outputs are cached by prompt hash (`--cache`), so only the first pass runs the model.
 """
 
@@ -47,7 +54,10 @@ from evaluation.simulation import (
     simulated_user,
 )
 from telemetry.client import TelemetryClient
+from telemetry.events import OutcomeEvent
 from telemetry.settings import TelemetrySettings
+from training.examples import is_held_out
+from training.feedback import FeedbackRecorder, FeedbackStore
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +134,15 @@ class Player:
         telemetry: TelemetryClient | None,
         rewards: RewardSettings,
         min_partial_chars: int,
+        feedback: FeedbackStore | None = None,
     ) -> None:
         self.engine = engine
         self.telemetry = telemetry
         self.rewards = rewards
         self.min_partial_chars = min_partial_chars
+        # Where shown suggestions and their outcomes are kept, as the server keeps them.
+        self.feedback = feedback
+        self.recorder = FeedbackRecorder()
         self.last_event_at = 0.0
         # When a list, every decision is kept here with the user's response (None: not shown).
         self.log: list[tuple[Decision, UserResponse | None]] | None = None
@@ -145,6 +159,8 @@ class Player:
             request = position.request()
             decision = self.engine.complete(request, signals=signals)
             session.decided(position, request, decision)
+            if self.feedback is not None:
+                self.recorder.shown(decision, request)
             response: UserResponse | None = None
             reward = 0.0
             if decision.shown:
@@ -154,12 +170,20 @@ class Player:
             tally.add(response, decision.shown, decision.text, reward)
             if self.log is not None:
                 self.log.append((decision, response))
+            if self.feedback is not None:
+                self._keep_feedback(session.events)
             if self.telemetry is not None:
                 for event in session.events:
                     self.telemetry.record(event)
                 self.last_event_at = time.time()
             session.events.clear()
         return tally
+
+    def _keep_feedback(self, events: list[Any]) -> None:
+        assert self.feedback is not None
+        for event in events:
+            if isinstance(event, OutcomeEvent) and (row := self.recorder.settled(event)):
+                self.feedback.record(row)
 
 
 def always_show() -> Policy:
@@ -217,7 +241,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Replay the learning loop on real files and report what it changed.",
     )
     parser.add_argument("--train", type=Path, required=True, help="corpus the loop learns on")
-    parser.add_argument("--test", type=Path, required=True, help="held-out corpus to report on")
+    parser.add_argument("--test", type=Path, default=None, help="held-out corpus to report on")
+    parser.add_argument(
+        "--held-out-split",
+        action="store_true",
+        help="instead of --test: report on the 20%% of --train's files that `tabloop train "
+        "model` holds out (by a hash of each path) and learn on the rest",
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--train-positions", type=int, default=300)
     parser.add_argument("--test-positions", type=int, default=200)
@@ -257,6 +287,26 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="held-out positions (the first N) on which the prompt fix is measured (default: all)",
     )
+    parser.add_argument(
+        "--model-loop",
+        metavar="BUDGET",
+        default=None,
+        help="also train an adapter of the model within BUDGET (e.g. 15m) on the training "
+        "corpus's code and the first round's feedback, and play the held-out corpus with it",
+    )
+    parser.add_argument(
+        "--model-loop-samples",
+        type=int,
+        default=None,
+        help="the adapter's budget in training examples instead of time",
+    )
+    parser.add_argument(
+        "--model-loop-data",
+        choices=("code+feedback", "feedback", "code"),
+        default="code+feedback",
+        help="what the adapter learns from (code+feedback: as `tabloop train model` does)",
+    )
+    parser.add_argument("--learning-rate", type=float, default=3e-4, help="the adapter's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
@@ -306,8 +356,20 @@ def load_cached_runner(args: argparse.Namespace, settings: CompletionSettings) -
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """The replay; returns its report."""
     started = time.time()
-    train_positions = sample_positions(args.train, args.train_positions, args.seed)
-    test_positions = sample_positions(args.test, args.test_positions, args.seed + 1)
+    if args.held_out_split:
+        if args.test is not None:
+            raise SystemExit("tabloop eval replay: --test or --held-out-split, not both")
+        train_positions = sample_positions(
+            args.train, args.train_positions, args.seed, keep=lambda f: not is_held_out(f)
+        )
+        test_positions = sample_positions(
+            args.train, args.test_positions, args.seed + 1, keep=is_held_out
+        )
+    elif args.test is None:
+        raise SystemExit("tabloop eval replay: --test DIR or --held-out-split is needed")
+    else:
+        train_positions = sample_positions(args.train, args.train_positions, args.seed)
+        test_positions = sample_positions(args.test, args.test_positions, args.seed + 1)
     settings = engine_settings(args)
     overrides: dict[str, Any] = {
         "interval_s": args.train_interval,
@@ -324,6 +386,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp:
         work = Path(tmp)
         runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
+        base_model_id = runner.model_id  # the model loop serves an adapter on it at the end
         backend = LocalBackend(tenant="replay", trainer=trainer_settings)
         scheduler = backend.services.trainer
         assert scheduler is not None  # asked for with the trainer settings
@@ -337,9 +400,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         telemetry.start()
         policies = PolicyClient(backend.url, backend.token, work / "policy", args.refresh)
         policies.start()
+        model_loop = bool(args.model_loop or args.model_loop_samples)
+        feedback = FeedbackStore(work / "feedback.sqlite") if model_loop else None
         try:
             rounds = _rounds(
-                args, train_positions, runner, settings, telemetry, policies, scheduler, backend
+                args,
+                train_positions,
+                runner,
+                settings,
+                telemetry,
+                policies,
+                scheduler,
+                backend,
+                feedback,
             )
             learned = policies.current()
             rewards = trainer_settings.rewards
@@ -373,11 +446,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             # ends (a slow model makes a round outlast many trainer periods), each timed from the
             # newest event its run read to the moment the policy client first served it.
             promotions = _promotions(scheduler, policies, backend, canary.get("version"))
+            loop_report = None
+            if feedback is not None:
+                loop_report = _model_loop(
+                    args, test_positions, runner, settings, learned, rewards, evaluation, work,
+                    feedback,
+                )  # fmt: skip
         finally:
             policies.close()
             telemetry.shutdown(5.0)
             backend.stop()
             runner.close()
+            if feedback is not None:
+                feedback.close()
     delays = [p["event_to_serving_s"] for p in promotions if p["event_to_serving_s"] is not None]
     against_builtin = _changes(evaluation["builtin"], evaluation["learned"])
     summary = {
@@ -410,13 +491,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "command": "tabloop eval replay " + " ".join(argv),
         "corpus": {
             "train": str(args.train),
-            "test": str(args.test),
+            "test": str(args.test) if args.test else f"{args.train} (held-out files)",
             "train_positions": len(train_positions),
             "test_positions": len(test_positions),
             "train_files": len({p.path for p in train_positions}),
             "test_files": len({p.path for p in test_positions}),
         },
-        "model": runner.model_id,
+        "model": base_model_id,
         "settings": {
             "engine": args.engine,
             "max_new_tokens": args.max_new_tokens,
@@ -439,6 +520,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         "held_out_before_prompt_fix": _public(before_fix),
         "training_corpus": _changes(seen["always_show"], seen["learned"]),
         "rounds": rounds,
+        **({"model_loop": loop_report} if loop_report is not None else {}),
         "wall_s": round(time.time() - started, 1),
     }
 
@@ -452,7 +534,10 @@ def _rounds(
     policies: PolicyClient,
     scheduler: TrainingScheduler,
     backend: LocalBackend,
+    feedback: FeedbackStore | None = None,
 ) -> list[dict[str, Any]]:
+    """The gate's loop on the training positions; the first round's shown suggestions and their
+    outcomes go to `feedback` (each position once, as a user meets it once)."""
     rewards = scheduler.settings.rewards
     registry, tenant = scheduler.registry, backend.principal.tenant_id
     rounds: list[dict[str, Any]] = []
@@ -465,7 +550,13 @@ def _rounds(
         number += 1
         serving = policies.current()
         engine = Engine(settings, runner, policy_source=policies.current, seed=args.seed + number)
-        player = Player(engine, telemetry, rewards, args.min_partial_chars)
+        player = Player(
+            engine,
+            telemetry,
+            rewards,
+            args.min_partial_chars,
+            feedback=feedback if number == 1 else None,
+        )
         tally = player.play(positions)
         last_event = player.last_event_at
         delivered = deliver(telemetry)
@@ -622,6 +713,91 @@ def _canary_drill(
         ),
         "decisions_played": played,
         "figures": outcome["figures"] if outcome else None,
+    }
+
+
+def _model_loop(
+    args: argparse.Namespace,
+    positions: list[Position],
+    runner: CachedRunner,
+    settings: CompletionSettings,
+    learned: Policy,
+    rewards: RewardSettings,
+    base: dict[str, dict[str, Any]],
+    work: Path,
+    feedback: FeedbackStore,
+) -> dict[str, Any]:
+    """Train an adapter as `tabloop train model` does, serve it, and play the held-out corpus
+    with it: shown always, and through the gate learned on the base model's suggestions."""
+    from training.trainer import Budget, Progress, TrainSettings, parse_duration
+    from training.workspace import train_workspace
+
+    def progress(p: Progress) -> None:
+        print(
+            f"\rmodel loop: step {p.step} samples {p.samples} loss {p.loss:.3f} "
+            f"{p.samples_per_s:.2f} samples/s",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    data = args.model_loop_data
+    budget = Budget(
+        samples=args.model_loop_samples,
+        seconds=parse_duration(args.model_loop) if args.model_loop else None,
+    )
+    train_settings = TrainSettings(seed=args.seed, learning_rate=args.learning_rate)
+    rows = feedback.count()
+    outcomes = feedback.outcome_counts()
+    result, held_out_files = train_workspace(
+        args.train,
+        model=settings.model,
+        cache_dir=configured_cache_dir(),
+        work_dir=work / "adapter",
+        budget=budget,
+        settings=train_settings,
+        feedback=feedback if "feedback" in data else None,
+        code="code" in data,
+        on_progress=progress,
+    )
+    print(file=sys.stderr)
+    swap_started = time.perf_counter()
+    runner.swap_adapter(Path(result.adapter))
+    ready_s = time.perf_counter() - swap_started
+    adapted = {
+        name: _evaluate(args, positions, runner, settings, policy, rewards)
+        for name, policy in (("always_show", always_show()), ("learned", learned))
+    }
+    return {
+        "data": data,
+        "feedback_rows": rows,
+        "feedback_outcomes": outcomes,
+        "training": {
+            "budget": args.model_loop,
+            "budget_samples": args.model_loop_samples,
+            "learning_rate": args.learning_rate,
+            "steps": result.steps,
+            "samples": result.samples,
+            "elapsed_s": result.elapsed_s,
+            "samples_per_s": result.samples_per_s,
+            "final_loss": result.loss,
+            "peak_rss_mb": result.peak_rss_mb,
+            "code_files_kept_out": len(held_out_files),
+        },
+        "model": runner.model_id,
+        "adapter_ready_s": round(ready_s, 2),
+        "held_out": {name: _public(figures) for name, figures in adapted.items()},
+        # Against always-show with the base model (the goal's baseline), and against the gate
+        # alone (the learned gate on the base model).
+        "summary": {
+            "adapted_learned_vs_base_always_show": _changes(
+                base["always_show"], adapted["learned"]
+            ),
+            "adapted_always_show_vs_base_always_show": _changes(
+                base["always_show"], adapted["always_show"]
+            ),
+            "adapted_learned_vs_base_learned": _changes(base["learned"], adapted["learned"]),
+        },
     }
 
 

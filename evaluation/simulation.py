@@ -12,6 +12,7 @@ right, and otherwise ignores it. Accepted text survives (is retained) as far as 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -90,14 +91,19 @@ def corpus_files(root: Path) -> list[Path]:
     return select_files(root, CORPUS_SUFFIXES, MAX_FILE_BYTES, skip_tests=True)
 
 
-def sample_positions(root: Path, count: int, seed: int) -> list[Position]:
-    """`count` positions spread over the files under `root`, the same for the same seed, in
-    file and offset order.
+def sample_positions(
+    root: Path, count: int, seed: int, keep: Callable[[str], bool] | None = None
+) -> list[Position]:
+    """`count` positions spread over the files under `root` (those whose path relative to it
+    `keep` accepts, when given), the same for the same seed, in file and offset order.
 
     A position is where a typist pauses (`evaluation.positions.TypingPauses`).
     """
+    files = corpus_files(root)
+    if keep is not None:
+        files = [f for f in files if keep(f.relative_to(root).as_posix())]
     cursors = sample_cursors(
-        read_sources(corpus_files(root)),
+        read_sources(files),
         count,
         random.Random(seed),
         TypingPauses(),

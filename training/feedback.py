@@ -13,16 +13,20 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from completion.types import CompletionRequest, Decision
+from telemetry.events import OutcomeEvent
 from training.examples import FimExample
 
 DEFAULT_MAX_ROWS = 20_000
 MAX_TEXT_CHARS = 8_000  # of the prefix or suffix kept around one suggestion
 MIN_PROPENSITY = 0.05  # clips the inverse propensity weight at 20
 DISTRACTION_COST = 0.25
+PENDING_KEPT = 512  # shown suggestions awaiting their outcome
 """Reward of an ignored or dismissed suggestion (λ of docs/learning.md); accepted earns 1."""
 
 _SCHEMA = """
@@ -98,6 +102,13 @@ class FeedbackStore:
         with self._lock:
             return int(self._db.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
 
+    def outcome_counts(self) -> dict[str, int]:
+        with self._lock:
+            found = self._db.execute(
+                "SELECT outcome, COUNT(*) FROM feedback GROUP BY outcome ORDER BY outcome"
+            ).fetchall()
+        return {str(outcome): int(count) for outcome, count in found}
+
     def last_id(self) -> int:
         """The newest row's id (0 when empty): a run trains on rows up to the id it started at."""
         with self._lock:
@@ -147,6 +158,41 @@ def feedback_reward(
     if kind in ("ignored", "dismissed"):
         return -DISTRACTION_COST
     return None
+
+
+class FeedbackRecorder:
+    """Pairs each shown suggestion with its outcome, as the server does while serving (and the
+    replay while it plays a user): `shown` when a suggestion is shown, `settled` when its
+    outcome event arrives, which gives the row to keep (None: nothing to keep)."""
+
+    def __init__(self, kept: int = PENDING_KEPT) -> None:
+        self.kept = kept
+        self._pending: OrderedDict[str, Feedback] = OrderedDict()
+
+    def shown(self, decision: Decision, request: CompletionRequest) -> None:
+        if not decision.shown:
+            return
+        self._pending[decision.decision_id] = Feedback(
+            request.path or "",
+            request.prefix,
+            decision.text,
+            request.suffix,
+            "",
+            0.0,
+            max(min(decision.propensity, 1.0), 1e-6),
+        )
+        while len(self._pending) > self.kept:
+            self._pending.popitem(last=False)
+
+    def settled(self, event: OutcomeEvent) -> Feedback | None:
+        item = self._pending.pop(event.decision_id, None)
+        if item is None:
+            return None
+        # Retention is not awaited here; the backend scales by it (`feedback_reward`).
+        reward = feedback_reward(event.kind, event.accepted_chars, item.suggestion)
+        if reward is None:
+            return None
+        return replace(item, outcome=event.kind, reward=reward)
 
 
 def advantage_scale(rewards: Iterable[float], baseline: float) -> float:

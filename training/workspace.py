@@ -76,9 +76,13 @@ def train_workspace(
     exclude: Sequence[str] = (),
     on_progress: Callable[[Progress], None] | None = None,
     device: str | None = None,
+    code: bool = True,
 ) -> tuple[TrainResult, list[str]]:
-    """Train in `work_dir` (resuming there) on `root`'s training files; (result, held-out files)."""
+    """Train in `work_dir` (resuming there) on `root`'s training files (none with `code` off:
+    feedback alone) and `feedback`; (result, held-out files)."""
     train_files, held_out = split_files(workspace_files(root, exclude))
+    if not code:
+        train_files = []
     if not train_files and (feedback is None or feedback.count() == 0):
         raise ValueError(f"{root}: no code files to train on")
     trainable = load_trainable(model, cache_dir, settings)

@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import logging
 import uuid
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,20 +33,13 @@ from lsp_server.config import Settings
 from lsp_server.protocol import ADAPTER_PROGRESS_TITLE, ADAPTER_PROGRESS_TOKEN_PREFIX
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
-from training.feedback import Feedback, FeedbackStore, feedback_reward
+from training.feedback import FeedbackRecorder, FeedbackStore
 from training.registry import REGISTRY_FILE, AdapterRegistry, AdapterRegistryError, scope_dir
 
 log = logging.getLogger(__name__)
 
 FEEDBACK_FILE = "training/feedback.sqlite"
-PENDING_KEPT = 512
 REGISTRY_POLL_S = 30.0
-
-
-def local_reward(event: OutcomeEvent, suggestion: str) -> float | None:
-    """Reward of an outcome at the time it is known (retention is not awaited locally); the
-    backend gives events that carry text the same reward (`training.feedback.feedback_reward`)."""
-    return feedback_reward(event.kind, event.accepted_chars, suggestion)
 
 
 class LearningFeature:
@@ -56,7 +48,7 @@ class LearningFeature:
     def __init__(self, server: TabloopServer) -> None:
         self.server = server
         self.store: FeedbackStore | None = None
-        self._pending: OrderedDict[str, Feedback] = OrderedDict()
+        self._recorder = FeedbackRecorder()
         self._registry_stamp: tuple[object, ...] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._unservable_reported = False
@@ -94,32 +86,14 @@ class LearningFeature:
         self._adapter_key = adapter_key
 
     def on_decision(self, decision: Decision, request: CompletionRequest) -> None:
-        if self.store is None or not decision.shown:
-            return
-        self._pending[decision.decision_id] = Feedback(
-            request.path or "",
-            request.prefix,
-            decision.text,
-            request.suffix,
-            "",
-            0.0,
-            max(min(decision.propensity, 1.0), 1e-6),
-        )
-        while len(self._pending) > PENDING_KEPT:
-            self._pending.popitem(last=False)
+        if self.store is not None:
+            self._recorder.shown(decision, request)
 
     def on_outcome(self, event: OutcomeEvent) -> None:
-        item = self._pending.pop(event.decision_id, None)
+        kept = self._recorder.settled(event)
         store = self.store
-        if item is None or store is None:
+        if kept is None or store is None:
             return
-        reward = local_reward(event, item.suggestion)
-        if reward is None:
-            return
-        kept = Feedback(
-            item.path, item.prefix, item.suggestion, item.suffix, event.kind, reward,
-            item.propensity,
-        )  # fmt: skip
         future = asyncio.get_running_loop().run_in_executor(None, store.record, kept)
         future.add_done_callback(_log_failure)
 

@@ -174,3 +174,64 @@ def test_replay_runs_the_whole_loop(tmp_path: Path, tiny_model_path: Path) -> No
     assert seen["baseline"]["shown"] == seen["baseline"]["suggestions"]
     assert seen["learned"]["shown"] <= seen["baseline"]["shown"]
     assert corpus["train_files"] == 2 and corpus["test_files"] == 1
+
+
+def test_the_model_loop_trains_an_adapter_on_code_and_feedback_and_serves_it(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    train = _corpus(tmp_path / "train", "textwrap.py", "fnmatch.py")
+    test = _corpus(tmp_path / "test", "colorsys.py")
+    argv = [
+        *("--train", str(train), "--test", str(test), "--rounds", "1"),
+        *("--train-positions", "20", "--test-positions", "8", "--model", str(tiny_model_path)),
+        *("--max-new-tokens", "8", "--context-tokens", "256", "--cache", str(tmp_path / "g.jsonl")),
+        *("--train-interval", "0.5", "--refresh", "0.2", "--eval-draws", "1"),
+        *("--model-loop-samples", "8", "--prompt-fix-positions", "0"),
+    ]
+    report = run(_parser().parse_args(argv), argv)
+
+    loop = report["model_loop"]
+    first = report["rounds"][0]
+    # Each suggestion shown in the first round, and judged, was kept as the server keeps it.
+    assert loop["feedback_rows"] == sum(loop["feedback_outcomes"].values())
+    assert 0 < loop["feedback_rows"] <= first["shown"]
+    assert set(loop["feedback_outcomes"]) <= {"accepted", "partial", "ignored", "dismissed"}
+    assert loop["training"]["samples"] == 8 and loop["training"]["steps"] == 1
+    # The adapted model served the held-out plays: its own model id, its own outputs.
+    assert loop["model"] != report["model"] and "+" in loop["model"].removeprefix(report["model"])
+    assert report["model_cache"]["misses"] >= 20 + 8 + 8
+    for figures in loop["held_out"].values():
+        assert figures["requests"] == 8
+        assert figures["shown"] <= figures["suggestions"] <= 8
+    summary = loop["summary"]
+    assert (
+        summary["adapted_always_show_vs_base_always_show"]["baseline"]
+        == (report["held_out"]["always_show"])
+    )
+    assert summary["adapted_learned_vs_base_learned"]["baseline"] == report["held_out"]["learned"]
+
+
+def test_the_held_out_split_is_the_adapter_trainers(tmp_path: Path) -> None:
+    from training.examples import is_held_out, split_files, workspace_files
+
+    root = _corpus(tmp_path / "code", *(p.name for p in sorted(STDLIB.glob("[a-f]*.py"))[:12]))
+    train, held = split_files(workspace_files(root))
+    assert train and held  # twelve files: both sides have some
+    learn = sample_positions(root, 60, 0, keep=lambda f: not is_held_out(f))
+    report = sample_positions(root, 30, 1, keep=is_held_out)
+    assert {Path(p.path).name for p in learn} <= set(train)
+    assert {Path(p.path).name for p in report} <= set(held)
+    assert len(report) == 30
+
+
+def test_the_replay_wants_one_held_out_corpus(tmp_path: Path) -> None:
+    corpus = _corpus(tmp_path / "c", "colorsys.py")
+    with pytest.raises(SystemExit, match="not both"):
+        run(
+            _parser().parse_args(
+                ["--train", str(corpus), "--test", str(corpus), "--held-out-split"]
+            ),
+            [],
+        )
+    with pytest.raises(SystemExit, match="is needed"):
+        run(_parser().parse_args(["--train", str(corpus)]), [])

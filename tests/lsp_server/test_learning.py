@@ -17,10 +17,10 @@ from completion.runners.loading import load_model
 from completion.runners.local import LocalRunner
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
-from lsp_server.features.learning import LearningFeature, local_reward
+from lsp_server.features.learning import LearningFeature
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
-from training.feedback import DISTRACTION_COST
+from training.feedback import DISTRACTION_COST, FeedbackRecorder
 from training.lora import LoraShape, attach_lora
 from training.registry import AdapterRegistry, scope_dir
 
@@ -40,8 +40,34 @@ def _outcome(kind: str, decision_id: str = "d1", chars: int | None = None) -> Ou
         pytest.param(_outcome("not_viewed"), None, id="not-viewed"),
     ],
 )
-def test_local_reward(event: OutcomeEvent, reward: float | None) -> None:
-    assert local_reward(event, "0123456789") == reward
+def test_an_outcome_settles_its_shown_suggestion(event: OutcomeEvent, reward: float | None) -> None:
+    recorder = FeedbackRecorder()
+    request = CompletionRequest(prefix="x = ", suffix="\n", language="python", path="a.py")
+    recorder.shown(_decision("d1", "0123456789"), request)
+    kept = recorder.settled(event)
+    if reward is None:  # an outcome that judges nothing keeps nothing
+        assert kept is None
+        return
+    assert kept is not None
+    assert (kept.outcome, kept.reward, kept.propensity) == (event.kind, reward, 0.8)
+    assert (kept.prefix, kept.suggestion, kept.suffix, kept.path) == (
+        "x = ",
+        "0123456789",
+        "\n",
+        "a.py",
+    )
+    assert recorder.settled(event) is None  # once
+
+
+def test_the_recorder_forgets_the_oldest_unsettled_and_the_unshown() -> None:
+    recorder = FeedbackRecorder(kept=2)
+    request = CompletionRequest(prefix="x = ", suffix="", language="python", path="a.py")
+    recorder.shown(_decision("silent", "y", action="silence"), request)
+    for name in ("d1", "d2", "d3"):
+        recorder.shown(_decision(name, "y"), request)
+    assert recorder.settled(_outcome("accepted", "silent", 1)) is None
+    assert recorder.settled(_outcome("accepted", "d1", 1)) is None
+    assert recorder.settled(_outcome("accepted", "d3", 1)) is not None
 
 
 class _Server(SimpleNamespace):
