@@ -306,6 +306,12 @@ def _parser() -> argparse.ArgumentParser:
         default="code+feedback",
         help="what the adapter learns from (code+feedback: as `tabloop train model` does)",
     )
+    parser.add_argument(
+        "--model-loop-rounds",
+        type=int,
+        default=0,
+        help="rounds of the gate's loop on the adapted model's suggestions before it is judged",
+    )
     parser.add_argument("--learning-rate", type=float, default=3e-4, help="the adapter's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -448,9 +454,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             promotions = _promotions(scheduler, policies, backend, canary.get("version"))
             loop_report = None
             if feedback is not None:
+                loop = _Loop(telemetry, policies, scheduler, backend, train_positions, len(rounds))
                 loop_report = _model_loop(
                     args, test_positions, runner, settings, learned, rewards, evaluation, work,
-                    feedback,
+                    feedback, loop,
                 )  # fmt: skip
         finally:
             policies.close()
@@ -535,19 +542,24 @@ def _rounds(
     scheduler: TrainingScheduler,
     backend: LocalBackend,
     feedback: FeedbackStore | None = None,
+    count: int | None = None,
+    first: int = 1,
 ) -> list[dict[str, Any]]:
-    """The gate's loop on the training positions; the first round's shown suggestions and their
-    outcomes go to `feedback` (each position once, as a user meets it once)."""
+    """`count` rounds (default `--rounds`) of the gate's loop on the training positions, numbered
+    from `first`; the first round's shown suggestions and their outcomes go to `feedback` (each
+    position once, as a user meets it once)."""
     rewards = scheduler.settings.rewards
     registry, tenant = scheduler.registry, backend.principal.tenant_id
     rounds: list[dict[str, Any]] = []
-    number = 0
-    # The configured rounds, then up to EXTRA_ROUNDS more while a canary waits for its verdict:
+    wanted = args.rounds if count is None else count
+    played = 0
+    # The rounds asked for, then up to EXTRA_ROUNDS more while a canary waits for its verdict:
     # the loop ends with a version serving alone.
-    while number < args.rounds or (
-        registry.canary(tenant) is not None and number < args.rounds + EXTRA_ROUNDS
+    while played < wanted or (
+        registry.canary(tenant) is not None and played < wanted + EXTRA_ROUNDS
     ):
-        number += 1
+        number = first + played
+        played += 1
         serving = policies.current()
         engine = Engine(settings, runner, policy_source=policies.current, seed=args.seed + number)
         player = Player(
@@ -555,7 +567,7 @@ def _rounds(
             telemetry,
             rewards,
             args.min_partial_chars,
-            feedback=feedback if number == 1 else None,
+            feedback=feedback if played == 1 else None,
         )
         tally = player.play(positions)
         last_event = player.last_event_at
@@ -716,6 +728,18 @@ def _canary_drill(
     }
 
 
+@dataclass
+class _Loop:
+    """What the gate's loop runs on, for the rounds after the adapter serves."""
+
+    telemetry: TelemetryClient
+    policies: PolicyClient
+    scheduler: TrainingScheduler
+    backend: LocalBackend
+    positions: list[Position]
+    rounds_before: int
+
+
 def _model_loop(
     args: argparse.Namespace,
     positions: list[Position],
@@ -726,9 +750,11 @@ def _model_loop(
     base: dict[str, dict[str, Any]],
     work: Path,
     feedback: FeedbackStore,
+    loop: _Loop,
 ) -> dict[str, Any]:
     """Train an adapter as `tabloop train model` does, serve it, and play the held-out corpus
-    with it: shown always, and through the gate learned on the base model's suggestions."""
+    with it: shown always, through the gate learned on the base model's suggestions, and (with
+    `--model-loop-rounds`) through the gate after more rounds on the adapted model's."""
     from training.trainer import Budget, Progress, TrainSettings, parse_duration
     from training.workspace import train_workspace
 
@@ -764,10 +790,34 @@ def _model_loop(
     swap_started = time.perf_counter()
     runner.swap_adapter(Path(result.adapter))
     ready_s = time.perf_counter() - swap_started
+    policies: list[tuple[str, Policy]] = [("always_show", always_show()), ("learned", learned)]
+    rounds: list[dict[str, Any]] = []
+    if args.model_loop_rounds:
+        rounds = _rounds(
+            args,
+            loop.positions,
+            runner,
+            settings,
+            loop.telemetry,
+            loop.policies,
+            loop.scheduler,
+            loop.backend,
+            count=args.model_loop_rounds,
+            first=loop.rounds_before + 1,
+        )
+        policies.append(("relearned", loop.policies.current()))
     adapted = {
         name: _evaluate(args, positions, runner, settings, policy, rewards)
-        for name, policy in (("always_show", always_show()), ("learned", learned))
+        for name, policy in policies
     }
+    relearned = (
+        {
+            "relearned_vs_base_always_show": _changes(base["always_show"], adapted["relearned"]),
+            "relearned_vs_base_learned": _changes(base["learned"], adapted["relearned"]),
+        }
+        if "relearned" in adapted
+        else {}
+    )
     return {
         "data": data,
         "feedback_rows": rows,
@@ -797,7 +847,9 @@ def _model_loop(
                 base["always_show"], adapted["always_show"]
             ),
             "adapted_learned_vs_base_learned": _changes(base["learned"], adapted["learned"]),
+            **relearned,
         },
+        "rounds": rounds,
     }
 
 

@@ -186,7 +186,7 @@ def test_the_model_loop_trains_an_adapter_on_code_and_feedback_and_serves_it(
         *("--train-positions", "20", "--test-positions", "8", "--model", str(tiny_model_path)),
         *("--max-new-tokens", "8", "--context-tokens", "256", "--cache", str(tmp_path / "g.jsonl")),
         *("--train-interval", "0.5", "--refresh", "0.2", "--eval-draws", "1"),
-        *("--model-loop-samples", "8", "--prompt-fix-positions", "0"),
+        *("--model-loop-samples", "8", "--model-loop-rounds", "1", "--prompt-fix-positions", "0"),
     ]
     report = run(_parser().parse_args(argv), argv)
 
@@ -199,7 +199,11 @@ def test_the_model_loop_trains_an_adapter_on_code_and_feedback_and_serves_it(
     assert loop["training"]["samples"] == 8 and loop["training"]["steps"] == 1
     # The adapted model served the held-out plays: its own model id, its own outputs.
     assert loop["model"] != report["model"] and "+" in loop["model"].removeprefix(report["model"])
-    assert report["model_cache"]["misses"] >= 20 + 8 + 8
+    assert report["model_cache"]["misses"] >= 20 + 8 + 8 + 20
+    # One more round of the gate's loop ran on the adapted model's suggestions, after the others.
+    assert [r["round"] for r in loop["rounds"]][:1] == [len(report["rounds"]) + 1]
+    assert loop["rounds"][0]["requests"] == 20 and loop["rounds"][0]["trained"]["events"] > 20
+    assert set(loop["held_out"]) == {"always_show", "learned", "relearned"}
     for figures in loop["held_out"].values():
         assert figures["requests"] == 8
         assert figures["shown"] <= figures["suggestions"] <= 8
