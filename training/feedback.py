@@ -26,8 +26,8 @@ DEFAULT_MAX_ROWS = 20_000
 MAX_TEXT_CHARS = 8_000  # of the prefix or suffix kept around one suggestion
 MIN_PROPENSITY = 0.05  # clips the inverse propensity weight at 20
 DISTRACTION_COST = 0.25
-PENDING_KEPT = 512  # shown suggestions awaiting their outcome
 """Reward of an ignored or dismissed suggestion (λ of docs/learning.md); accepted earns 1."""
+PENDING_KEPT = 512  # shown suggestions awaiting their outcome
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS feedback (
