@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0 $(PIP_QUIET)
 	$(PIP) -e '.[dev,models,train]' $(PIP_QUIET)
-	$(PY) -c "import torch, transformers, ctranslate2, pygls, faiss, sentence_transformers"
+	$(PY) -c "import torch, transformers, ctranslate2, onnxruntime_genai, pygls, faiss, sentence_transformers"
 	touch $(STAMP)
 
 # Rebuilt when a source changes; needs npm (and the registry, once, for `npm ci`).

@@ -44,25 +44,27 @@ class CompletionSettings(BaseModel):
     fim_template: Literal["auto", "qwen", "starcoder", "codellama", "deepseek"] = Field(
         "auto", description="Fill-in-the-middle prompt format; `auto` infers it from the model."
     )
-    engine: Literal["auto", "ctranslate2", "torch"] = Field(
+    engine: Literal["auto", "onnxruntime", "ctranslate2", "torch"] = Field(
         "auto",
-        description="Inference engine of the local runner. `auto` is CTranslate2 (int8 weights; "
-        "on an idle 2-core CPU 4.3x faster per request than torch float32 at about a third of "
-        "the memory: `tabloop bench engines`, docs/models.md), converted once at first use, and "
-        "torch when CTranslate2 cannot be used; `torch` is the reference output, and what "
-        "adapter training and speculative decoding use.",
+        description="Inference engine of the local runner. `auto` is ONNX Runtime GenAI (4-bit "
+        "weights, int8 arithmetic, its KV cache kept across keystrokes; the fastest here: "
+        "`tabloop bench engines`, docs/models.md), built once at first use; CTranslate2 (int8) "
+        "when it cannot be used or float weights are asked for, and torch when neither can; "
+        "`torch` is the reference output, and what adapter training and speculative decoding "
+        "use.",
     )
-    dtype: Literal["auto", "bfloat16", "float32", "int8"] = Field(
+    dtype: Literal["auto", "bfloat16", "float32", "int8", "int4"] = Field(
         "auto",
-        description="Weights of the local runner on the CPU. `auto` is `int8` in CTranslate2 and "
-        "`float32` in torch, chosen by `tabloop bench engines` and `tabloop bench dtype` on a "
-        "2-core CPU (docs/models.md); run the benches to compare on your machine.",
+        description="Weights of the local runner on the CPU. `auto` is `int4` in ONNX Runtime "
+        "GenAI, `int8` in CTranslate2 and `float32` in torch, chosen by `tabloop bench engines` "
+        "and `tabloop eval holes --engines` on a 2-core CPU (docs/models.md); `int8` runs 8-bit "
+        "weights in either fast engine.",
     )
     threads: int = Field(
         0,
         ge=0,
-        description="Threads of the local runner; 0 uses every core in CTranslate2 and every "
-        "core but one in torch.",
+        description="Threads of the local runner; 0 uses every core in the fast engines (ONNX "
+        "Runtime GenAI, CTranslate2) and every core but one in torch.",
     )
     max_new_tokens: int = Field(
         64, ge=1, le=1024, description="Most tokens generated for one suggestion."

@@ -13,6 +13,7 @@ from completion.settings import CompletionSettings
 
 if TYPE_CHECKING:
     from completion.runners.ct2 import Ct2Runner
+    from completion.runners.onnx import OnnxRunner
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,11 @@ def load_runner(
         )
     adapter = Path(settings.adapter).expanduser() if settings.adapter else None
     if settings.engine != "torch":
-        fast = _load_fast_runner(settings, cache_dir, family, progress)
+        fast: Ct2Runner | OnnxRunner | None = None
+        if fast_engine(settings) == "onnxruntime":
+            fast = _load_onnx_runner(settings, cache_dir, family, progress)
+        if fast is None and settings.engine != "onnxruntime" and settings.dtype != "int4":
+            fast = _load_fast_runner(settings, cache_dir, family, progress)
         if fast is not None:
             if adapter is not None:
                 # Merged into the base weights and converted the first time (minutes on a real
@@ -56,7 +61,8 @@ def load_runner(
     return LocalRunner(
         settings.model,
         cache_dir,
-        dtype=settings.dtype,
+        # 4-bit weights exist in ONNX Runtime GenAI only; torch runs its own default then.
+        dtype="auto" if settings.dtype == "int4" else settings.dtype,
         threads=settings.threads,
         reuse_cache=settings.cache,
         family=family,
@@ -64,6 +70,56 @@ def load_runner(
         speculative_tokens=settings.speculative_tokens,
         adapter=adapter,
     )
+
+
+def fast_engine(settings: CompletionSettings) -> str:
+    """The engine `completion.engine` asks for first: `auto` is ONNX Runtime GenAI, or
+    CTranslate2 where the weights asked for are float (`completion.dtype`)."""
+    if settings.engine == "auto":
+        return "ctranslate2" if settings.dtype in ("float32", "bfloat16") else "onnxruntime"
+    return settings.engine
+
+
+def onnx_precision(settings: CompletionSettings) -> str:
+    """The ONNX engine's weights: `int8` unless `completion.dtype` is `int4` (faster to decode,
+    but it writes worse code: docs/models.md)."""
+    return "int4" if settings.dtype == "int4" else "int8"
+
+
+def _load_onnx_runner(
+    settings: CompletionSettings,
+    cache_dir: Path,
+    family: str | None,
+    progress: Callable[[str], None] | None,
+) -> OnnxRunner | None:
+    """The ONNX Runtime GenAI runner, or None (with one clear message) when it cannot be used;
+    `auto` then tries CTranslate2."""
+    precision = onnx_precision(settings)
+    try:
+        from completion.runners.conversion import ConversionError, record_failure
+        from completion.runners.onnx import OnnxRunner
+    except ImportError as exc:
+        message = f"ONNX Runtime GenAI is not installed ({exc})"
+        if settings.engine == "onnxruntime":
+            raise RuntimeError(message) from exc
+        log.warning("%s; trying CTranslate2", message)
+        return None
+    try:
+        return OnnxRunner(
+            settings.model,
+            cache_dir,
+            precision="int8" if precision == "int8" else "int4",
+            threads=settings.threads,
+            family=family,
+            progress=progress,
+            reuse_prefix=settings.cache,
+        )
+    except (ConversionError, RuntimeError, OSError, ValueError) as exc:
+        record_failure(settings.model, f"onnxruntime:{precision}", cache_dir, str(exc))
+        if settings.engine == "onnxruntime":
+            raise
+        log.warning("ONNX Runtime GenAI cannot run this model (%s); trying CTranslate2", exc)
+        return None
 
 
 def _load_fast_runner(
@@ -74,7 +130,7 @@ def _load_fast_runner(
 ) -> Ct2Runner | None:
     """The CTranslate2 runner, or None (with one clear message) when it cannot be used."""
     try:
-        from completion.runners.conversion import ConversionError, record_failure
+        from completion.runners.conversion import ComputeType, ConversionError, record_failure
         from completion.runners.ct2 import Ct2Runner
     except ImportError as exc:
         message = f"CTranslate2 is not installed ({exc}); using the torch runner"
@@ -82,7 +138,9 @@ def _load_fast_runner(
             raise RuntimeError(message) from exc
         log.warning("%s", message)
         return None
-    compute_type = "int8" if settings.dtype == "auto" else settings.dtype
+    compute_type: ComputeType = "int8"  # for `auto`, and for `int4`, which this engine lacks
+    if settings.dtype == "float32" or settings.dtype == "bfloat16":
+        compute_type = settings.dtype
     try:
         return Ct2Runner(
             settings.model,
@@ -117,59 +175,75 @@ def _expected_source(settings: CompletionSettings, cache_dir: Path) -> Any:
 def needs_transformers(settings: CompletionSettings, cache_dir: Path) -> bool:
     """Whether loading the runner will import transformers (and torch).
 
-    Only the fast engine with its converted model at hand does without them; a first use
+    Only a fast engine with its converted model at hand does without them; a first use
     converts with transformers, and a fallback runs torch.
     """
     if settings.runner == "http":
         return False
-    if settings.engine == "torch" or importlib.util.find_spec("ctranslate2") is None:
+    engine = fast_engine(settings)
+    module = "onnxruntime_genai" if engine == "onnxruntime" else "ctranslate2"
+    if settings.engine == "torch" or importlib.util.find_spec(module) is None:
         return True
     from completion.runners.conversion import MANIFEST, engine_path
 
     source = _expected_source(settings, cache_dir)
-    compute_type = "int8" if settings.dtype == "auto" else settings.dtype
-    return source is None or not (engine_path(source, compute_type, cache_dir) / MANIFEST).is_file()
+    if source is None:
+        return True
+    target = engine_path(source, _compute_type(settings, engine), cache_dir, engine)  # type: ignore[arg-type]
+    return not (target / MANIFEST).is_file()
+
+
+def _compute_type(settings: CompletionSettings, engine: str) -> str:
+    if engine == "onnxruntime":
+        return onnx_precision(settings)
+    return "int8" if settings.dtype == "auto" else settings.dtype
 
 
 def engine_status(settings: CompletionSettings, cache_dir: Path) -> dict[str, Any]:
     """What `tabloop doctor` says about the local engine, without loading or converting anything."""
     import importlib.metadata
 
-    from completion.runners.conversion import engine_path, last_failure, read_manifest, verify
+    from completion.runners.conversion import (
+        WEIGHTS,
+        engine_path,
+        last_failure,
+        read_manifest,
+        verify,
+    )
 
     report: dict[str, Any] = {"requested": settings.engine}
     if settings.runner == "http":
         return {**report, "engine": "http"}
+    if settings.engine == "torch":
+        return {**report, "engine": "torch"}
+    engine = fast_engine(settings)
+    package = "onnxruntime-genai" if engine == "onnxruntime" else "ctranslate2"
     try:
-        version = importlib.metadata.version("ctranslate2")
+        version = importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        version = None
-    compute_type = "int8" if settings.dtype == "auto" else settings.dtype
-    if settings.engine == "torch" or version is None:
-        why = "" if settings.engine == "torch" else "CTranslate2 is not installed"
-        return (
-            {**report, "engine": "torch", "problem": why} if why else {**report, "engine": "torch"}
-        )
-    report.update(
-        {"engine": "ctranslate2", "engine_version": version, "compute_type": compute_type}
-    )
+        return {**report, "engine": "torch", "problem": f"{package} is not installed"}
+    compute_type = _compute_type(settings, engine)
+    failure_key = f"onnxruntime:{compute_type}" if engine == "onnxruntime" else compute_type
+    report.update({"engine": engine, "engine_version": version, "compute_type": compute_type})
     source = _expected_source(settings, cache_dir)
     if source is None:
         return {**report, "problem": f"completion.model {settings.model} cannot be found"}
-    target = engine_path(source, compute_type, cache_dir)
+    target = engine_path(source, compute_type, cache_dir, engine)  # type: ignore[arg-type]
     report["converted_model"] = str(target)
-    failure = last_failure(settings.model, compute_type, cache_dir)
+    failure = last_failure(settings.model, failure_key, cache_dir)
     if not target.exists():
         report["converted"] = False
         if failure:
-            report["engine"] = "torch"
-            report["problem"] = f"the fast engine fell back to torch: {failure}"
+            fallback = "CTranslate2" if engine == "onnxruntime" else "torch"
+            report["engine"] = "ctranslate2" if engine == "onnxruntime" else "torch"
+            report["problem"] = f"the fast engine ({engine}) fell back to {fallback}: {failure}"
         return report
     problem = verify(target)
     manifest = read_manifest(target) or {}
     files = manifest.get("files") or {}
+    weights = str(manifest.get("weights", WEIGHTS[engine]))
     report["converted"] = problem is None
-    report["converted_sha256"] = (files.get("model.bin") or {}).get("sha256")
+    report["converted_sha256"] = (files.get(weights) or {}).get("sha256")
     if problem is not None:
         report["problem"] = f"the converted model is damaged ({problem}); it is rebuilt at next use"
     return report

@@ -1,12 +1,12 @@
-"""The fast engine's copy of a model: converted once, atomically, under a lock, and verified.
+"""The fast engines' copies of a model: converted once, atomically, under a lock, and verified.
 
-CTranslate2 runs its own model format. The first use of a model converts it from the plain
-safetensors copy the torch runner keeps (`loading.py`; for the bundled GGUF model that copy is
-itself made once), quantising the weights to the compute type. The result is written into a
-temporary directory next to its final place, with a manifest holding the SHA-256 and size of every
-file, and renamed into place: a process killed half-way leaves only a temporary directory that the
-next conversion removes. Every load checks the manifest against the files; a copy that does not
-match is deleted and converted again, never loaded.
+CTranslate2 and ONNX Runtime GenAI each run their own model format. The first use of a model
+converts it from the plain safetensors copy the torch runner keeps (`loading.py`; for the bundled
+GGUF model that copy is itself made once), quantising the weights to the compute type. The result is
+written into a temporary directory next to its final place, with a manifest holding the SHA-256 and
+size of every file, and renamed into place: a process killed half-way leaves only a temporary
+directory that the next conversion removes. Every load checks the manifest against the files; a copy
+that does not match is deleted and converted again, never loaded.
 """
 
 from __future__ import annotations
@@ -27,8 +27,12 @@ from completion.runners.loading import ModelSource, ensure_plain_copy
 log = logging.getLogger(__name__)
 
 ComputeType = Literal["int8", "int8_float32", "float32", "bfloat16"]
+Engine = Literal["ctranslate2", "onnxruntime"]
 
 ENGINE_DIR = "ct2"
+# Each engine's directory under `<cache>/models` and the file that holds its weights.
+ENGINE_DIRS: dict[str, str] = {"ctranslate2": ENGINE_DIR, "onnxruntime": "onnx"}
+WEIGHTS: dict[str, str] = {"ctranslate2": "model.bin", "onnxruntime": "model.onnx.data"}
 MANIFEST = "tabloop-manifest.json"
 # Files the runner needs besides the weights: the tokenizer and the generation settings.
 CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
@@ -40,13 +44,17 @@ class ConversionError(RuntimeError):
     """The model could not be converted to the fast engine's format."""
 
 
-def engine_path(source: ModelSource, compute_type: str, cache_dir: Path) -> Path:
-    """Where the converted copy of `source` for `compute_type` lives."""
+def engine_path(
+    source: ModelSource, compute_type: str, cache_dir: Path, engine: Engine = "ctranslate2"
+) -> Path:
+    """Where the converted copy of `source` for `compute_type` in `engine` lives."""
     weights = "int8" if compute_type.startswith("int8") else compute_type
-    return cache_dir / "models" / ENGINE_DIR / f"{source.name}-{source.revision}-{weights}"
+    folder = ENGINE_DIRS[engine]
+    return cache_dir / "models" / folder / f"{source.name}-{source.revision}-{weights}"
 
 
 def _failure_path(model: str, compute_type: str, cache_dir: Path) -> Path:
+    # `compute_type` names the engine too where two engines share one (`onnxruntime:int8`).
     digest = hashlib.sha256(f"{model}:{compute_type}".encode()).hexdigest()[:16]
     return cache_dir / "models" / ENGINE_DIR / f"failed-{digest}.txt"
 
@@ -95,8 +103,9 @@ def verify(target: Path) -> str | None:
     if manifest is None:
         return "no manifest (never finished converting)"
     files = manifest.get("files")
-    if not isinstance(files, dict) or "model.bin" not in files:
-        return "manifest lists no model.bin"
+    weights = str(manifest.get("weights", "model.bin"))
+    if not isinstance(files, dict) or weights not in files:
+        return f"manifest lists no {weights}"
     for name, expected in files.items():
         path = target / name
         try:
@@ -114,11 +123,17 @@ def checksum(target: Path) -> str | None:
     """The converted weights' SHA-256 as the manifest records it."""
     manifest = read_manifest(target) or {}
     files = manifest.get("files") or {}
-    entry = files.get("model.bin") if isinstance(files, dict) else None
+    weights = str(manifest.get("weights", "model.bin"))
+    entry = files.get(weights) if isinstance(files, dict) else None
     return entry.get("sha256") if isinstance(entry, dict) else None
 
 
-def _convert_into(plain: Path, work: Path, quantization: str) -> None:
+def _convert_into(plain: Path, work: Path, quantization: str, engine: Engine) -> None:
+    if engine == "onnxruntime":
+        from completion.runners.onnx_build import build_into
+
+        build_into(plain, work, quantization)
+        return
     from ctranslate2.converters import TransformersConverter
 
     converter = TransformersConverter(str(plain), low_cpu_mem_usage=True)
@@ -128,12 +143,19 @@ def _convert_into(plain: Path, work: Path, quantization: str) -> None:
             shutil.copyfile(plain / name, work / name)
 
 
+def _engine_version(engine: Engine) -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("onnxruntime-genai" if engine == "onnxruntime" else engine)
+
+
 def ensure_converted(
     source: ModelSource,
     compute_type: str,
     cache_dir: Path,
     *,
     progress: Progress | None = None,
+    engine: Engine = "ctranslate2",
 ) -> Path:
     """The directory of the converted model, converting it first when needed.
 
@@ -147,13 +169,14 @@ def ensure_converted(
             raise ConversionError(f"could not read {source.name}: {exc}") from exc
 
     return convert_once(
-        engine_path(source, compute_type, cache_dir),
+        engine_path(source, compute_type, cache_dir, engine),
         source.name,
         compute_type,
         plain_copy,
         manifest={"source": f"{source.name}@{source.revision}"},
         progress=progress,
         duration="about a minute",
+        engine=engine,
     )
 
 
@@ -166,6 +189,7 @@ def convert_once(
     manifest: dict[str, Any],
     progress: Progress | None = None,
     duration: str = "a few minutes",
+    engine: Engine = "ctranslate2",
 ) -> Path:
     """`target`, a converted model with a verified manifest, converting it first when needed.
 
@@ -175,9 +199,8 @@ def convert_once(
     The conversion is written into a temporary directory next to `target` with a manifest
     (`manifest` plus every file's size and SHA-256) and renamed into place. Errors other than
     `ConversionError` that `prepare` raises pass through unchanged, before anything is converted.
+    `engine` is the format converted to.
     """
-    import ctranslate2
-
     say = progress or (lambda message: log.info("%s", message))
     target.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(target.with_name(target.name + ".lock")):
@@ -198,7 +221,7 @@ def convert_once(
             say(f"converting {label} to {compute_type} ({duration})")
             quantization = "int8" if compute_type.startswith("int8") else compute_type
             try:
-                _convert_into(plain, work, quantization)
+                _convert_into(plain, work, quantization, engine)
                 files = {
                     item.name: {"size": item.stat().st_size, "sha256": _sha256(item)}
                     for item in sorted(work.iterdir())
@@ -207,7 +230,9 @@ def convert_once(
                 record = {
                     **manifest,
                     "quantization": quantization,
-                    "ctranslate2": ctranslate2.__version__,
+                    "engine": engine,
+                    engine: _engine_version(engine),
+                    "weights": WEIGHTS[engine],
                     "files": files,
                 }
                 (work / MANIFEST).write_text(json.dumps(record, indent=1), encoding="utf-8")

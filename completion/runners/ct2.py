@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import json
 import logging
 import os
 import threading
@@ -25,10 +24,10 @@ import time
 import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from completion.fim import UnknownFamily, detect_family, template_for
-from completion.healing import VocabIndex, best_allowed, token_texts
+from completion.fim import template_for
+from completion.healing import VocabIndex, best_allowed
 from completion.runners.conversion import (
     ComputeType,
     checksum,
@@ -38,6 +37,7 @@ from completion.runners.conversion import (
 from completion.runners.conversion import Progress as ConversionProgress
 from completion.runners.loading import resolve_source
 from completion.runners.static_prompt import StaticPrompt
+from completion.runners.tokens import TokenStream, family_of, stop_ids, vocab_index
 from completion.types import CancelToken, Generation, StopRule
 
 log = logging.getLogger(__name__)
@@ -58,72 +58,13 @@ def _release_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def cut_at(text: str, stop_strings: tuple[str, ...], stop: StopRule) -> int | None:
-    """Where to end `text`: at a stop string of the template, or where the stop rule says."""
-    cuts = [index for token in stop_strings if (index := text.find(token)) >= 0]
-    # An incomplete UTF-8 sequence decodes to U+FFFD; judge the text once it is complete.
-    rule = stop(text) if not text.endswith("\ufffd") else None
-    if rule is not None:
-        cuts.append(rule)
-    return min(cuts) if cuts else None
-
-
-class _Stream:
-    """The text of the tokens generated so far, cut by the stop rule, with their log-probs.
-
-    It holds the tokenizer and the stop data, never the runner: the engine's worker thread may
-    drop the last reference to the callback that holds a stream, and a runner released there
-    would join that thread from itself.
-    """
-
-    def __init__(
-        self,
-        tokenizer: Any,
-        stop_ids: frozenset[int],
-        stop_strings: tuple[str, ...],
-        prompt_ids: list[int],
-        stop: StopRule,
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.stop_ids = stop_ids
-        self.stop_strings = stop_strings
-        self.anchor = prompt_ids[-1:]
-        self.head = self._decode(self.anchor)
-        self.stop = stop
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.ends: list[int] = []
-        self.text = ""
-        self.reason: Literal["stop", "length", "eos"] = "length"
-
-    def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
-
-    def add(self, token_id: int, logprob: float) -> bool:
-        """Take one generated token; True when generation should stop here."""
-        if token_id in self.stop_ids:
-            self.reason = "eos"
-            return True
-        self.ids.append(token_id)
-        self.logprobs.append(logprob)
-        self.text = self._decode(self.anchor + self.ids)[len(self.head) :]
-        self.ends.append(len(self.text))
-        cut = cut_at(self.text, self.stop_strings, self.stop)
-        if cut is not None:
-            self.text = self.text[:cut]
-            kept = next((i + 1 for i, end in enumerate(self.ends) if end >= cut), len(self.ends))
-            del self.logprobs[kept if cut > 0 else 0 :]
-            self.reason = "stop"
-            return True
-        return False
-
-
 @dataclass
 class PreparedModel:
-    """A generator loaded on a converted model (the base, or base + an adapter), not yet serving.
+    """A model loaded on converted weights (the base, or base + an adapter), not yet serving.
 
-    `Ct2Runner.prepare_adapter` makes it on any thread (merging and converting takes minutes on a
-    real model); `Ct2Runner.install` swaps it in between two requests.
+    `prepare_adapter` makes it on any thread (merging and converting takes minutes on a real
+    model); `install` swaps it in between two requests. `generator` is what the engine loaded: a
+    CTranslate2 generator, or an ONNX Runtime GenAI model (`completion.runners.onnx`).
     """
 
     adapter: Path | None
@@ -186,9 +127,9 @@ class Ct2Runner:
         self.adapter: Path | None = None
         # The int8 weights write other text than the original ones: decisions say which ran.
         self.model_id = self._model_id(None)
-        self.family = family or self._detect_family()
+        self.family = family or family_of(self.tokenizer, self.source.name)
         self.stop_strings = template_for(self.family).stop_tokens
-        self.stop_ids = self._collect_stop_ids()
+        self.stop_ids = stop_ids(self.path, self.tokenizer, self.stop_strings)
         self._end_tokens = sorted(self.stop_ids)
         self._lock = threading.Lock()
         self._vocab: VocabIndex | None = None
@@ -275,36 +216,6 @@ class Ct2Runner:
         the slow part (`prepare_adapter`) off the model thread and only `install` on it.
         """
         self.install(self.prepare_adapter(adapter))
-
-    def _specials(self) -> list[str]:
-        added = self.tokenizer.get_added_tokens_decoder()
-        return [token.content for token in added.values()]
-
-    def _detect_family(self) -> str:
-        try:
-            return detect_family(self._specials(), self.source.name)
-        except UnknownFamily:
-            raise UnknownFamily(
-                f"cannot tell the fill-in-the-middle format of {self.source.name}: "
-                "set completion.fimTemplate"
-            ) from None
-
-    def _collect_stop_ids(self) -> set[int]:
-        ids: set[int] = set()
-        for name in ("generation_config.json", "config.json"):
-            try:
-                config = json.loads((self.path / name).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue
-            eos = config.get("eos_token_id")
-            for value in eos if isinstance(eos, list) else [eos]:
-                if isinstance(value, int):
-                    ids.add(value)
-        for token in self.stop_strings:
-            found = self.tokenizer.token_to_id(token)
-            if found is not None:
-                ids.add(found)
-        return ids
 
     def describe(self) -> dict[str, Any]:
         """What `tabloop doctor` reports about the engine."""
@@ -443,13 +354,7 @@ class Ct2Runner:
     def vocab_index(self) -> VocabIndex:
         """The decoded text of every token, built at the first healed request."""
         if self._vocab is None:
-            size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-            decoded = self.tokenizer.decode_batch(
-                [[token] for token in range(size)], skip_special_tokens=False
-            )
-            raw = [self.tokenizer.id_to_token(token) or "" for token in range(size)]
-            added = set(self.tokenizer.get_added_tokens_decoder())
-            self._vocab = VocabIndex(token_texts(decoded, raw), added | self.stop_ids)
+            self._vocab = vocab_index(self.tokenizer, self.stop_ids)
         return self._vocab
 
     def _run_forced(
@@ -476,7 +381,7 @@ class Ct2Runner:
         result = Generation(text="", prompt_tokens=len(ids))
         split = self._split(ids, cancel)
         result.reused_tokens = split.reused
-        stream = _Stream(self.tokenizer, frozenset(self.stop_ids), self.stop_strings, ids, stop)
+        stream = TokenStream(self.tokenizer, frozenset(self.stop_ids), self.stop_strings, ids, stop)
         started = time.perf_counter()
         first_at: float | None = None
         rejected: list[tuple[Any, frozenset[int]]] = []
@@ -610,10 +515,10 @@ class Ct2Runner:
         streams = []
         for index, ids in enumerate(batch):
             if heads is None:
-                streams.append(_Stream(self.tokenizer, stop_ids, self.stop_strings, ids, stop))
+                streams.append(TokenStream(self.tokenizer, stop_ids, self.stop_strings, ids, stop))
                 continue
             # A candidate whose first token was chosen here: its prompt ends with that token.
-            stream = _Stream(self.tokenizer, stop_ids, self.stop_strings, ids[:-1], stop)
+            stream = TokenStream(self.tokenizer, stop_ids, self.stop_strings, ids[:-1], stop)
             stream.add(*heads[index])
             streams.append(stream)
         done = [False] * len(batch)

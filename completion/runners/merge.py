@@ -1,17 +1,17 @@
-"""An adapter for the fast engine: merged into the base weights and converted, once per version.
+"""An adapter for a fast engine: merged into the base weights and converted, once per version.
 
-CTranslate2 runs a plain model; it cannot add LoRA layers at run time. So serving an adapter
-(`completion.adapters`) there takes three steps, all off the serving path: the float base model
-is loaded with transformers, the adapter is applied with peft and merged into the weights
-(`merge_and_unload`), and the merged model is converted with the same converter and
+CTranslate2 and ONNX Runtime GenAI run a plain model here; they add no LoRA layers at run time. So
+serving an adapter (`completion.adapters`) there takes three steps, all off the serving path: the
+float base model is loaded with transformers, the adapter is applied with peft and merged into the
+weights (`merge_and_unload`), and the merged model is converted with the same converter and
 quantisation as the base (`conversion.convert_once`: under a lock, into a temporary directory
 renamed into place, with a manifest of checksums checked at every load). The result lives in
-`<cache>/models/ct2/merged/`, keyed by the base model's identity, the adapter's checksums and the
-compute type, so each adapter version is merged once and survives restarts; a damaged or
-half-written copy fails its manifest check and is rebuilt, never loaded.
+`<cache>/models/<engine>/merged/`, keyed by the base model's identity, the adapter's checksums and
+the compute type, so each adapter version is merged once and survives restarts; a damaged or half-
+written copy fails its manifest check and is rebuilt, never loaded.
 
-The adapter's checksums and base model are checked before anything is read or written, and
-every tensor's name and shape before it touches the model: a damaged adapter is refused with
+The adapter's checksums and base model are checked before anything is read or written, and every
+tensor's name and shape before it touches the model: a damaged adapter is refused with
 `AdapterError`.
 """
 
@@ -32,8 +32,9 @@ from completion.adapters import (
 )
 from completion.runners.conversion import (
     CARRIED,
-    ENGINE_DIR,
+    ENGINE_DIRS,
     ConversionError,
+    Engine,
     Progress,
     convert_once,
 )
@@ -57,13 +58,19 @@ def adapter_key(manifest: dict[str, object]) -> str:
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
-def merged_path(source: ModelSource, key: str, compute_type: str, cache_dir: Path) -> Path:
+def merged_path(
+    source: ModelSource,
+    key: str,
+    compute_type: str,
+    cache_dir: Path,
+    engine: Engine = "ctranslate2",
+) -> Path:
     """Where the merged and converted copy of base `source` + the adapter with `key` lives."""
     weights = "int8" if compute_type.startswith("int8") else compute_type
     return (
         cache_dir
         / "models"
-        / ENGINE_DIR
+        / ENGINE_DIRS[engine]
         / MERGED_DIR
         / f"{source.name}-{source.revision}-{key}-{weights}"
     )
@@ -96,6 +103,7 @@ def ensure_merged(
     cache_dir: Path,
     *,
     progress: Progress | None = None,
+    engine: Engine = "ctranslate2",
 ) -> Path:
     """The converted directory of base `source` with `adapter` merged in, made first if needed.
 
@@ -105,7 +113,7 @@ def ensure_merged(
     base_id = base_identity(source)
     manifest = verify_adapter(adapter, base_id)
     version = str(manifest.get("version", adapter.name))
-    target = merged_path(source, adapter_key(manifest), compute_type, cache_dir)
+    target = merged_path(source, adapter_key(manifest), compute_type, cache_dir, engine)
 
     def merge(scratch: Path) -> Path:
         try:
@@ -134,4 +142,5 @@ def ensure_merged(
             "adapter_files": {name: files.get(name) for name in (CONFIG, WEIGHTS)},
         },
         progress=progress,
+        engine=engine,
     )

@@ -11,7 +11,8 @@ At a thinking pause, the person takes (Tab) a suggestion that is exactly what th
 type, and the editor asks again at once; that request is where the prefetch pays.
 
 Reported for each configuration (`on`: the defaults; `off`: every cache and the prefetch off;
-`torch_reuse`: the torch runner with its KV-prefix reuse; `no_wait`, asked with `--configs`: the
+`torch_reuse`: the torch runner with its KV-prefix reuse; `ct2`: the defaults on CTranslate2;
+`no_wait`, asked with `--configs`: the
 defaults with `completion.latencyWaitMs` 0, a request that would come too late answered empty at
 once):
 - `model_served_ms_p50/p95`: from the keystroke before a pause to a suggestion on screen (the
@@ -300,6 +301,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "on": {},
     "off": {"cache": False, "prefetch": False},
     "torch_reuse": {"engine": "torch"},
+    # The defaults on CTranslate2 int8 (the default engine before ONNX Runtime GenAI).
+    "ct2": {"engine": "ctranslate2"},
     # Latency-aware skipping answering empty at once, without waiting for the pause to grow.
     "no_wait": {"latencyWaitMs": 0},
 }

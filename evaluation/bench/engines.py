@@ -1,11 +1,13 @@
-"""The local engines side by side: torch float32 (the baseline) against the default engine.
+"""The local engines side by side: torch float32 (the baseline), CTranslate2 int8 (the default
+before) and ONNX Runtime GenAI int8 (the default).
 
 The same 20 fill-in-the-middle prompts cut from real standard-library files (short, medium and
-about 1,000 tokens) go through both runners in one process, alternating per prompt so that a
-machine that gets busier hurts both alike: time to the first token, decode tokens/s, the whole
-request's p50/p95, `speedup_p50`, and the share of greedy outputs identical to float32's. Then each
-engine is loaded by a real language server (`python -m lsp_server`, bundled model, index off) and
-that process's resident memory is read once the model is ready.
+about 1,000 tokens) go through every runner in one process, in a rotating order per prompt so that
+a machine that gets busier hurts all alike: time to the first token, decode tokens/s, the whole
+request's p50/p95, `speedup_p50` (against torch) and `speedup_p50_vs_ctranslate2`, and the share of
+greedy outputs identical to float32's. Each prompt is read whole (no state kept from the one
+before). Then each engine is loaded by a real language server (`python -m lsp_server`, bundled
+model, index off) and that process's resident memory is read once the model is ready.
 
 The decode speed is also put against the machine's limit: decoding reads every weight once per
 token, so weights bytes / time per token is the memory bandwidth the engine achieves, reported
@@ -168,7 +170,7 @@ def server_memory_mb(client: Any) -> dict[str, float]:
     }
 
 
-async def _server_rss_mb(engine: str, model: str, cache_dir: Path) -> dict[str, Any]:
+async def _server_rss_mb(engine: str, dtype: str, model: str, cache_dir: Path) -> dict[str, Any]:
     from evaluation.lsp_client import TabloopClient
 
     with tempfile.TemporaryDirectory(prefix="tabloop-engines-") as root:
@@ -177,7 +179,7 @@ async def _server_rss_mb(engine: str, model: str, cache_dir: Path) -> dict[str, 
             Path(root),
             {
                 "cacheDir": str(cache_dir),
-                "completion": {"model": model, "engine": engine},
+                "completion": {"model": model, "engine": engine, "dtype": dtype},
                 "index": {"enabled": False},
                 "telemetry": {"level": "off"},
             },
@@ -214,23 +216,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# name in the report -> (completion.engine, completion.dtype)
+ENGINES = {
+    "torch-float32": ("torch", "float32"),
+    "ctranslate2-int8": ("ctranslate2", "int8"),
+    "onnxruntime-int8": ("onnxruntime", "int8"),
+}
+BASELINE, BEFORE, DEFAULT = "torch-float32", "ctranslate2-int8", "onnxruntime-int8"
+
+
 def main(argv: list[str]) -> int:
-    """Run both engines on the same prompts and print one JSON report."""
+    """Run every engine on the same prompts and print one JSON report."""
     args = _parser().parse_args(argv)
     from common.paths import default_cache_dir
     from completion.runners.ct2 import Ct2Runner
     from completion.runners.local import LocalRunner
+    from completion.runners.onnx import OnnxRunner
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     command = "tabloop bench engines " + " ".join(argv)
     if args.memory_only:
         print(json.dumps({"benchmark": "engines", "command": command, **_memory(args, cache_dir)}))
         return 0
-    # The fast engine first: its OpenMP set-up must not change the torch runner's thread count,
-    # which the torch runner sets when it loads (today's default: every core but one).
-    fast = Ct2Runner(args.model, cache_dir, threads=args.threads)
+    # The fast engines first: their thread set-up must not change the torch runner's thread
+    # count, which the torch runner sets when it loads (its default: every core but one).
+    fast = OnnxRunner(args.model, cache_dir, threads=args.threads, reuse_prefix=False)
+    before = Ct2Runner(args.model, cache_dir, threads=args.threads, reuse_prefix=False)
     torch_runner = LocalRunner(args.model, cache_dir, threads=args.threads, reuse_cache=False)
-    runners: dict[str, Any] = {"torch-float32": torch_runner, "ctranslate2-int8": fast}
+    runners: dict[str, Any] = {BASELINE: torch_runner, BEFORE: before, DEFAULT: fast}
     cases = prompts(args.prompts)
     load_before = os.getloadavg()[0]
     for runner in runners.values():  # warm-up: first-call allocations are not the engine's speed
@@ -238,64 +251,72 @@ def main(argv: list[str]) -> int:
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in runners}
     order = list(runners)
     for index, case in enumerate(cases):
-        for name in order if index % 2 == 0 else reversed(order):
+        turn = index % len(order)
+        for name in order[turn:] + order[:turn]:
             row = _measure(runners[name], case["prompt"], args.new_tokens)
             rows[name].append({"kind": case["kind"], "file": case["file"], **row})
-    base, new = rows["torch-float32"], rows["ctranslate2-int8"]
-    identical = sum(a["text"] == b["text"] for a, b in zip(base, new, strict=True))
     summaries = {name: _summary(found) for name, found in rows.items()}
-    weights_bytes = (fast.path / "model.bin").stat().st_size
-    decode_s_per_token = 1 / summaries["ctranslate2-int8"]["decode_tok_s_p50"]
+    for name, found in rows.items():
+        same = sum(a["text"] == b["text"] for a, b in zip(rows[BASELINE], found, strict=True))
+        summaries[name]["identical_to_float32"] = round(same / len(cases), 3)
+    new, old, base = summaries[DEFAULT], summaries[BEFORE], summaries[BASELINE]
     report: dict[str, Any] = {
         "benchmark": "engines",
         "command": command,
         "model": args.model,
-        "baseline": "torch-float32",
-        "new_default": "ctranslate2-int8",
+        "baseline": BASELINE,
+        "new_default": DEFAULT,
         "engine": fast.describe(),
+        "engine_before": before.describe(),
         "torch_threads": _torch_threads(),
         "prompts": len(cases),
         "new_tokens": args.new_tokens,
         "summary": summaries,
-        "speedup_p50": round(
-            summaries["torch-float32"]["total_ms_p50"]
-            / summaries["ctranslate2-int8"]["total_ms_p50"],
-            2,
+        "speedup_p50": round(base["total_ms_p50"] / new["total_ms_p50"], 2),
+        "ttft_speedup_p50": round(base["ttft_ms_p50"] / new["ttft_ms_p50"], 2),
+        "decode_speedup_p50": round(new["decode_tok_s_p50"] / base["decode_tok_s_p50"], 2),
+        "speedup_p50_vs_ctranslate2": round(old["total_ms_p50"] / new["total_ms_p50"], 2),
+        "decode_speedup_p50_vs_ctranslate2": round(
+            new["decode_tok_s_p50"] / old["decode_tok_s_p50"], 2
         ),
-        "ttft_speedup_p50": round(
-            summaries["torch-float32"]["ttft_ms_p50"]
-            / summaries["ctranslate2-int8"]["ttft_ms_p50"],
-            2,
-        ),
-        "decode_speedup_p50": round(
-            summaries["ctranslate2-int8"]["decode_tok_s_p50"]
-            / summaries["torch-float32"]["decode_tok_s_p50"],
-            2,
-        ),
-        "identical_to_float32": round(identical / len(cases), 3),
-        # Other work on the machine slows the two-thread engine more than the one-thread baseline.
+        "identical_to_float32": new["identical_to_float32"],
+        # Other work on the machine slows the two-thread engines more than the baseline.
         "cpu": cpu_description(),
         "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
         "limit": {
-            "weights_mb": round(weights_bytes / 2**20, 1),
-            "decode_gb_s_achieved": round(weights_bytes / decode_s_per_token / 1e9, 2),
-            "copy_gb_s_measured": copy_bandwidth_gb_s(),
+            name: _limit(path / weights, summaries[name]["decode_tok_s_p50"])
+            for name, path, weights in (
+                (DEFAULT, fast.path, "model.onnx.data"),
+                (BEFORE, before.path, "model.bin"),
+            )
         },
+        "copy_gb_s_measured": copy_bandwidth_gb_s(),
         "rows": rows,
     }
-    del torch_runner, fast, runners
+    for runner in runners.values():
+        runner.close()
+    del torch_runner, fast, before, runners
     if not args.skip_memory:
         report.update(_memory(args, cache_dir))
     print(json.dumps(report, indent=2))
     return 0
 
 
+def _limit(weights: Path, decode_tok_s: float) -> dict[str, float]:
+    """The weights read per token and the bandwidth that decode speed amounts to."""
+    size = weights.stat().st_size
+    return {
+        "weights_mb": round(size / 2**20, 1),
+        "decode_gb_s_achieved": round(size * decode_tok_s / 1e9, 2),
+    }
+
+
 def _memory(args: argparse.Namespace, cache_dir: Path) -> dict[str, Any]:
     """Resident memory of a language server with each engine, after one completion."""
     return {
         "server_rss_mb": {
-            name: asyncio.run(_server_rss_mb(engine, args.model, cache_dir))
-            for name, engine in (("torch-float32", "torch"), ("ctranslate2-int8", "ctranslate2"))
+            name: asyncio.run(_server_rss_mb(engine, dtype, args.model, cache_dir))
+            for name, (engine, dtype) in ENGINES.items()
         }
     }
 

@@ -320,7 +320,9 @@ def test_the_adapter_named_in_the_settings_is_served_by_the_fast_engine(
 
     runner.swap_adapter(adapter)
     expected = _texts(runner)
-    settings = CompletionSettings(model=str(tiny_model_path), adapter=str(adapter), threads=1)
+    settings = CompletionSettings(
+        model=str(tiny_model_path), adapter=str(adapter), threads=1, engine="ctranslate2"
+    )
     loaded = load_runner(settings, cache_dir)
     try:
         assert isinstance(loaded, Ct2Runner)
@@ -334,3 +336,33 @@ def test_the_adapter_named_in_the_settings_is_served_by_the_fast_engine(
     damage.flip_byte(bad)
     with pytest.raises(AdapterError, match="checksum"):
         load_runner(CompletionSettings(model=str(tiny_model_path), adapter=str(bad)), cache_dir)
+
+
+def test_the_onnx_engine_serves_an_adapter_merged_and_built_once(
+    adapter: Path, tiny_model_path: Path, cache_dir: Path
+) -> None:
+    """The default engine merges the adapter and builds its model once, serves it by name in the
+    settings and by a swap, and goes back to the base model's exact text."""
+    from completion.runners import load_runner
+    from completion.runners.onnx import OnnxRunner
+    from completion.settings import CompletionSettings
+
+    base = OnnxRunner(str(tiny_model_path), cache_dir, threads=1, precision="int8")
+    try:
+        before = _texts(base)  # type: ignore[arg-type]
+        base.swap_adapter(adapter)
+        adapted = _texts(base)  # type: ignore[arg-type]
+        assert adapted != before  # the large LoRA weights change what the model writes
+        assert base.model_id.endswith("+v0007+ort-int8")
+        assert verify(base.path) is None and MERGED_DIR in base.path.parts
+        settings = CompletionSettings(model=str(tiny_model_path), adapter=str(adapter), threads=1)
+        loaded = load_runner(settings, cache_dir)
+        try:
+            assert isinstance(loaded, OnnxRunner) and loaded.path == base.path  # built once
+            assert _texts(loaded) == adapted  # type: ignore[arg-type]
+        finally:
+            loaded.close()
+        base.swap_adapter(None)
+        assert _texts(base) == before  # type: ignore[arg-type]
+    finally:
+        base.close()

@@ -52,8 +52,8 @@ def runner(tiny_model_path: Path, cache_dir: Path) -> Iterator[Ct2Runner]:
     loaded.close()
 
 
-def test_auto_engine_is_ctranslate2_with_int8(runner: Ct2Runner, tiny_model_path: Path) -> None:
-    settings = CompletionSettings(model=str(tiny_model_path), threads=1)
+def test_engine_ctranslate2_runs_int8(runner: Ct2Runner, tiny_model_path: Path) -> None:
+    settings = CompletionSettings(model=str(tiny_model_path), threads=1, engine="ctranslate2")
     loaded = load_runner(settings, runner.path.parents[2])
     assert isinstance(loaded, Ct2Runner)
     described = loaded.describe()
@@ -75,7 +75,7 @@ def test_conversion_is_cached_and_verified(runner: Ct2Runner, tiny_model_path: P
 def test_corrupt_conversion_is_rebuilt_never_loaded(tiny_model_path: Path, tmp_path: Path) -> None:
     source = resolve_source(str(tiny_model_path), tmp_path)
     target = ensure_converted(source, "int8", tmp_path)
-    settings = CompletionSettings(model=str(tiny_model_path))
+    settings = CompletionSettings(model=str(tiny_model_path), engine="ctranslate2")
     healthy = engine_status(settings, tmp_path)
     assert healthy["converted"] is True and healthy["converted_sha256"] == checksum(target)
     weights = target / "model.bin"
@@ -111,7 +111,8 @@ def test_failed_conversion_falls_back_to_torch_with_one_message(
         raise RuntimeError("unsupported architecture")
 
     monkeypatch.setattr("completion.runners.conversion._convert_into", broken)
-    settings = CompletionSettings(model=str(tiny_model_path), threads=1)
+    # Float weights: `auto` goes to CTranslate2 first (ONNX Runtime GenAI runs int4 and int8).
+    settings = CompletionSettings(model=str(tiny_model_path), threads=1, dtype="float32")
     with caplog.at_level(logging.WARNING):
         loaded = load_runner(settings, tmp_path)
     assert isinstance(loaded, LocalRunner)
@@ -119,13 +120,13 @@ def test_failed_conversion_falls_back_to_torch_with_one_message(
     assert len(warnings) == 1
     assert "unsupported architecture" in warnings[0]
     assert "torch runner" in warnings[0]
-    failure = last_failure(str(tiny_model_path), "int8", tmp_path)
+    failure = last_failure(str(tiny_model_path), "float32", tmp_path)
     assert failure is not None and "unsupported architecture" in failure
     status = engine_status(settings, tmp_path)  # what `tabloop doctor` reports
     assert status["engine"] == "torch"
     assert "unsupported architecture" in status["problem"]
     source = resolve_source(str(tiny_model_path), tmp_path)
-    assert not engine_path(source, "int8", tmp_path).exists()
+    assert not engine_path(source, "float32", tmp_path).exists()
     # Asked for by name, the engine's failure is an error, not a silent fallback.
     with pytest.raises(ConversionError):
         load_runner(settings.model_copy(update={"engine": "ctranslate2"}), tmp_path)

@@ -219,3 +219,17 @@ def test_the_server_tells_the_session_what_each_edit_was() -> None:
         "other",
     ]
     assert [at for at, _ in session.edits(uri)] == [100.0, 101.0, 102.0, 103.0, 104.0]
+
+
+def test_the_model_separates_a_fixed_cost_per_call() -> None:
+    """An engine that keeps most of the prompt reads 2 tokens in ~20 ms and 60 in ~280 ms: a
+    cost per token alone would predict 600 ms for 60 after the short read."""
+    model = LatencyModel(smoothing=0.3, min_observations=2)
+    for tokens, ms in [(60, 280.0), (2, 20.0), (40, 190.0), (2, 21.0), (80, 370.0), (3, 24.0)]:
+        model.observe(tokens, ms)
+    fitted = model.line()
+    assert fitted is not None
+    fixed, per_token = fitted
+    assert 5 < fixed < 25 and 4.0 < per_token < 5.0
+    assert model.predict(60) == pytest.approx(fixed + 60 * per_token)
+    assert 250 < (model.predict(60) or 0) < 320

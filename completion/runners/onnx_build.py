@@ -1,0 +1,98 @@
+"""Build the ONNX Runtime GenAI copy of a plain (safetensors) model with the engine's own builder.
+
+The builder (`onnxruntime_genai.models.builder`) writes the decoder graph with its KV cache inputs,
+quantises every matrix multiplication and the token embedding to blocks of 32 weights
+(`MatMulNBits` / `GatherBlockQuantized`: 4 or 8 bits, computed with int8 activations on the CPU)
+and the engine's configuration. It runs in a child process: it prints its progress on standard
+output, which in the language server is the LSP stream, and it needs a few GB of memory for a
+moment that the server should not keep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# Files of the plain model the runner reads besides what the builder writes (stop tokens).
+CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
+BUILD_TIMEOUT_S = 1800
+_TAIL = 1500  # characters of the builder's output kept in an error
+
+
+def _with_architecture(plain: Path, staged: Path) -> Path:
+    """`plain` as the builder reads it: its files linked into `staged`, with `architectures` in
+    its config (the plain copy of a GGUF model has only `model_type`)."""
+    config = json.loads((plain / "config.json").read_text(encoding="utf-8"))
+    if config.get("architectures"):
+        return plain
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(str(config.get("model_type")))
+    if name is None:
+        raise RuntimeError(f"no causal LM architecture for model type {config.get('model_type')}")
+    for item in plain.iterdir():
+        if item.name != "config.json":
+            (staged / item.name).symlink_to(item.resolve())
+    config["architectures"] = [name]
+    (staged / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return staged
+
+
+def build_into(plain: Path, work: Path, quantization: str) -> None:
+    """Write the engine's model for `plain` into the empty directory `work`.
+
+    `quantization` is `int4` or `int8` (the weights' bits). Raises RuntimeError with the end of
+    the builder's output when it fails.
+    """
+    if quantization not in ("int4", "int8"):
+        raise RuntimeError(f"ONNX Runtime GenAI runs int4 or int8 weights here, not {quantization}")
+    scratch = Path(tempfile.mkdtemp(prefix=".build.", dir=work.parent))
+    try:
+        staged = scratch / "model"
+        staged.mkdir()
+        source = _with_architecture(plain, staged)
+        command = [
+            sys.executable,
+            "-m",
+            "onnxruntime_genai.models.builder",
+            "--input",
+            str(source),
+            "--output",
+            str(work),
+            "--precision",
+            quantization,
+            "--execution_provider",
+            "cpu",
+            "--cache_dir",
+            str(scratch / "cache"),
+            "--extra_options",
+            "op_types_to_quantize=MatMul/Gather",
+        ]
+        environment = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+        try:
+            done = subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT_S,
+                env=environment,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"the ONNX builder ran past {BUILD_TIMEOUT_S} s") from exc
+        output = done.stdout.decode("utf-8", "replace")
+        if done.returncode != 0 or not (work / "genai_config.json").is_file():
+            raise RuntimeError(
+                f"the ONNX builder failed (exit status {done.returncode}): {output[-_TAIL:]}"
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    for name in CARRIED:
+        if (plain / name).is_file() and not (work / name).exists():
+            shutil.copyfile(plain / name, work / name)
