@@ -17,6 +17,8 @@ from lsp_server import __version__, config
 PACKAGES = (
     "torch",
     "transformers",
+    "onnxruntime-genai",
+    "ctranslate2",
     "gguf",
     "pygls",
     "lsprotocol",
@@ -129,6 +131,8 @@ def run_doctor(workspace: Path, *, as_json: bool = False) -> int:
     print(f"user config: {report['user_config']}")
     print(f"cache dir:   {report['cache_dir']['path']}")
     print(f"completion model: {json.dumps(report['completion_model'], default=str)}")
+    if "completion_engine" in report:
+        print(f"completion engine: {json.dumps(report['completion_engine'], default=str)}")
     print(f"embedding model:  {json.dumps(report['embedding_model'], default=str)}")
     print("settings (value, source):")
     for key, entry in report["settings"].items():

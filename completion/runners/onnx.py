@@ -1,22 +1,22 @@
-"""The fastest local runner: the model in ONNX Runtime GenAI, 4-bit weights, int8 arithmetic.
+"""The fastest local runner: the model in ONNX Runtime GenAI, 8-bit weights (4-bit on request) in
+blocks of 32, int8 arithmetic.
 
-On a 2-core CPU this engine decodes the bundled model about three times faster than CTranslate2
-int8 (`tabloop bench engines`, docs/models.md); it reads a prompt somewhat slower per token, and
+On a 2-core CPU this engine decodes the bundled model about 3.4 times faster than CTranslate2 int8
+(`tabloop bench engines`, docs/models.md); it reads a prompt about 2.5 times slower per token, and
 makes up for it by reading less: the engine holds its KV cache between calls, and the runner keeps
-the state of the previous prompt and rolls it back (`rewind_to`) to where the new prompt differs,
-so a keystroke reads only what changed and the code after the cursor.
+the state of the previous prompt and rolls it back (`rewind_to`) to where the new prompt differs, so
+a keystroke reads only what changed and the code after the cursor.
 
-The same request always gives the same text, whatever came before it. The engine computes a
-token's state identically whether the token is read alone with the others of its prompt or in
-any chunk of two or more tokens (its matrix kernels treat rows independently); a chunk of one token
-takes another kernel and rounds differently. So prompts are read in chunks of at least two tokens
-(the last two are always read again), and the states of generated tokens, computed one at a time,
-are never reused. `tests/completion/test_onnx_runner.py` holds the engine to this.
+The same request always gives the same text, whatever came before it. The engine computes a token's
+state identically whether its prompt is read at once or in chunks of two or more tokens (its matrix
+kernels treat rows independently); a chunk of one token takes another kernel and rounds
+differently. So prompts are read in chunks of at least two tokens (the last two
+are always read again), and the states of generated tokens, computed one at a time, are never
+reused. `tests/completion/test_onnx_runner.py` holds the engine to this.
 
-The prompt is read in chunks of `CHUNK` tokens, so a cancelled request stops within one chunk;
-every generated token is chosen here from the engine's scores: the stop rule, the log-probability
-for the gate, token healing's constraint and the candidates' different first tokens cost nothing
-extra.
+The prompt is read in chunks of `CHUNK` tokens, so a cancelled request stops within one chunk; every
+generated token is chosen here from the engine's scores: the stop rule, the log-probability for the
+gate, token healing's constraint and the candidates' different first tokens cost nothing extra.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class OnnxRunner:
         model: str,
         cache_dir: Path,
         *,
-        precision: Precision = "int4",
+        precision: Precision = "int8",
         threads: int = 0,
         family: str | None = None,
         progress: ConversionProgress | None = None,

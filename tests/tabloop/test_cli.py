@@ -81,6 +81,19 @@ def test_doctor_reports_settings_with_their_sources(
     assert result.returncode == (1 if report["problems"] else 0)
 
 
+def test_doctor_says_which_engine_runs_the_model(
+    tmp_path: Path, isolated_env: dict[str, str]
+) -> None:
+    result = tabloop("doctor", "--workspace", str(tmp_path), env=isolated_env)
+    engine = next(
+        line for line in result.stdout.splitlines() if line.startswith("completion engine:")
+    )
+    status = json.loads(engine.split(":", 1)[1])
+    assert status["requested"] == "auto" and status["engine"] == "onnxruntime"
+    assert status["compute_type"] == "int8" and status["engine_version"]
+    assert "onnxruntime-genai" in result.stdout
+
+
 def test_doctor_names_a_bad_setting(tmp_path: Path, isolated_env: dict[str, str]) -> None:
     env = {**isolated_env, "TABLOOP_COMPLETION__TEMPERATURE": "hot"}
     result = tabloop("doctor", "--json", "--workspace", str(tmp_path), env=env)
