@@ -174,16 +174,16 @@ class Ct2Runner:
         requests go on. Raises `AdapterError` for a damaged or foreign adapter, `ConversionError`
         when merging or converting fails.
         """
-        from completion.adapters import read_manifest
-        from completion.runners.merge import ensure_merged
+        from completion.runners.merge import serving_weights
 
-        if adapter is None:
-            path, version = self.base_path, None
-        else:
-            path = ensure_merged(
-                self.source, adapter, self.compute_type, self.cache_dir, progress=progress
-            )
-            version = str(read_manifest(adapter).get("version", adapter.name))
+        path, version = serving_weights(
+            self.source,
+            adapter,
+            self.compute_type,
+            self.cache_dir,
+            self.base_path,
+            progress=progress,
+        )
         return PreparedModel(
             adapter=adapter,
             path=path,

@@ -144,3 +144,24 @@ def ensure_merged(
         progress=progress,
         engine=engine,
     )
+
+
+def serving_weights(
+    source: ModelSource,
+    adapter: Path | None,
+    compute_type: str,
+    cache_dir: Path,
+    base_path: Path,
+    *,
+    progress: Progress | None = None,
+    engine: Engine = "ctranslate2",
+) -> tuple[Path, str | None]:
+    """The converted weights a fast runner loads to serve `adapter` on base `source` (None: the
+    base model at `base_path`) and the adapter's version; merged and converted once
+    (`ensure_merged`)."""
+    from completion.adapters import read_manifest
+
+    if adapter is None:
+        return base_path, None
+    path = ensure_merged(source, adapter, compute_type, cache_dir, progress=progress, engine=engine)
+    return path, str(read_manifest(adapter).get("version", adapter.name))

@@ -38,6 +38,7 @@ from completion.runners.conversion import Progress as ConversionProgress
 from completion.runners.conversion import checksum, clear_failure, ensure_converted
 from completion.runners.ct2 import PreparedModel, default_threads
 from completion.runners.loading import resolve_source
+from completion.runners.prefix_cache import common_prefix_length
 from completion.runners.tokens import TokenStream, family_of, stop_ids, vocab_index
 from completion.types import CancelToken, Generation, StopRule
 
@@ -53,14 +54,6 @@ MIN_LENGTH = 2048  # tokens of KV cache the engine sets aside at least (about 50
 def _log_softmax_at(row: np.ndarray, token: int) -> float:
     top = float(row.max())
     return float(row[token]) - (top + math.log(float(np.exp(row - top).sum())))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    limit = min(len(a), len(b))
-    for index in range(limit):
-        if a[index] != b[index]:
-            return index
-    return limit
 
 
 class OnnxRunner:
@@ -144,21 +137,17 @@ class OnnxRunner:
         nothing that serves. Raises `AdapterError` for a damaged or foreign adapter,
         `ConversionError` when merging or building fails.
         """
-        from completion.adapters import read_manifest
-        from completion.runners.merge import ensure_merged
+        from completion.runners.merge import serving_weights
 
-        if adapter is None:
-            path, version = self.base_path, None
-        else:
-            path = ensure_merged(
-                self.source,
-                adapter,
-                self.compute_type,
-                self.cache_dir,
-                progress=progress,
-                engine="onnxruntime",
-            )
-            version = str(read_manifest(adapter).get("version", adapter.name))
+        path, version = serving_weights(
+            self.source,
+            adapter,
+            self.compute_type,
+            self.cache_dir,
+            self.base_path,
+            progress=progress,
+            engine="onnxruntime",
+        )
         return PreparedModel(
             adapter=adapter,
             path=path,
@@ -206,7 +195,7 @@ class OnnxRunner:
         """How many first tokens of `ids` the kept state serves (0: read it all)."""
         if not self.reuse_prefix:
             return 0
-        reused = min(_common_prefix(self._kept, ids), len(ids) - MIN_CHUNK)
+        reused = min(common_prefix_length(self._kept, ids), len(ids) - MIN_CHUNK)
         return reused if reused >= MIN_CHUNK else 0
 
     def tokens_to_read(self, prompt: str) -> int:
