@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gc
 import json
 import logging
 import os
@@ -336,16 +337,29 @@ def _claim_training(path: str) -> IO[bytes] | None:
     return handle
 
 
+def freeze_startup_heap() -> None:
+    """Put every object made at start-up (modules, the app, its schemas: about 270,000) out of
+    the garbage collector's reach, so that its full collections walk only what requests made.
+
+    Under full ingest the collector's functions took a fifth of an instance's CPU (`perf`);
+    with the start-up heap frozen, about 7%. Those objects live as long as the process anyway.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def worker_app() -> BackendApp:
     """The app of one worker process under `--workers N` (uvicorn's factory)."""
     args = _serve_parser().parse_args(json.loads(os.environ[WORKER_ENV]))
     if _is_postgres(args.db or default_db_url()):
         # Every worker stands in the election; the database picks one.
-        return _build_app(args, migrate=False, train=True)
-    lock = _claim_training(os.environ[TRAINING_LOCK_ENV])
-    # The parent migrated the database before starting the workers.
-    app = _build_app(args, migrate=False, train=lock is not None)
-    app.services.training_lock = lock
+        app = _build_app(args, migrate=False, train=True)
+    else:
+        lock = _claim_training(os.environ[TRAINING_LOCK_ENV])
+        # The parent migrated the database before starting the workers.
+        app = _build_app(args, migrate=False, train=lock is not None)
+        app.services.training_lock = lock
+    freeze_startup_heap()
     return app
 
 
@@ -367,6 +381,7 @@ def _serve(argv: list[str]) -> int:
     log_level = "info" if args.verbose else "warning"
     if args.workers == 1:
         app = _build_app(args, migrate=True, train=True)
+        freeze_startup_heap()
         uvicorn.run(
             app, host=args.host, port=args.port, log_level=log_level, access_log=args.verbose
         )

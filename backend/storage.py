@@ -303,28 +303,32 @@ class Storage:
         events: Sequence[AnyEvent],
         serialized: Sequence[str] | None = None,
         event_ids: Sequence[str] | None = None,
+        *,
+        joined: str | None = None,
     ) -> set[str]:
         """Store events not stored before; returns the ids that were new.
 
         `serialized` and `event_ids`, when given, are each event's `model_dump_json()` and
-        `str(event_id)`, already made.
+        `str(event_id)`, already made; `joined`, when given, is all of `events` as one JSON array
+        (what PostgreSQL's "array" path sends).
         """
         if not events:
             return set()
-        texts = serialized if serialized is not None else [e.model_dump_json() for e in events]
+        ids = event_ids if event_ids is not None else [str(e.event_id) for e in events]
+        if self.dialect == "postgresql" and self.pg_ingest == "array":
+            if joined is None or len(set(ids)) < len(ids):
+                # Joined here from the texts, and the same id twice in a batch: one row, one answer.
+                texts = serialized if serialized is not None else _texts(events)
+                unique: dict[str, str] = {}
+                for event_id, text in zip(ids, texts, strict=True):
+                    unique.setdefault(event_id, text)  # the first copy is the one stored
+                joined = "[" + ",".join(unique.values()) + "]"
+            return self._writer.insert(ArrayBatch(tenant_id, datetime.now(UTC), joined))
+        texts = serialized if serialized is not None else _texts(events)
         stamp = _sqlite_datetime if self.dialect == "sqlite" else _same
         now = stamp(datetime.now(UTC))
         rows: list[Row] = []
         seen: set[str] = set()
-        ids = event_ids if event_ids is not None else [str(e.event_id) for e in events]
-        if self.dialect == "postgresql" and self.pg_ingest == "array":
-            unique: list[str] = []
-            for text, event_id in zip(texts, ids, strict=True):
-                if event_id not in seen:  # the same id twice in one batch: one row, one answer
-                    seen.add(event_id)
-                    unique.append(text)
-            batch = ArrayBatch(tenant_id, datetime.now(UTC), "[" + ",".join(unique) + "]")
-            return self._writer.insert(batch)
         for item, text, event_id in zip(events, texts, ids, strict=True):
             if event_id in seen:
                 continue  # the same id twice in one batch: one row, one answer
@@ -465,6 +469,10 @@ def _sqlite_datetime(value: datetime) -> str:
         f"{value.year:04d}-{value.month:02d}-{value.day:02d} "
         f"{value.hour:02d}:{value.minute:02d}:{value.second:02d}.{value.microsecond:06d}"
     )
+
+
+def _texts(events: Sequence[AnyEvent]) -> list[str]:
+    return [event.model_dump_json() for event in events]
 
 
 def _same(value: datetime) -> datetime:

@@ -14,13 +14,11 @@ How far a time may lie from the receiving server's clock is the backend's settin
 
 from __future__ import annotations
 
-import math
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import (
-    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -60,32 +58,18 @@ Category = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.+#-]{0,64}$")
 FeatureName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")]
 
 
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError("must be a finite number")
-    return value
-
-
-FiniteFloat = Annotated[float, AfterValidator(_finite)]
-Millis = Annotated[float, Field(ge=0, le=86_400_000), AfterValidator(_finite)]
+# Every bound here is checked by pydantic's compiled validator, not by Python code per value: a
+# Python check per feature value cost a tenth of an ingesting instance's CPU (profiled).
+# `allow_inf_nan=False` refuses infinities and NaN, which JSON parsers accept as extensions.
+Millis = Annotated[float, Field(ge=0, le=86_400_000, allow_inf_nan=False)]
 Chars = Annotated[int, Field(ge=0, le=MAX_CHARS)]
 # The probability the logging policy gave to the action it took: positive, since it was taken
 # (a propensity of 0 would make the action's importance weight infinite).
 Propensity = Annotated[float, Field(gt=0.0, le=1.0)]
-
-
-def _features(value: dict[str, float | str]) -> dict[str, float | str]:
-    if len(value) > MAX_FEATURES:
-        raise ValueError(f"at most {MAX_FEATURES} features")
-    for key, item in value.items():
-        if isinstance(item, float) and not math.isfinite(item):
-            raise ValueError(f"feature {key!r} is not finite")
-        if isinstance(item, float) and abs(item) > MAX_FEATURE_MAGNITUDE:
-            raise ValueError(f"feature {key!r} is beyond ±{MAX_FEATURE_MAGNITUDE:g}")
-    return value
-
-
-Features = Annotated[dict[FeatureName, float | Category], AfterValidator(_features)]
+FeatureValue = Annotated[
+    float, Field(ge=-MAX_FEATURE_MAGNITUDE, le=MAX_FEATURE_MAGNITUDE, allow_inf_nan=False)
+]
+Features = Annotated[dict[FeatureName, FeatureValue | Category], Field(max_length=MAX_FEATURES)]
 
 
 def new_event_id() -> uuid.UUID:

@@ -185,10 +185,59 @@ def test_two_instances_share_one_bucket(storage: Storage, pg_url: str) -> None:
     b = SharedRateLimiter(pg_url, rate=1.0, burst=1000)
     try:
         assert a.take(tenant, 600) == 0.0
-        wait = b.take(tenant, 600)  # only about 400 left, whichever instance asks
-        assert 190 < wait <= 200
+        # Only about 400 left, whichever instance asks; `a` holds a lease of 0.25 s of the rate.
+        wait = b.take(tenant, 600)
+        assert 190 < wait <= 200.25
         assert b.take(tenant, 300) == 0.0
         assert a.take(tenant, 300) > 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_leases_spare_round_trips_and_never_admit_more_than_the_bucket(
+    storage: Storage, pg_url: str
+) -> None:
+    tenant = storage.ensure_tenant("leased")
+    now = [0.0]  # the leases' clock; the bucket refills by the database's
+
+    def limiter() -> SharedRateLimiter:
+        # A lease is 0.25 s of the rate: 100 tokens beyond the batch.
+        return SharedRateLimiter(pg_url, rate=400.0, burst=1000.0, clock=lambda: now[0])
+
+    a, b = limiter(), limiter()
+    try:
+        started = time.monotonic()
+        admitted = sum(50 for one in [a, b] * 8 if one.take(tenant, 50) == 0.0)
+        refilled = 400.0 * (time.monotonic() - started)
+        assert admitted == 800
+        # Each instance went to the database on its 1st, 4th and 7th batch: 150 tokens each time.
+        assert (a.statements, b.statements) == (3, 3)
+        # 900 tokens taken: the bucket holds what is left, and nothing more was admitted.
+        assert a.take(tenant, 1000 - 900 + refilled + 60) > 0
+        # A lease lapses: the next batch goes to the database again.
+        held = b.statements
+        assert b.take(tenant, 50) == 0.0 and b.statements == held  # 50 left of its lease
+        now[0] += 1.0
+        b.take(tenant, 10)
+        assert b.statements > held
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_bucket_too_low_for_a_lease_still_admits_the_batch(storage: Storage, pg_url: str) -> None:
+    tenant = storage.ensure_tenant("nearly-spent")
+    # Leases of 2 s at 100 tokens/s: 200 tokens beyond the batch.
+    a = SharedRateLimiter(pg_url, rate=100.0, burst=1000.0, lease_s=2.0)
+    b = SharedRateLimiter(pg_url, rate=100.0, burst=1000.0, lease_s=2.0)
+    try:
+        assert a.take(tenant, 800) == 0.0  # 800 and a lease of 200: the bucket is empty
+        assert b.take(tenant, 50) > 0  # nothing for b until it refills (0.5 s)
+        time.sleep(0.6)  # 60 tokens: the batch, not 250 for a lease too (that takes 2.5 s)
+        held = b.statements
+        assert b.take(tenant, 50) == 0.0
+        assert b.statements == held + 2  # the lease refused, then the batch alone
     finally:
         a.close()
         b.close()
