@@ -222,11 +222,13 @@ class Decoded:
 
 def decode_valid(body: bytes, limits: IngestLimits) -> Decoded | None:
     """The batch when the whole body is valid (pydantic parses and validates it in one pass),
-    else None. CPU only: the route runs it on the event loop for small bodies."""
+    else None."""
     try:
         batch = EventBatch.model_validate_json(body)
     except ValidationError:
         return None
+    if len(batch.events) > limits.max_batch_events:  # refused whole: nothing to admit
+        return Decoded(len(batch.events), Admitted([], [], [], []), batch.meta)
     window = TimeWindow.around(datetime.now(UTC), limits)
     admitted = admit_valid(batch.events, limits.max_event_bytes, window)
     return Decoded(len(batch.events), admitted, batch.meta)
@@ -248,7 +250,7 @@ def decode_invalid(body: bytes, limits: IngestLimits, max_depth: int) -> Decoded
     items = payload.get("events") if isinstance(payload, dict) else None
     if not isinstance(items, list) or not set(payload) <= {"events", "meta"}:
         return Refusal(400, "malformed", 'body must be {"events": [...]} (and "meta")')
-    if len(items) > limits.max_batch_events:  # before validating a thousand events in vain
+    if len(items) > limits.max_batch_events:  # refused whole: nothing to validate
         return Decoded(len(items), Admitted([], [], [], []), _meta(payload))
     window = TimeWindow.around(datetime.now(UTC), limits)
     admitted = _from_valid(*validate_batch(items, limits.max_event_bytes, window))

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from backend.services.ingest import IngestLimits
-from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
+from backend.services.ingest import IngestLimits, TimeWindow, admit_valid
+from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent, parse_event
 from tests.support.backend_server import BackendServer
 
 
@@ -247,6 +247,13 @@ def _bomb() -> bytes:
         pytest.param(b"\x1f\x8b garbage", False, {"Content-Encoding": "gzip"}, 400, id="bad-gzip"),
         pytest.param(b"{}", False, {"Content-Encoding": "br"}, 415, id="unknown-encoding"),
         pytest.param(batch(*[outcome() for _ in range(6)]), True, {}, 413, id="batch-too-big"),
+        pytest.param(
+            batch(*[outcome() for _ in range(5)], {"type": "outcome"}),
+            True,
+            {},
+            413,
+            id="batch-too-big-with-an-invalid-event",
+        ),
         pytest.param(b" " * (65 * 1024), False, {}, 413, id="plain-body-too-big"),
         pytest.param(b"", False, {"Content-Encoding": "gzip"}, 400, id="empty-gzip"),
     ],
@@ -279,6 +286,23 @@ def test_oversized_event_is_rejected_alone(tmp_path: Any) -> None:
         assert answer["rejected"] == [
             {"index": 1, "event_id": big["event_id"], "error": "event too large"}
         ]
+
+
+def test_a_batch_is_stored_as_the_json_of_its_events_and_refusals_keep_their_order() -> None:
+    window = TimeWindow.around(datetime.now(UTC), IngestLimits())
+    events = [parse_event(e) for e in (outcome(), decision(), outcome(kind="ignored"))]
+    admitted = admit_valid(events, 10_000, window)
+    # One JSON array, element by element each event's own JSON: what the "array" insert sends.
+    assert admitted.joined == "[" + ",".join(e.model_dump_json() for e in events) + "]"
+    assert admitted.event_ids == [str(e.event_id) for e in events] and not admitted.rejected
+
+    late = parse_event(outcome(time=_ago(days=40)))
+    big = parse_event(decision(features={f"f{i}": float(i) for i in range(120)}))
+    admitted = admit_valid([late, big, events[0], big.model_copy()], 1024, window)
+    assert [r.index for r in admitted.rejected] == [0, 1, 3]
+    assert ["too old" in r.error for r in admitted.rejected] == [True, False, False]
+    assert admitted.event_ids == [str(events[0].event_id)] and admitted.indexes == [2]
+    assert admitted.texts == [events[0].model_dump_json()] and admitted.joined is None
 
 
 @pytest.mark.parametrize(
