@@ -6,7 +6,24 @@ from pathlib import Path
 
 import pytest
 
+from common.paths import CACHE_DIR_VARIABLE
 from tests.support import fixtures
+
+
+@pytest.fixture(scope="session")
+def _session_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tabloop-cache")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache_dir(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, _session_cache_dir: Path
+) -> None:
+    """Every test but the slow ones (which load the real models, kept between runs) caches what
+    it converts or downloads in one directory of the test session, never the user's: a tiny
+    model's converted copies once ended up beside the real ones. Subprocesses inherit it."""
+    if request.node.get_closest_marker("slow") is None:
+        monkeypatch.setenv(CACHE_DIR_VARIABLE, str(_session_cache_dir))
 
 
 @pytest.fixture(scope="session")
