@@ -102,6 +102,12 @@ def _admit(
     if late is not None:
         rejected.append(Rejection(index=index, event_id=event_id, error=late))
         return
+    _file_by_size(index, event, event_id, limit, valid, rejected)
+
+
+def _file_by_size(
+    index: int, event: AnyEvent, event_id: str, limit: int, valid: Valid, rejected: list[Rejection]
+) -> None:
     text = event.model_dump_json()  # also what is stored
     if len(text) > limit:
         rejected.append(Rejection(index=index, event_id=event_id, error="event too large"))
@@ -144,8 +150,10 @@ def admit_valid(events: list[AnyEvent], limit: int, window: TimeWindow) -> Admit
         admitted.joined = joined.decode()
         return admitted
     valid: Valid = []
-    for index, event in zip(admitted.indexes, admitted.events, strict=True):
-        _admit(index, event, limit, window, valid, admitted.rejected)
+    for index, event, event_id in zip(
+        admitted.indexes, admitted.events, admitted.event_ids, strict=True
+    ):
+        _file_by_size(index, event, event_id, limit, valid, admitted.rejected)
     admitted.rejected.sort(key=lambda rejection: rejection.index)
     return _from_valid(valid, admitted.rejected)
 

@@ -35,9 +35,10 @@ from completion.runners.conversion import (
     ensure_converted,
 )
 from completion.runners.conversion import Progress as ConversionProgress
+from completion.runners.converted import ConvertedRunner, PreparedModel
 from completion.runners.loading import resolve_source
 from completion.runners.static_prompt import StaticPrompt
-from completion.runners.tokens import TokenStream, family_of, stop_ids, vocab_index
+from completion.runners.tokens import TokenStream, family_of, stop_ids
 from completion.types import CancelToken, Generation, StopRule
 
 log = logging.getLogger(__name__)
@@ -58,22 +59,6 @@ def _release_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-@dataclass
-class PreparedModel:
-    """A model loaded on converted weights (the base, or base + an adapter), not yet serving.
-
-    `prepare_adapter` makes it on any thread (merging and converting takes minutes on a real
-    model); `install` swaps it in between two requests. `generator` is what the engine loaded: a
-    CTranslate2 generator, or an ONNX Runtime GenAI model (`completion.runners.onnx`).
-    """
-
-    adapter: Path | None
-    path: Path
-    generator: Any
-    model_id: str
-    weights_sha256: str
-
-
 @dataclass(frozen=True)
 class _Split:
     """How one request reads its prompt: its first `end` tokens as the engine's static prompt
@@ -91,8 +76,11 @@ class _Split:
         return replace(self, reused=self.end if kept else 0)
 
 
-class Ct2Runner:
+class Ct2Runner(ConvertedRunner):
     """A causal LM converted for CTranslate2, run in this process, one request at a time."""
+
+    ENGINE = "ctranslate2"
+    MODEL_TAG = "ct2"
 
     forces_text = True  # `generate(forced_text=...)`: token healing (`completion.healing`)
 
@@ -117,7 +105,7 @@ class Ct2Runner:
         self.path = ensure_converted(self.source, compute_type, cache_dir, progress=progress)
         self.base_path = self.path
         self.threads = threads or default_threads()
-        self.generator = self._load_generator(self.path)
+        self.generator = self._load(self.path)
         clear_failure(model, compute_type, cache_dir)
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
         self.engine_version = ctranslate2.__version__
@@ -129,7 +117,7 @@ class Ct2Runner:
         self.model_id = self._model_id(None)
         self.family = family or family_of(self.tokenizer, self.source.name)
         self.stop_strings = template_for(self.family).stop_tokens
-        self.stop_ids = stop_ids(self.path, self.tokenizer, self.stop_strings)
+        self.stop_ids = frozenset(stop_ids(self.path, self.tokenizer, self.stop_strings))
         self._end_tokens = sorted(self.stop_ids)
         self._lock = threading.Lock()
         self._vocab: VocabIndex | None = None
@@ -148,7 +136,7 @@ class Ct2Runner:
             self.load_s,
         )
 
-    def _load_generator(self, path: Path) -> Any:
+    def _load(self, path: Path) -> Any:
         import ctranslate2
 
         return ctranslate2.Generator(
@@ -157,39 +145,6 @@ class Ct2Runner:
             compute_type=self.compute_type,
             intra_threads=self.threads,
             inter_threads=1,
-        )
-
-    def _model_id(self, version: str | None) -> str:
-        adapter = f"+{version}" if version else ""
-        return f"{self.base_model_id}{adapter}+ct2-{self.compute_type}"
-
-    def prepare_adapter(
-        self, adapter: Path | None, *, progress: ConversionProgress | None = None
-    ) -> PreparedModel:
-        """A generator on base + `adapter` (None: the base model alone), loaded but not serving.
-
-        The first time an adapter version is asked for, it is merged into the base weights and
-        converted (`completion.runners.merge`; about 30 s for the bundled model on 2 cores), then
-        found in the cache. This touches nothing that serves, so it runs on any thread while
-        requests go on. Raises `AdapterError` for a damaged or foreign adapter, `ConversionError`
-        when merging or converting fails.
-        """
-        from completion.runners.merge import serving_weights
-
-        path, version = serving_weights(
-            self.source,
-            adapter,
-            self.compute_type,
-            self.cache_dir,
-            self.base_path,
-            progress=progress,
-        )
-        return PreparedModel(
-            adapter=adapter,
-            path=path,
-            generator=self._load_generator(path),
-            model_id=self._model_id(version),
-            weights_sha256=checksum(path) or "",
         )
 
     def install(self, prepared: PreparedModel) -> None:
@@ -208,15 +163,6 @@ class Ct2Runner:
         del old  # released outside the lock
         log.info("now serving %s", self.model_id)
 
-    def swap_adapter(self, adapter: Path | None) -> None:
-        """Serve `adapter` (merged and converted once, `prepare_adapter`) from the next request
-        on, or the base model alone for None; no restart.
-
-        On any failure the serving model keeps serving and the error is raised. The server runs
-        the slow part (`prepare_adapter`) off the model thread and only `install` on it.
-        """
-        self.install(self.prepare_adapter(adapter))
-
     def describe(self) -> dict[str, Any]:
         """What `tabloop doctor` reports about the engine."""
         return {
@@ -228,10 +174,6 @@ class Ct2Runner:
             "converted_sha256": self.weights_sha256,
             "adapter": str(self.adapter) if self.adapter else None,
         }
-
-    def count_tokens(self, text: str) -> int:
-        """Number of tokens `text` takes in this model's tokenizer."""
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def tokens_to_read(self, prompt: str) -> int:
         """Prompt tokens the engine would compute for `prompt` now: those after the static part
@@ -302,7 +244,7 @@ class Ct2Runner:
             self.generator.load_model()
         except Exception:  # the files changed under a running server: load them afresh
             log.exception("reloading the model failed; loading %s again", self.path)
-            self.generator = self._load_generator(self.path)
+            self.generator = self._load(self.path)
         _release_free_memory()
         self.reset_ms += _ms(started)
         log.debug("emptied the static-prompt cache in %.0f ms", _ms(started))
@@ -351,12 +293,6 @@ class Ct2Runner:
             split = self._split(encoding.ids, cancel)
             return self._run([encoding.ids], max_new_tokens, stop, cancel, temperature, split)[0]
 
-    def vocab_index(self) -> VocabIndex:
-        """The decoded text of every token, built at the first healed request."""
-        if self._vocab is None:
-            self._vocab = vocab_index(self.tokenizer, self.stop_ids)
-        return self._vocab
-
     def _run_forced(
         self,
         ids: list[int],
@@ -381,7 +317,7 @@ class Ct2Runner:
         result = Generation(text="", prompt_tokens=len(ids))
         split = self._split(ids, cancel)
         result.reused_tokens = split.reused
-        stream = TokenStream(self.tokenizer, frozenset(self.stop_ids), self.stop_strings, ids, stop)
+        stream = TokenStream(self.tokenizer, self.stop_ids, self.stop_strings, ids, stop)
         started = time.perf_counter()
         first_at: float | None = None
         rejected: list[tuple[Any, frozenset[int]]] = []
@@ -511,7 +447,7 @@ class Ct2Runner:
             for result in results:
                 result.stop_reason = "cancelled"
             return results
-        stop_ids = frozenset(self.stop_ids)
+        stop_ids = self.stop_ids
         streams = []
         for index, ids in enumerate(batch):
             if heads is None:

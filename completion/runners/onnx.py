@@ -36,10 +36,11 @@ from completion.fim import template_for
 from completion.healing import VocabIndex, best_allowed
 from completion.runners.conversion import Progress as ConversionProgress
 from completion.runners.conversion import checksum, clear_failure, ensure_converted
-from completion.runners.ct2 import PreparedModel, default_threads
+from completion.runners.converted import ConvertedRunner, PreparedModel
+from completion.runners.ct2 import default_threads
 from completion.runners.loading import resolve_source
 from completion.runners.prefix_cache import common_prefix_length
-from completion.runners.tokens import TokenStream, family_of, stop_ids, vocab_index
+from completion.runners.tokens import TokenStream, family_of, stop_ids
 from completion.types import CancelToken, Generation, StopRule
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,11 @@ def _log_softmax_at(row: np.ndarray, token: int) -> float:
     return float(row[token]) - (top + math.log(float(np.exp(row - top).sum())))
 
 
-class OnnxRunner:
+class OnnxRunner(ConvertedRunner):
     """A causal LM built for ONNX Runtime GenAI, run in this process, one request at a time."""
+
+    ENGINE = "onnxruntime"
+    MODEL_TAG = "ort"
 
     forces_text = True  # `generate(forced_text=...)`: token healing (`completion.healing`)
 
@@ -85,7 +89,7 @@ class OnnxRunner:
         )
         self.base_path = self.path
         self.threads = threads or default_threads()
-        self.model: Any = self._load_model(self.path)
+        self.model: Any = self._load(self.path)
         clear_failure(model, f"onnxruntime:{precision}", cache_dir)
         self.tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
         self.engine_version = importlib.metadata.version("onnxruntime-genai")
@@ -115,46 +119,13 @@ class OnnxRunner:
 
     # -- loading ----------------------------------------------------------------------------
 
-    def _load_model(self, path: Path) -> Any:
+    def _load(self, path: Path) -> Any:
         import onnxruntime_genai as og
 
         config = og.Config(str(path))
         options = {"intra_op_num_threads": self.threads, "inter_op_num_threads": 1}
         config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
         return og.Model(config)
-
-    def _model_id(self, version: str | None) -> str:
-        adapter = f"+{version}" if version else ""
-        return f"{self.base_model_id}{adapter}+ort-{self.compute_type}"
-
-    def prepare_adapter(
-        self, adapter: Path | None, *, progress: ConversionProgress | None = None
-    ) -> PreparedModel:
-        """A model on base + `adapter` (None: the base alone), loaded but not serving.
-
-        The first time an adapter version is asked for it is merged into the base weights and
-        built for this engine (`completion.runners.merge`), then found in the cache. Touches
-        nothing that serves. Raises `AdapterError` for a damaged or foreign adapter,
-        `ConversionError` when merging or building fails.
-        """
-        from completion.runners.merge import serving_weights
-
-        path, version = serving_weights(
-            self.source,
-            adapter,
-            self.compute_type,
-            self.cache_dir,
-            self.base_path,
-            progress=progress,
-            engine="onnxruntime",
-        )
-        return PreparedModel(
-            adapter=adapter,
-            path=path,
-            generator=self._load_model(path),
-            model_id=self._model_id(version),
-            weights_sha256=checksum(path) or "",
-        )
 
     def install(self, prepared: PreparedModel) -> None:
         """Serve `prepared` from the next request on; a request in progress finishes first."""
@@ -169,10 +140,6 @@ class OnnxRunner:
             self.weights_sha256 = prepared.weights_sha256
         log.info("now serving %s", self.model_id)
 
-    def swap_adapter(self, adapter: Path | None) -> None:
-        """Serve `adapter` (None: the base model) from the next request on; no restart."""
-        self.install(self.prepare_adapter(adapter))
-
     def describe(self) -> dict[str, Any]:
         """What `tabloop doctor` reports about the engine."""
         return {
@@ -186,10 +153,6 @@ class OnnxRunner:
         }
 
     # -- what the engine asks -----------------------------------------------------------------
-
-    def count_tokens(self, text: str) -> int:
-        """Number of tokens `text` takes in this model's tokenizer."""
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def _reusable(self, ids: list[int]) -> int:
         """How many first tokens of `ids` the kept state serves (0: read it all)."""
@@ -212,12 +175,6 @@ class OnnxRunner:
     def output_variant(self) -> str:
         """Outputs do not depend on what was kept (see the module's docstring)."""
         return ""
-
-    def vocab_index(self) -> VocabIndex:
-        """The decoded text of every token, built at the first healed request."""
-        if self._vocab is None:
-            self._vocab = vocab_index(self.tokenizer, self.stop_ids)
-        return self._vocab
 
     # -- generation ---------------------------------------------------------------------------
 

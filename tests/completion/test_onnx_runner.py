@@ -259,7 +259,7 @@ def test_a_prompt_longer_than_the_cache_gets_a_larger_one(
 ) -> None:
     monkeypatch.setattr("completion.runners.onnx.MIN_LENGTH", 64)
     runner.close()  # a fresh generator, sized by the small minimum
-    runner.model = runner._load_model(runner.path)
+    runner.model = runner._load(runner.path)
     short = runner.generate(PROMPT, max_new_tokens=4, stop=never, cancel=CancelToken())
     long_prompt = typing_prompts(step=10_000)[0].replace("<|fim_prefix|>", "<|fim_prefix|>" + BODY)
     tokens = runner.count_tokens(long_prompt)
