@@ -5,8 +5,11 @@ For each instance count (`--instances`, default 1 2 4) the benchmark starts that
 posts batches of `--batch` events (half decisions, half outcomes, every event new) to them for
 `--duration` seconds from `--concurrency` keep-alive connections spread over the instances,
 cycling over `--tenants` tenants so the default per-tenant limit (2,000 events/s, burst 20,000)
-does not bind. The baseline, in the same run, is one instance on the earlier path
-(`--pg-ingest rows --rate-limits local`).
+does not bind. The baseline, in the same run, is one instance of the code as it was before the
+backend learned to scale (`--baseline-ref`, default `BASELINE_REF`: the project's own commit,
+extracted with `git archive` into a temporary directory and run with the same Python, on its own
+database migrated by that code); outside a git checkout, or with `--baseline-ref current`, it is
+one instance of today's code on the earlier paths (`--pg-ingest rows --rate-limits local`).
 
 The load generator is our own asyncio HTTP/1.1 client (raw streams, event ids from a counter),
 in this process; its CPU time per 1,000 events is reported beside the backend's and that of
@@ -56,6 +59,9 @@ from backend.ratelimit import RateLimiter, SharedRateLimiter
 from backend.storage import Storage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The last commit before the backend learned to scale (the PostgreSQL array insert, leases,
+# shared limits): the single-instance path the scaling goal is measured against.
+BASELINE_REF = "16dbb41^"
 DEFAULT_RATE = 2000.0  # IngestLimits' default per-tenant rate (events/s)
 
 
@@ -135,21 +141,53 @@ class Instance:
     cpu_at_end: float = 0.0
 
 
-def _start_instance(db_url: str, failover_s: float, extra: list[str], log: Path) -> Instance:
+def _start_instance(db_url: str, options: list[str], log: Path, source: Path) -> Instance:
+    """`tabloop backend` of the code in `source` on a free loopback port."""
     with bind_loopback() as probe:
         port = probe.getsockname()[1]
     with log.open("ab") as stderr:
         process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "backend.cli", "--port", str(port), "--db", db_url),
-                *("--failover", str(failover_s), *extra),
-            ],
-            cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            [sys.executable, "-m", "backend.cli", "--port", str(port), "--db", db_url, *options],
+            cwd=source,
+            env={**os.environ, "PYTHONPATH": str(source)},
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
     return Instance(process, port)
+
+
+def extract_source(ref: str, into: Path) -> Path:
+    """The project's files at commit `ref` (`git archive`), unpacked under `into`."""
+    target = into / "baseline-source"
+    target.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", "--format=tar", ref],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
+def _tokens_of(source: Path, db_url: str, tenants: int) -> list[str]:
+    """Migrate the database and make the tenants' tokens with the code in `source` (an older
+    commit migrates to its own schema, which a newer one would not let it run on)."""
+    script = (
+        "import json, sys\n"
+        "from backend.storage import Storage\n"
+        "storage = Storage(sys.argv[1])\n"
+        "print(json.dumps([storage.create_token(f'bench-{i:03d}') "
+        "for i in range(int(sys.argv[2]))]))\n"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-c", script, db_url, str(tenants)],
+        cwd=source,
+        env={**os.environ, "PYTHONPATH": str(source)},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return [str(token) for token in json.loads(answer.stdout.splitlines()[-1])]
 
 
 # -- the load generator ------------------------------------------------------------------------
@@ -373,16 +411,29 @@ def run_once(
     kill: bool,
     extra: list[str],
     workdir: Path,
+    source: Path | None = None,
 ) -> dict[str, Any]:
-    """Start `instances` backends on a fresh database, load them, count what was stored."""
+    """Start `instances` backends on a fresh database, load them, count what was stored.
+
+    `source`: run an older commit's code (`extract_source`) instead of this one's."""
     name = f"tabloop_scale_{uuid.uuid4().hex[:8]}"
     db_url = _fresh_database(base_url, name)
-    storage = Storage(db_url)  # migrates once, before the instances start
-    tokens = [storage.create_token(f"bench-{i:03d}") for i in range(tenants)]
+    if source is None:
+        storage = Storage(db_url)  # migrates once, before the instances start
+        engine = storage.engine
+        tokens = [storage.create_token(f"bench-{i:03d}") for i in range(tenants)]
+        options = ["--failover", str(failover_s), *extra]
+    else:
+        tokens = _tokens_of(source, db_url, tenants)
+        storage = Storage(db_url, migrate=False)  # reads only the events table, never migrates
+        engine = storage.engine
+        options = list(extra)
     started: list[Instance] = []
     try:
         log = workdir / f"{name}.log"
-        started = [_start_instance(db_url, failover_s, extra, log) for _ in range(instances)]
+        started = [
+            _start_instance(db_url, options, log, source or REPO_ROOT) for _ in range(instances)
+        ]
         for instance in started:
             wait_until_healthy(f"http://127.0.0.1:{instance.port}", instance.process, timeout=180)
         prefix = str(uuid.UUID(int=random.getrandbits(128), version=4))[:24]
@@ -416,7 +467,7 @@ def run_once(
             if instance.alive:
                 instance.cpu_at_end = _cpu_of(instance.process.pid)
         backend_cpu = sum(i.cpu_at_end - i.cpu_at_start for i in started)
-        with storage.engine.connect() as connection:
+        with engine.connect() as connection:
             rows, distinct = connection.execute(
                 text("SELECT count(*), count(DISTINCT (tenant_id, event_id)) FROM events")
             ).one()
@@ -425,7 +476,7 @@ def run_once(
         acked = sum(n for _, n in load.acked_at)
         result: dict[str, Any] = {
             "instances": instances,
-            "options": extra,
+            "options": options,
             **window,
             "seconds": round(duration, 1),
             "drain_s": round(end - stop_at, 2),
@@ -505,6 +556,40 @@ def rate_limit_cost(base_url: str, takes: int) -> dict[str, float]:
     }
 
 
+def _baseline(args: argparse.Namespace, common: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """One instance of the `--baseline-ref` commit's code; of today's on the earlier paths when
+    that is `current` or there is no git checkout to take it from."""
+    source: Path | None = None
+    if args.baseline_ref != "current":
+        try:
+            source = extract_source(args.baseline_ref, workdir)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(
+                f"baseline {args.baseline_ref} not available ({exc}); today's code on the "
+                "earlier paths instead",
+                file=sys.stderr,
+            )
+    if source is None:
+        run = run_once(
+            args.postgres,
+            instances=1,
+            kill=False,
+            extra=["--pg-ingest", "rows", "--rate-limits", "local"],
+            **common,
+        )
+        run["code"] = "current, earlier paths"
+        return run
+    run = run_once(args.postgres, instances=1, kill=False, extra=[], source=source, **common)
+    run["code"] = args.baseline_ref
+    revision = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", args.baseline_ref],
+        capture_output=True,
+        text=True,
+    )
+    run["commit"] = revision.stdout.strip() or None
+    return run
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tabloop bench scale", description=__doc__)
     parser.add_argument(
@@ -525,6 +610,12 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--failover", type=float, default=30.0, help="instances' --failover")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline run")
+    parser.add_argument(
+        "--baseline-ref",
+        default=BASELINE_REF,
+        help="git commit whose code the baseline instance runs (default %(default)s, the "
+        "single-instance path before scaling); `current`: today's code on the earlier paths",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)
     command = "tabloop bench scale " + " ".join(argv)
@@ -540,13 +631,7 @@ def main(argv: list[str]) -> int:
             "workdir": workdir,
         }
         if not args.no_baseline:
-            result["baseline"] = run_once(
-                args.postgres,
-                instances=1,
-                kill=False,
-                extra=["--pg-ingest", "rows", "--rate-limits", "local"],
-                **common,
-            )
+            result["baseline"] = _baseline(args, common, workdir)
         counts = sorted(set(args.instances))
         kill_at = max((n for n in counts if n >= 2), default=None)
         runs = [
