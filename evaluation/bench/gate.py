@@ -18,7 +18,18 @@ suggestions: a ridge model of the reward is cross-validated, and a suggestion is
 out-of-fold prediction is positive. The trainer's default λ is chosen from this on the training
 corpus only. The built-in policy's figures on the same suggestions stand beside it.
 
-    tabloop bench gate --corpus DIR [--positions 400] [--cache FILE] [--json]
+`ceiling` is what the learning loop could reach at best with these features: a gate that knows
+every outcome (the cross-validated acceptance model above, each suggestion scored by a model that
+did not see it) silences the lowest-scored 20-35% of the suggestions; per share, the trade
+against always-show, the reward change at the trainer's default λ, and whether the loop's goals
+(shown <= -21%, accept rate >= +28%, accepted characters >= -5%, a reward gain) hold there. A
+learner that sees outcomes only of what it showed does no better than this.
+
+With `--held-out DIR`, the acceptance model fitted on every outcome of `--corpus` scores the
+suggestions at `--held-out-positions` positions of another corpus (`held_out`): its AUC there, and
+the same ceiling, which is what a gate learned on one codebase could do at best on another.
+
+    tabloop bench gate --corpus DIR [--positions 400] [--held-out DIR] [--cache FILE] [--json]
 
 Model outputs come from (and go to) the replay's output cache, so a corpus the replay already
 played costs no model time.
@@ -28,10 +39,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from completion.gate import Features, FeatureSpace
 
 # Known before the model runs: where the cursor is, and what the server knows about the user.
 PRE_MODEL_FEATURES = (
@@ -51,6 +66,13 @@ PRE_MODEL_FEATURES = (
 FOLDS = 5
 SKIP_SHARES = (0.1, 0.2, 0.3)
 LAMBDAS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
+CEILING_SHARES = (0.2, 0.25, 0.3, 0.35)
+# The learning loop's goals against always-show (docs/learning.md).
+GOALS = {
+    "shown_change_pct": -21.0,
+    "accept_rate_change_pct": 28.0,
+    "accepted_chars_change_pct": -5.0,
+}
 
 
 def auc(score: np.ndarray, positive: np.ndarray) -> float:
@@ -155,6 +177,42 @@ def reward_defaults(
     return out
 
 
+def goals_met(figures: dict[str, float | None]) -> bool:
+    """Whether a trade against always-show meets the loop's goals (`GOALS`)."""
+    for name, goal in GOALS.items():
+        value = figures.get(name)
+        if value is None:
+            return False
+        if value > goal if name == "shown_change_pct" else value < goal:
+            return False
+    return True
+
+
+def ceiling(
+    score: np.ndarray,
+    accepted: np.ndarray,
+    accepted_chars: np.ndarray,
+    retained_chars: np.ndarray,
+    lam: float,
+) -> dict[str, Any]:
+    """Per share of suggestions silenced (the lowest `score`), the trade against always-show,
+    the reward change at distraction cost `lam`, and whether the loop's goals hold."""
+    reward = np.where(accepted, retained_chars, -lam)
+    order = np.argsort(score, kind="mergesort")
+    out: dict[str, Any] = {}
+    for share in CEILING_SHARES:
+        shown = np.ones(len(score), dtype=bool)
+        shown[order[: round(share * len(order))]] = False
+        figures = trade(shown, accepted, accepted_chars)
+        gain = float(reward[shown].sum() - reward.sum())
+        out[f"silence_{share:.0%}"] = {
+            **figures,
+            "reward_change": round(gain, 1),
+            "goals_met": goals_met(figures) and gain > 0,
+        }
+    return out
+
+
 def lost_chars_when_skipping(score: np.ndarray, chars: np.ndarray) -> dict[str, float | None]:
     """Share of accepted characters lost when the lowest-scored share of calls is skipped."""
     order = np.argsort(score, kind="mergesort")
@@ -182,16 +240,35 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--context-tokens", type=int, default=160)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--cache", type=Path, default=None, help="model output cache file")
+    parser.add_argument(
+        "--held-out",
+        type=Path,
+        default=None,
+        help="another corpus: the acceptance model fitted on --corpus is judged on it",
+    )
+    parser.add_argument("--held-out-positions", type=int, default=400)
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args), indent=2, allow_nan=False))
+    report = {"command": "tabloop bench gate " + " ".join(argv), **measure(args)}
+    print(json.dumps(report, indent=2, allow_nan=False))
     return 0
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class Played:
+    """Every non-empty suggestion at a corpus's sampled positions, shown to the simulated user."""
+
+    positions: int
+    features: list[Features]
+    accepted: np.ndarray  # whole or in part
+    accepted_chars: np.ndarray
+    retained_chars: np.ndarray
+
+
+def play(args: argparse.Namespace, corpus: Path, count: int) -> tuple[Played, str]:
+    """Play `count` sampled positions of `corpus` with always-show; also the model's id."""
     from backend.policy.settings import RewardSettings
     from completion.engine import Engine
-    from completion.gate import FeatureSpace, builtin_policy
     from evaluation.replay import Player, always_show, engine_settings, load_cached_runner
     from evaluation.simulation import sample_positions
 
@@ -199,24 +276,37 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
     policy = always_show()
     engine = Engine(settings, runner, policy_source=lambda: policy, seed=args.seed)
-    positions = sample_positions(args.corpus, args.positions, args.seed)
+    positions = sample_positions(corpus, count, args.seed)
     player = Player(engine, None, RewardSettings(distraction_cost=0.0), min_partial_chars=4)
     player.log = []
     try:
         player.play(positions)
     finally:
         runner.close()
-    played = [(d, r) for d, r in player.log if d.text and r is not None]
-    features = [d.features for d, _ in played]
-    accepted = [r.kind != "ignored" for _, r in played]
-    chars = [r.accepted_chars for _, r in played]
-    retained = np.array([r.retained_chars for _, r in played], dtype=np.float64)
+    shown = [(d, r) for d, r in player.log if d.text and r is not None]
+    played = Played(
+        positions=len(positions),
+        features=[d.features for d, _ in shown],
+        accepted=np.array([r.kind != "ignored" for _, r in shown], dtype=bool),
+        accepted_chars=np.array([r.accepted_chars for _, r in shown], dtype=np.float64),
+        retained_chars=np.array([r.retained_chars for _, r in shown], dtype=np.float64),
+    )
+    return played, runner.model_id
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from backend.policy.settings import RewardSettings
+    from completion.gate import FeatureSpace, builtin_policy
+
+    played, model_id = play(args, args.corpus, args.positions)
+    features = played.features
+    retained = played.retained_chars
     builtin_shows = builtin_policy().intent_batch(features) > 0.5 if features else np.zeros(0, bool)
 
     space = FeatureSpace()
     x = np.nan_to_num(space.matrix(features))
-    y = np.array(accepted, dtype=bool)
-    accepted_chars = np.array(chars, dtype=np.float64)
+    y = played.accepted
+    accepted_chars = played.accepted_chars
     names = [spec.name for spec in space.numeric]
     per_feature = {
         name: _rounded(auc(x[:, j], y))
@@ -227,21 +317,60 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     after_model = cross_validated_scores(x, y.astype(np.float64), args.seed)
     pre_model = cross_validated_scores(x[:, columns], y.astype(np.float64), args.seed)
     random_skip = np.random.default_rng(args.seed).random(len(y))
-    return {
+    report = {
         "corpus": str(args.corpus),
-        "positions": len(positions),
+        "positions": played.positions,
         "suggestions": len(y),
         "accept_rate": round(float(y.mean()), 4) if len(y) else None,
-        "model": runner.model_id,
+        "model": model_id,
         "feature_auc": dict(sorted(per_feature.items(), key=lambda kv: -abs((kv[1] or 0.5) - 0.5))),
         "gate_cv_auc": _rounded(auc(after_model, y)),
         "pre_model_cv_auc": _rounded(auc(pre_model, y)),
         "pre_model_accepted_chars_lost": lost_chars_when_skipping(pre_model, accepted_chars),
         "reward_defaults": reward_defaults(x, y, accepted_chars, retained, args.seed),
+        "ceiling": {
+            "lambda": RewardSettings().distraction_cost,
+            **ceiling(after_model, y, accepted_chars, retained, RewardSettings().distraction_cost),
+        },
         "builtin_policy": trade(builtin_shows, y, accepted_chars) if len(y) else None,
         "baseline": {
             "gate": "random skip (seeded), same suggestions",
             "auc": _rounded(auc(random_skip, y)),
             "accepted_chars_lost": lost_chars_when_skipping(random_skip, accepted_chars),
         },
+    }
+    if args.held_out is not None:
+        report["held_out"] = held_out_ceiling(args, x, y, space)
+    return report
+
+
+def held_out_ceiling(
+    args: argparse.Namespace, x: np.ndarray, y: np.ndarray, space: FeatureSpace
+) -> dict[str, Any]:
+    """The acceptance model fitted on every outcome of `--corpus`, judged on `--held-out`: what
+    a gate learned on one codebase could do at best on another; the built-in policy beside it."""
+    from backend.policy.settings import RewardSettings
+    from completion.gate import builtin_policy
+
+    other, _ = play(args, args.held_out, args.held_out_positions)
+    x_other = np.nan_to_num(space.matrix(other.features))
+    mean, std = x.mean(axis=0), x.std(axis=0) + 1e-9
+    w = fit_logistic((x - mean) / std, y.astype(np.float64))
+    score = np.hstack([(x_other - mean) / std, np.ones((len(x_other), 1))]) @ w
+    lam = RewardSettings().distraction_cost
+    y_other = other.accepted
+    builtin = builtin_policy().intent_batch(other.features) > 0.5 if other.features else None
+    return {
+        "corpus": str(args.held_out),
+        "positions": other.positions,
+        "suggestions": len(y_other),
+        "accept_rate": round(float(y_other.mean()), 4) if len(y_other) else None,
+        "gate_auc": _rounded(auc(score, y_other)),
+        "ceiling": {
+            "lambda": lam,
+            **ceiling(score, y_other, other.accepted_chars, other.retained_chars, lam),
+        },
+        "builtin_policy": (
+            trade(builtin, y_other, other.accepted_chars) if builtin is not None else None
+        ),
     }

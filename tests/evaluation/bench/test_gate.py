@@ -11,7 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluation.bench.gate import auc, cross_validated_scores, lost_chars_when_skipping, measure
+from evaluation.bench.gate import (
+    auc,
+    ceiling,
+    cross_validated_scores,
+    lost_chars_when_skipping,
+    measure,
+)
 from evaluation.simulation import Position, sample_positions
 from tests.support.scripted_model import ScriptedModel
 
@@ -38,6 +44,26 @@ def test_cross_validation_finds_a_real_signal_and_not_a_fake_one() -> None:
 
 def test_auc_is_undefined_for_one_class() -> None:
     assert np.isnan(auc(np.array([0.1, 0.2]), np.array([True, True])))
+
+
+def test_ceiling_silences_the_lowest_scored_share_and_judges_the_goals() -> None:
+    # 20 suggestions; the 5 lowest-scored are the 5 ignored ones: silencing 25% keeps every
+    # accepted character and raises the accept rate by a third.
+    score = np.arange(20, dtype=float)
+    accepted = np.arange(20) >= 5
+    chars = np.where(accepted, 10.0, 0.0)
+    reach = ceiling(score, accepted, chars, chars, lam=1.0)
+    quarter = reach["silence_25%"]
+    assert quarter["shown_change_pct"] == -25.0
+    assert quarter["accept_rate_change_pct"] == pytest.approx(33.33)
+    assert quarter["accepted_chars_change_pct"] == 0.0
+    assert quarter["reward_change"] == 5.0  # five ignored suggestions at -1 each, no longer shown
+    assert quarter["goals_met"]
+    # Silencing 20% keeps every accepted character too, but -20% shown misses the -21% goal.
+    assert not reach["silence_20%"]["goals_met"]
+    # At 30% accepted ones go too: 10 characters lost for 1 more saved.
+    assert reach["silence_30%"]["reward_change"] == -5.0
+    assert not reach["silence_30%"]["goals_met"]
 
 
 def test_lost_chars_counts_the_lowest_scored_share() -> None:
@@ -104,6 +130,9 @@ def test_measure_on_real_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         context_tokens=32768,  # every prompt holds the whole file before the cursor
         threads=1,
         cache=tmp_path / "gen.jsonl",
+        # The same files as the held-out corpus: the scripted model answers the same positions.
+        held_out=corpus,
+        held_out_positions=40,
     )
     # The bench samples the same positions, and loads its model through `load_runner`.
     model, suggestions, right = scripted_user_session(sample_positions(corpus, 40, 0))
@@ -130,6 +159,21 @@ def test_measure_on_real_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert list(trades) == ["1", "2", "3", "4", "6", "8", "12"]
     shown = [trades[k]["shown_change_pct"] for k in trades]
     assert all(-100.0 <= v <= 0.0 for v in shown)
+    # The ceiling silences the lowest-scored shares of the same suggestions.
+    reach = report["ceiling"]
+    assert reach["lambda"] == 1.0
+    assert [k for k in reach if k != "lambda"] == [
+        "silence_20%",
+        "silence_25%",
+        "silence_30%",
+        "silence_35%",
+    ]
+    assert all(-36.0 <= reach[k]["shown_change_pct"] <= -19.0 for k in reach if k != "lambda")
+    held_out = report["held_out"]
+    assert (held_out["positions"], held_out["suggestions"]) == (40, suggestions)
+    # Fitted on every outcome of these very suggestions, the model separates them.
+    assert held_out["gate_auc"] > 0.9
+    assert set(held_out["ceiling"]) == set(reach)
     assert set(report["builtin_policy"]) == {
         "shown_change_pct",
         "accept_rate_change_pct",
