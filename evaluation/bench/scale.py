@@ -420,13 +420,11 @@ def run_once(
     db_url = _fresh_database(base_url, name)
     if source is None:
         storage = Storage(db_url)  # migrates once, before the instances start
-        engine = storage.engine
         tokens = [storage.create_token(f"bench-{i:03d}") for i in range(tenants)]
         options = ["--failover", str(failover_s), *extra]
     else:
         tokens = _tokens_of(source, db_url, tenants)
         storage = Storage(db_url, migrate=False)  # reads only the events table, never migrates
-        engine = storage.engine
         options = list(extra)
     started: list[Instance] = []
     try:
@@ -467,7 +465,7 @@ def run_once(
             if instance.alive:
                 instance.cpu_at_end = _cpu_of(instance.process.pid)
         backend_cpu = sum(i.cpu_at_end - i.cpu_at_start for i in started)
-        with engine.connect() as connection:
+        with storage.engine.connect() as connection:
             rows, distinct = connection.execute(
                 text("SELECT count(*), count(DISTINCT (tenant_id, event_id)) FROM events")
             ).one()
