@@ -47,6 +47,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from completion.gate import Features, FeatureSpace
+    from completion.output_cache import CachedRunner
 
 # Known before the model runs: where the cursor is, and what the server knows about the user.
 PRE_MODEL_FEATURES = (
@@ -110,6 +111,13 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-2) -> np.ndarray:
     return w.detach().numpy()
 
 
+def fitted_scores(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray) -> np.ndarray:
+    """Logits for `x_test` of a logistic model fitted on `x_train`, standardised on it."""
+    mean, std = x_train.mean(axis=0), x_train.std(axis=0) + 1e-9
+    w = fit_logistic((x_train - mean) / std, y_train)
+    return np.hstack([(x_test - mean) / std, np.ones((len(x_test), 1))]) @ w
+
+
 def cross_validated_scores(x: np.ndarray, y: np.ndarray, seed: int = 0) -> np.ndarray:
     """Out-of-fold logits of a logistic model, standardised on each training fold."""
     order = np.random.default_rng(seed).permutation(len(y))
@@ -117,9 +125,7 @@ def cross_validated_scores(x: np.ndarray, y: np.ndarray, seed: int = 0) -> np.nd
     for fold in range(FOLDS):
         test = order[fold::FOLDS]
         train = np.setdiff1d(order, test)
-        mean, std = x[train].mean(axis=0), x[train].std(axis=0) + 1e-9
-        w = fit_logistic((x[train] - mean) / std, y[train])
-        scores[test] = np.hstack([(x[test] - mean) / std, np.ones((len(test), 1))]) @ w
+        scores[test] = fitted_scores(x[train], y[train], x[test])
     return scores
 
 
@@ -265,24 +271,19 @@ class Played:
     retained_chars: np.ndarray
 
 
-def play(args: argparse.Namespace, corpus: Path, count: int) -> tuple[Played, str]:
-    """Play `count` sampled positions of `corpus` with always-show; also the model's id."""
+def play(args: argparse.Namespace, runner: CachedRunner, corpus: Path, count: int) -> Played:
+    """Play `count` sampled positions of `corpus` with always-show."""
     from backend.policy.settings import RewardSettings
     from completion.engine import Engine
-    from evaluation.replay import Player, always_show, engine_settings, load_cached_runner
+    from evaluation.replay import Player, always_show, engine_settings
     from evaluation.simulation import sample_positions
 
-    settings = engine_settings(args)
-    runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
     policy = always_show()
-    engine = Engine(settings, runner, policy_source=lambda: policy, seed=args.seed)
+    engine = Engine(engine_settings(args), runner, policy_source=lambda: policy, seed=args.seed)
     positions = sample_positions(corpus, count, args.seed)
     player = Player(engine, None, RewardSettings(distraction_cost=0.0), min_partial_chars=4)
     player.log = []
-    try:
-        player.play(positions)
-    finally:
-        runner.close()
+    player.play(positions)
     shown = [(d, r) for d, r in player.log if d.text and r is not None]
     played = Played(
         positions=len(positions),
@@ -291,14 +292,32 @@ def play(args: argparse.Namespace, corpus: Path, count: int) -> tuple[Played, st
         accepted_chars=np.array([r.accepted_chars for _, r in shown], dtype=np.float64),
         retained_chars=np.array([r.retained_chars for _, r in shown], dtype=np.float64),
     )
-    return played, runner.model_id
+    return played
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """The report; the model is loaded once, for both corpora."""
+    from evaluation.replay import engine_settings, load_cached_runner
+
+    settings = engine_settings(args)
+    runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
+    try:
+        played = play(args, runner, args.corpus, args.positions)
+        other = (
+            play(args, runner, args.held_out, args.held_out_positions) if args.held_out else None
+        )
+    finally:
+        runner.close()
+    return _report(args, played, other, runner.model_id)
+
+
+def _report(
+    args: argparse.Namespace, played: Played, other: Played | None, model_id: str
+) -> dict[str, Any]:
     from backend.policy.settings import RewardSettings
     from completion.gate import FeatureSpace, builtin_policy
 
-    played, model_id = play(args, args.corpus, args.positions)
+    lam = RewardSettings().distraction_cost
     features = played.features
     retained = played.retained_chars
     builtin_shows = builtin_policy().intent_batch(features) > 0.5 if features else np.zeros(0, bool)
@@ -328,10 +347,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "pre_model_cv_auc": _rounded(auc(pre_model, y)),
         "pre_model_accepted_chars_lost": lost_chars_when_skipping(pre_model, accepted_chars),
         "reward_defaults": reward_defaults(x, y, accepted_chars, retained, args.seed),
-        "ceiling": {
-            "lambda": RewardSettings().distraction_cost,
-            **ceiling(after_model, y, accepted_chars, retained, RewardSettings().distraction_cost),
-        },
+        "ceiling": {"lambda": lam, **ceiling(after_model, y, accepted_chars, retained, lam)},
         "builtin_policy": trade(builtin_shows, y, accepted_chars) if len(y) else None,
         "baseline": {
             "gate": "random skip (seeded), same suggestions",
@@ -339,29 +355,25 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "accepted_chars_lost": lost_chars_when_skipping(random_skip, accepted_chars),
         },
     }
-    if args.held_out is not None:
-        report["held_out"] = held_out_ceiling(args, x, y, space)
+    if other is not None:
+        report["held_out"] = held_out_ceiling(args.held_out, other, x, y, space, lam)
     return report
 
 
 def held_out_ceiling(
-    args: argparse.Namespace, x: np.ndarray, y: np.ndarray, space: FeatureSpace
+    corpus: Path, other: Played, x: np.ndarray, y: np.ndarray, space: FeatureSpace, lam: float
 ) -> dict[str, Any]:
-    """The acceptance model fitted on every outcome of `--corpus`, judged on `--held-out`: what
-    a gate learned on one codebase could do at best on another; the built-in policy beside it."""
-    from backend.policy.settings import RewardSettings
+    """The acceptance model fitted on every outcome of `--corpus` (`x`, `y`), judged on the
+    suggestions of `--held-out`: what a gate learned on one codebase could do at best on another;
+    the built-in policy beside it."""
     from completion.gate import builtin_policy
 
-    other, _ = play(args, args.held_out, args.held_out_positions)
     x_other = np.nan_to_num(space.matrix(other.features))
-    mean, std = x.mean(axis=0), x.std(axis=0) + 1e-9
-    w = fit_logistic((x - mean) / std, y.astype(np.float64))
-    score = np.hstack([(x_other - mean) / std, np.ones((len(x_other), 1))]) @ w
-    lam = RewardSettings().distraction_cost
+    score = fitted_scores(x, y.astype(np.float64), x_other)
     y_other = other.accepted
     builtin = builtin_policy().intent_batch(other.features) > 0.5 if other.features else None
     return {
-        "corpus": str(args.held_out),
+        "corpus": str(corpus),
         "positions": other.positions,
         "suggestions": len(y_other),
         "accept_rate": round(float(y_other.mean()), 4) if len(y_other) else None,
