@@ -21,7 +21,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +100,11 @@ class AdapterRegistry:
             state = json.loads(path.read_text())
         except ValueError as exc:
             raise AdapterRegistryError(f"{path} is damaged: {exc}") from None
-        if not isinstance(state, dict) or not isinstance(state.get("versions"), list):
-            raise AdapterRegistryError(f"{path} is not an adapter registry")
+        problem = _state_problem(state)
+        if problem:
+            raise AdapterRegistryError(f"{path} is not an adapter registry: {problem}")
+        state.setdefault("serving", None)
+        state.setdefault("history", [])
         return state
 
     def _write(self, state: dict[str, Any]) -> None:
@@ -220,6 +223,47 @@ class AdapterRegistry:
                 assert isinstance(entry, dict)
                 return entry
         raise AdapterRegistryError(f"no adapter version {version}")
+
+
+_VERSION_FIELDS = {f.name for f in fields(AdapterVersion)}
+_REQUIRED_FIELDS = {"version", "created", "base_model", "status"}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _state_problem(state: Any) -> str | None:
+    """What is wrong with the structure of a registry's state, or None: a file edited by hand
+    or written by another program must be refused as damaged, not fail deep inside a reader."""
+    if not isinstance(state, dict):
+        return "not an object"
+    versions = state.get("versions")
+    if not isinstance(versions, list):
+        return "no list of versions"
+    numbers = set()
+    for entry in versions:
+        if not isinstance(entry, dict):
+            return "a version is not an object"
+        keys = set(entry)
+        if not keys >= _REQUIRED_FIELDS or not keys <= _VERSION_FIELDS:
+            return f"a version's fields are {sorted(keys)}"
+        if not _is_int(entry["version"]) or not isinstance(entry["base_model"], str):
+            return "a version's number or base model has the wrong type"
+        if not isinstance(entry["created"], int | float) or not isinstance(entry["status"], str):
+            return "a version's time or status has the wrong type"
+        if not isinstance(entry.get("train", {}), dict):
+            return "a version's training record is not an object"
+        if not isinstance(entry.get("evaluation"), dict | None):
+            return "a version's evaluation is not an object"
+        numbers.add(entry["version"])
+    serving = state.get("serving")
+    if serving is not None and (not _is_int(serving) or serving not in numbers):
+        return f"serving names no version: {serving!r}"
+    history = state.get("history", [])
+    if not isinstance(history, list) or not all(_is_int(v) and v in numbers for v in history):
+        return "the history names versions that are not there"
+    return None
 
 
 def _label(version: Any) -> str:

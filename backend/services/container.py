@@ -23,6 +23,7 @@ from backend.services.bodies import BodyLimits
 from backend.services.completions import CompletionService, RunnerLoader
 from backend.services.ingest import IngestLimits
 from backend.services.ingest_stats import IngestRecorder
+from backend.services.served_adapters import ServedAdapters
 from backend.services.stats import StatsService
 from backend.storage import Storage
 from backend.sync.store import IndexSyncStore
@@ -60,11 +61,16 @@ class BackendServices:
     """Start loading the completion model when the app starts."""
     cache_dir: Path = field(default_factory=default_cache_dir)
     """Where model weights and the tenants' adapter registries are kept."""
+    served_adapters: ServedAdapters = field(init=False)
+    """The tenants' serving adapters, verified before `/v1/model` serves them."""
     training_lock: IO[bytes] | None = None
     """The lock file that makes this worker the training one, held open while it runs."""
     cluster: ClusterTrainer | None = None
     """On a shared PostgreSQL database: this instance's part in the trainer election and the
     training jobs (`backend/policy/jobs.py`), instead of `trainer`."""
+
+    def __post_init__(self) -> None:
+        self.served_adapters = ServedAdapters(self.cache_dir)
 
     @classmethod
     def create(

@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from completion.adapters import MANIFEST, WEIGHTS, save_adapter
+from completion.adapters import CONFIG, MANIFEST, WEIGHTS, save_adapter
 from completion.runners.loading import load_model, resolve_source
 from tests.support.backend_server import BackendServer
 from training.lora import LoraShape, attach_lora
@@ -76,3 +77,132 @@ def registry_base(adapter: Path) -> str:
     import json
 
     return str(json.loads((adapter / MANIFEST).read_text())["base_model"])
+
+
+# -- damaged versions and registries (no model needed: the files are checked, not loaded) -----
+
+
+def _fake_adapter(directory: Path, weights: bytes = b"\x00" * 4096) -> Path:
+    import json
+
+    directory.mkdir(parents=True)
+    (directory / CONFIG).write_text('{"r": 2}\n')
+    (directory / WEIGHTS).write_bytes(weights)
+    files = {
+        name: hashlib.sha256((directory / name).read_bytes()).hexdigest()
+        for name in (CONFIG, WEIGHTS)
+    }
+    (directory / MANIFEST).write_text(json.dumps({"base_model": "base@1", "files": files}))
+    return directory
+
+
+@pytest.fixture
+def fake_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[BackendServer, AdapterRegistry]]:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TABLOOP_CACHE_DIR", str(cache))
+    with BackendServer(f"sqlite:///{tmp_path / 'db.sqlite3'}") as backend:
+        registry = AdapterRegistry(scope_dir(cache, tenant=backend.tenant))
+        record = registry.add(_fake_adapter(tmp_path / "adapter"), "base@1", {})
+        registry.promote(record.version, force=True)
+        yield backend, registry
+
+
+def _flip_byte(path: Path, offset: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset % len(data)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _damage_config(path: Path) -> None:
+    path.write_text('{"r": 3}\n')
+
+
+def _damage_manifest(path: Path) -> None:
+    path.write_text("not json {")
+
+
+@pytest.mark.parametrize(
+    ("damaged", "damage"),
+    [
+        pytest.param(WEIGHTS, _flip_byte, id="weights-one-flipped-byte"),
+        pytest.param(CONFIG, _damage_config, id="config-changed"),
+        pytest.param(MANIFEST, _damage_manifest, id="manifest-not-json"),
+    ],
+)
+def test_a_damaged_version_serves_none_of_its_files(
+    fake_served: tuple[BackendServer, AdapterRegistry], damaged: str, damage: Any
+) -> None:
+    backend, registry = fake_served
+    for name in (CONFIG, WEIGHTS, MANIFEST):
+        assert _get(backend, f"/v1/model/files/{name}").status_code == 200
+    damage(registry.path(1) / damaged)
+    for path in ["/v1/model", *(f"/v1/model/files/{n}" for n in (CONFIG, WEIGHTS, MANIFEST))]:
+        answer = _get(backend, path)
+        assert answer.status_code == 503, (path, answer.status_code)
+        assert str(registry.root.parent.parent) not in answer.text
+        assert "/" not in answer.json()["detail"], answer.json()["detail"]
+        assert "v0001" in answer.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "registry_text",
+    [
+        pytest.param('{"versions": [], "serving": "abc", "history": []}', id="serving-a-string"),
+        pytest.param(None, id="extra-key-in-a-version"),
+        pytest.param('{"versions": {}, "serving": 1}', id="versions-not-a-list"),
+        pytest.param("[1, 2]", id="not-an-object"),
+        pytest.param("{not json", id="not-json"),
+    ],
+)
+def test_a_registry_of_the_wrong_shape_is_503_without_paths(
+    fake_served: tuple[BackendServer, AdapterRegistry], registry_text: str | None
+) -> None:
+    import json
+
+    backend, registry = fake_served
+    path = registry.root / "registry.json"
+    if registry_text is None:
+        state = json.loads(path.read_text())
+        state["versions"][0]["unexpected"] = 1
+        registry_text = json.dumps(state)
+    path.write_text(registry_text)
+    for route in ("/v1/model", f"/v1/model/files/{WEIGHTS}"):
+        answer = _get(backend, route)
+        assert answer.status_code == 503, (route, answer.text)
+        assert str(registry.root) not in answer.text and "/" not in answer.json()["detail"]
+
+
+def test_a_verified_version_is_not_hashed_again_until_a_file_changes(
+    fake_served: tuple[BackendServer, AdapterRegistry],
+) -> None:
+    backend, registry = fake_served
+    adapters = backend.services.served_adapters
+    first = _get(backend, "/v1/model")
+    assert first.status_code == 200
+    hashed = adapters.verifications
+    for _ in range(5):
+        again = _get(backend, "/v1/model", **{"If-None-Match": first.headers["ETag"]})
+        assert again.status_code == 304
+        assert _get(backend, f"/v1/model/files/{WEIGHTS}").status_code == 200
+    assert adapters.verifications == hashed
+    _flip_byte(registry.path(1) / WEIGHTS)
+    assert _get(backend, "/v1/model", **{"If-None-Match": first.headers["ETag"]}).status_code == 503
+
+
+def test_adapter_files_must_be_revalidated(
+    fake_served: tuple[BackendServer, AdapterRegistry],
+) -> None:
+    backend, _registry = fake_served
+    description = _get(backend, "/v1/model").json()
+    answer = _get(backend, f"/v1/model/files/{WEIGHTS}")
+    assert answer.headers["Cache-Control"] == "no-cache"
+    assert answer.headers["ETag"] == f'"{description["files"][WEIGHTS]}"'
+    assert answer.headers["X-Tabloop-Model-Version"] == "v0001"
+    assert (
+        _get(
+            backend, f"/v1/model/files/{WEIGHTS}", **{"If-None-Match": answer.headers["ETag"]}
+        ).status_code
+        == 304
+    )

@@ -1,0 +1,144 @@
+"""The tenants' serving adapters as `GET /v1/model` and its files answer them, verified.
+
+Every file of a version is checked against its manifest before anything of it is served. A
+version that verified is remembered by the manifest's SHA-256 and the identity of its files
+(inode, size, modification and change times): a poll costs reading the small manifest and two
+`stat` calls, and a file rewritten in place (its change time moves, whatever it was set to) is
+hashed again before it is served. Error messages name the version, never a server path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from completion.adapters import CONFIG, MANIFEST, WEIGHTS, AdapterError, verify_adapter
+from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
+
+CHECKED_FILES = (CONFIG, WEIGHTS)
+
+
+class AdapterUnavailable(Exception):
+    """The serving adapter cannot be served (a damaged version or registry): the message is
+    fit for the client, with no server path in it."""
+
+
+@dataclass(frozen=True)
+class ServedAdapter:
+    """A verified serving version: its name, directory and manifest (the bytes that were
+    checked, whose SHA-256 is the version's checksum)."""
+
+    name: str
+    directory: Path
+    manifest: dict[str, Any]
+    manifest_bytes: bytes
+    checksum: str
+    identities: dict[str, tuple[int, int, int, int]]
+    """Per checked file: (inode, size, mtime_ns, ctime_ns) when it was hashed."""
+
+    def describe(self) -> dict[str, Any]:
+        """The body of `GET /v1/model`."""
+        return {
+            "version": self.name,
+            "base_model": self.manifest.get("base_model"),
+            "checksum": self.checksum,
+            "files": {name: self.manifest["files"][name] for name in CHECKED_FILES},
+        }
+
+    def unchanged(self, name: str) -> bool:
+        """Whether file `name` is still the one that was verified."""
+        return _identity(self.directory / name) == self.identities[name]
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def _redact(text: str, *roots: Path) -> str:
+    """`text` without the server's paths: `roots` become names relative to them."""
+    for root in roots:
+        text = text.replace(f"{root}{os.sep}", "").replace(str(root), root.name)
+    return text
+
+
+class ServedAdapters:
+    """The serving adapter of each tenant, verified once per change of its files."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.cache_dir = cache_dir
+        self._verified: dict[Path, ServedAdapter] = {}
+        self._lock = threading.Lock()
+        self.verifications = 0
+        """How many times a version's files were hashed (a test reads it)."""
+
+    def serving(self, tenant: str) -> ServedAdapter | None:
+        """The tenant's serving version, verified; None when the base model serves.
+        `AdapterUnavailable` for a damaged version or registry."""
+        try:
+            root = scope_dir(self.cache_dir, tenant=tenant)
+        except ValueError:  # a tenant name that cannot name an adapter directory has none
+            return None
+        registry = AdapterRegistry(root)
+        if not (root / "registry.json").is_file():
+            return None
+        try:
+            version = registry.serving()
+            if version is None:
+                return None
+            name = registry.get(version).name
+        except (AdapterRegistryError, OSError) as exc:
+            reason = _redact(str(exc), root, self.cache_dir)
+            raise AdapterUnavailable(f"the adapter registry is unreadable: {reason}") from None
+        return self._verify(name, root / name, root)
+
+    def _verify(self, name: str, directory: Path, root: Path) -> ServedAdapter:
+        try:
+            manifest_bytes = (directory / MANIFEST).read_bytes()
+        except OSError:
+            raise AdapterUnavailable(
+                f"the serving adapter {name} is damaged: no readable {MANIFEST}"
+            ) from None
+        checksum = hashlib.sha256(manifest_bytes).hexdigest()
+        identities = {file: _identity(directory / file) for file in CHECKED_FILES}
+        with self._lock:
+            known = self._verified.get(directory)
+        if (
+            known is not None
+            and known.checksum == checksum
+            and all(identities[file] == known.identities[file] for file in CHECKED_FILES)
+        ):
+            return known
+        try:
+            manifest = json.loads(manifest_bytes)
+            if not isinstance(manifest, dict):
+                raise AdapterError(f"{MANIFEST} is not an adapter manifest")
+            self.verifications += 1
+            verified = verify_adapter(directory)
+        except (AdapterError, ValueError) as exc:
+            reason = _redact(str(exc), directory, root, self.cache_dir)
+            raise AdapterUnavailable(f"the serving adapter {name} is damaged: {reason}") from None
+        if verified != manifest:  # rewritten between the two reads: check it again next time
+            raise AdapterUnavailable(f"the serving adapter {name} changed while being checked")
+        served = ServedAdapter(
+            name=name,
+            directory=directory,
+            manifest=manifest,
+            manifest_bytes=manifest_bytes,
+            checksum=checksum,
+            # Taken before hashing: a file changed during the hash does not match them later.
+            identities={file: identity for file, identity in identities.items() if identity},
+        )
+        if len(served.identities) != len(CHECKED_FILES):
+            raise AdapterUnavailable(f"the serving adapter {name} changed while being checked")
+        with self._lock:
+            self._verified[directory] = served
+        return served
