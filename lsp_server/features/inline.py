@@ -6,7 +6,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from lsprotocol import types
@@ -168,6 +168,9 @@ async def wait_for_a_long_pause(
     current: Callable[[], bool],
     wait_ms: float,
     step_ms: float = 50.0,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> float | None:
     """Wait while a suggestion would come too late (`late()`), at most `wait_ms`; the likely
     pause when the wait ends.
@@ -177,11 +180,12 @@ async def wait_for_a_long_pause(
     but one who stays idle past their word-boundary pauses is probably thinking, and the rest of
     that pause is long. Looking again every `step_ms` lets such a pause be served instead of
     answered empty. The wait ends early when the document changes (`current()` false: the
-    request is stale) or the client cancels the request (the next keystroke).
+    request is stale) or the client cancels the request (the next keystroke). `clock` (seconds)
+    and `sleep` are real time unless a test passes a fake clock.
     """
-    deadline = time.monotonic() + wait_ms / 1000
-    while time.monotonic() < deadline and current() and late():
-        await asyncio.sleep(step_ms / 1000)
+    deadline = clock() + wait_ms / 1000
+    while clock() < deadline and current() and late():
+        await sleep(step_ms / 1000)
     return pause_ms()
 
 

@@ -2,54 +2,83 @@
 
 from __future__ import annotations
 
-import time
+import pytest
 
 from completion.latency import likely_pause_ms
 from lsp_server.features.inline import wait_for_a_long_pause
 from tests.completion.test_latency import times
 
 
+class SteppedClock:
+    """A monotonic clock that moves only when the wait sleeps: the test decides what time it is,
+    and no real time passes."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
 async def test_a_thinking_pause_is_served_once_it_outlasts_the_word_boundaries() -> None:
-    """A typist's rhythm: 0.4 s within words, 1.2 s at word boundaries, 10 s at line ends (slow,
-    so that a stalled test machine cannot skip a phase). At the editor's request (idle 150 ms)
-    the likely rest of the pause is short; once the user has been idle past the word-boundary
-    pauses, only the line-end pauses remain, and a suggestion that takes 3 s is worth
-    computing."""
+    """A typist's rhythm: 0.4 s within words, 1.2 s at word boundaries, 10 s at line ends. At the
+    editor's request (idle 150 ms) the likely rest of the pause is short; once the user has been
+    idle past the word-boundary pauses, only the line-end pauses remain, and a suggestion that
+    takes 3 s is worth computing."""
+    clock = SteppedClock()
     gaps = [400, 400, 1200, 400, 1200, 400, 10_000] * 4
-    now = time.monotonic()
-    changes = times(*gaps, start=now - 0.150 - sum(gaps) / 1000)
+    changes = times(*gaps, start=clock.now - 0.150 - sum(gaps) / 1000)
     first_token_ms = 3000.0
 
     def pause() -> float | None:
-        return likely_pause_ms(changes, time.monotonic())
+        return likely_pause_ms(changes, clock())
 
     def late() -> bool:
         rest = pause()
         return rest is not None and first_token_ms > rest
 
     assert late()  # answered empty at once before this wait
-    started = time.monotonic()
-    rest = await wait_for_a_long_pause(late, pause, lambda: True, wait_ms=5000, step_ms=20)
-    waited_ms = (time.monotonic() - started) * 1000
+    started = clock()
+    rest = await wait_for_a_long_pause(
+        late, pause, lambda: True, wait_ms=5000, step_ms=20, clock=clock, sleep=clock.sleep
+    )
     assert rest is not None and rest > first_token_ms
-    assert waited_ms < 4000  # past the 1.2 s boundaries, well before the 5 s limit
+    # Idle 150 ms + the wait: it ends on the first look past the 1.2 s word boundaries.
+    assert clock() - started == pytest.approx(1.06)
 
 
-async def test_the_wait_ends_at_its_limit_or_when_the_document_changes() -> None:
-    started = time.monotonic()
-    assert await wait_for_a_long_pause(lambda: True, lambda: 42.0, lambda: True, 120, 10) == 42.0
-    assert (time.monotonic() - started) * 1000 >= 120
+async def test_the_wait_ends_at_its_limit() -> None:
+    clock = SteppedClock()
+    # Steps of 1/64 s, which add up exactly: the wait ends on the first look at its limit.
+    rest = await wait_for_a_long_pause(
+        lambda: True, lambda: 42.0, lambda: True, 125, 15.625, clock=clock, sleep=clock.sleep
+    )
+    assert rest == 42.0
+    assert clock.slept == [0.015625] * 8
 
-    calls = []
+
+async def test_the_wait_ends_when_the_document_changes() -> None:
+    clock = SteppedClock()
+    looks = []
 
     def current() -> bool:
-        calls.append(1)
-        return len(calls) < 3  # the user typed: the request is stale
+        looks.append(clock())
+        return len(looks) < 3  # the user typed: the request is stale
 
-    started = time.monotonic()
-    await wait_for_a_long_pause(lambda: True, lambda: None, current, 5000, 10)
-    assert (time.monotonic() - started) * 1000 < 1000 and len(calls) == 3
+    await wait_for_a_long_pause(
+        lambda: True, lambda: None, current, 5000, 10, clock=clock, sleep=clock.sleep
+    )
+    assert len(looks) == 3 and clock.slept == pytest.approx([0.010] * 2)
 
-    started = time.monotonic()
-    await wait_for_a_long_pause(lambda: False, lambda: None, lambda: True, 5000, 10)
-    assert (time.monotonic() - started) * 1000 < 50  # not late: no wait at all
+
+async def test_a_request_in_time_does_not_wait() -> None:
+    clock = SteppedClock()
+    await wait_for_a_long_pause(
+        lambda: False, lambda: None, lambda: True, 5000, 10, clock=clock, sleep=clock.sleep
+    )
+    assert clock.slept == []
