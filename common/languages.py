@@ -1,8 +1,13 @@
-"""One table of languages: file extensions, LSP language ids, comment syntax, tree-sitter grammar.
+"""One table of languages: LSP language ids, file extensions, comment syntax, tree-sitter
+grammar, indentation.
 
-The index chunks by grammar, the FIM templates write other files' snippets as comments, the gate
-tells languages apart by LSP id and the evaluation picks files by language: all of them read this
-table, so a language added here is known everywhere.
+A request's language is always an LSP id (`CompletionRequest.language`): the editor's, or the one
+this table gives the file's extension where no editor gave one (`request_language`), so the
+server, `tabloop complete`, the evaluations and training encode a file alike. The index chunks by
+grammar, the FIM templates write other files' snippets as comments, the gate tells languages
+apart by LSP id, post-processing ends blocks by indentation where the language does, and the
+evaluation picks files by language: all of them read this table, so a language added here is
+known everywhere.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ class Language:
     block_comment: tuple[str, str] | None = None
     grammar: str | None = None
     """The tree-sitter grammar the index chunks it with (None: line windows)."""
+    indented: bool = False
+    """Blocks are delimited by indentation rather than brackets."""
+    aliases: tuple[str, ...] = ()
+    """Other ids editors send for it (Neovim sends its filetype: `cs`, `sh`)."""
 
 
 def _lang(
@@ -31,12 +40,14 @@ def _lang(
     line: str | None = None,
     block: tuple[str, str] | None = None,
     grammar: str | None = None,
+    indented: bool = False,
+    aliases: tuple[str, ...] = (),
 ) -> Language:
-    return Language(lsp_id, extensions, line, block, grammar)
+    return Language(lsp_id, extensions, line, block, grammar, indented, aliases)
 
 
 LANGUAGES: tuple[Language, ...] = (
-    _lang("python", "py", "pyi", line="#", grammar="python"),
+    _lang("python", "py", "pyi", line="#", grammar="python", indented=True),
     _lang("javascript", "js", "mjs", "cjs", line="//", grammar="javascript"),
     _lang("javascriptreact", "jsx", line="//", grammar="javascript"),
     _lang("typescript", "ts", "mts", "cts", line="//", grammar="typescript"),
@@ -46,7 +57,7 @@ LANGUAGES: tuple[Language, ...] = (
     _lang("java", "java", line="//", grammar="java"),
     _lang("c", "c", "h", line="//", grammar="c"),
     _lang("cpp", "cc", "cpp", "cxx", "hpp", "hh", "hxx", line="//", grammar="cpp"),
-    _lang("csharp", "cs", line="//"),
+    _lang("csharp", "cs", line="//", aliases=("cs",)),
     _lang("kotlin", "kt", "kts", line="//"),
     _lang("scala", "scala", line="//"),
     _lang("swift", "swift", line="//"),
@@ -54,25 +65,27 @@ LANGUAGES: tuple[Language, ...] = (
     _lang("php", "php", line="//"),
     _lang("zig", "zig", line="//"),
     _lang("proto", "proto", line="//"),
-    _lang("shellscript", "sh", "bash", "zsh", line="#"),
+    _lang("shellscript", "sh", "bash", "zsh", line="#", aliases=("sh", "bash", "zsh")),
     _lang("ruby", "rb", line="#"),
     _lang("perl", "pl", line="#"),
     _lang("r", "r", line="#"),
-    _lang("yaml", "yaml", "yml", line="#"),
+    _lang("yaml", "yaml", "yml", line="#", indented=True),
     _lang("toml", "toml", line="#"),
     _lang("ini", "cfg", "ini", line="#"),
-    _lang("makefile", "mk", line="#"),
+    _lang("makefile", "mk", line="#", aliases=("make",)),
     _lang("cmake", "cmake", line="#"),
     _lang("dockerfile", "dockerfile", line="#"),
-    _lang("nim", "nim", line="#"),
+    _lang("nim", "nim", line="#", indented=True),
+    _lang("coffeescript", "coffee", line="#", indented=True),
+    _lang("gdscript", "gd", line="#", indented=True),
     _lang("julia", "jl", line="#"),
     _lang("elixir", "ex", "exs", line="#"),
     _lang("terraform", "tf", line="#"),
-    _lang("powershell", "ps1", line="#"),
+    _lang("powershell", "ps1", line="#", aliases=("ps1",)),
     _lang("lua", "lua", line="--"),
     _lang("sql", "sql", line="--"),
-    _lang("haskell", "hs", line="--"),
-    _lang("elm", "elm", line="--"),
+    _lang("haskell", "hs", line="--", indented=True),
+    _lang("elm", "elm", line="--", indented=True),
     _lang("ada", "ada", line="--"),
     _lang("vhdl", "vhdl", line="--"),
     _lang("lisp", "lisp", line=";"),
@@ -80,7 +93,7 @@ LANGUAGES: tuple[Language, ...] = (
     _lang("emacs-lisp", "el", line=";"),
     _lang("scheme", "scm", line=";"),
     _lang("asm", "asm", "s", line=";"),
-    _lang("latex", "tex", line="%"),
+    _lang("latex", "tex", line="%", aliases=("tex",)),
     _lang("erlang", "erl", line="%"),
     _lang("matlab", "m", line="%"),
     _lang("vim", "vim", line='"'),
@@ -90,6 +103,9 @@ LANGUAGES: tuple[Language, ...] = (
     _lang("markdown", "md", block=("<!--", "-->")),
     _lang("css", "css", block=("/*", "*/")),
     _lang("scss", "scss", block=("/*", "*/")),
+    _lang("sass", "sass", line="//", indented=True),
+    _lang("pug", "pug", line="//", indented=True),
+    _lang("fsharp", "fs", "fsi", "fsx", line="//", indented=True),
     _lang("ocaml", "ml", block=("(*", "*)")),
 )
 
@@ -101,6 +117,10 @@ SPECIAL_FILENAMES: dict[str, str] = {
 }
 
 BY_ID: dict[str, Language] = {language.lsp_id: language for language in LANGUAGES}
+BY_EDITOR_ID: dict[str, Language] = {
+    **{alias: language for language in LANGUAGES for alias in language.aliases},
+    **BY_ID,
+}
 BY_EXTENSION: dict[str, Language] = {
     extension: language for language in LANGUAGES for extension in language.extensions
 }
@@ -128,3 +148,19 @@ def lsp_id_for_path(path: str, default: str = "plaintext") -> str:
     """The LSP language id editors would send for `path`."""
     language = language_for_path(path)
     return language.lsp_id if language else default
+
+
+def request_language(editor_id: str | None, path: str | None) -> str:
+    """The LSP id of a request: the id the editor gave (an alias mapped to its LSP id; one the
+    table does not know passes unchanged), else the id of `path`'s extension (`plaintext` when
+    the table does not know it either). Everything that builds a `CompletionRequest` asks here."""
+    if editor_id:
+        known = BY_EDITOR_ID.get(editor_id)
+        return known.lsp_id if known is not None else editor_id
+    return lsp_id_for_path(path or "")
+
+
+def is_indented(lsp_id: str, path: str | None = None) -> bool:
+    """Whether blocks of the language (by LSP id, else by `path`) are delimited by indentation."""
+    language = BY_ID.get(lsp_id.lower()) or (language_for_path(path) if path else None)
+    return language is not None and language.indented

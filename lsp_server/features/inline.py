@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
+from common.languages import request_language
 from completion.latency import edit_kind, likely_pause_ms
 from completion.session import SessionSignals
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
-from indexer.languages import language_of as language_of_path
 from lsp_server.documents import Document, open_document
 from lsp_server.features.prefetch import PrefetchFeature
 from lsp_server.protocol import ACCEPT_COMMAND, RequestTiming
@@ -60,8 +60,9 @@ class TypingTracker:
 
 
 def language_of(document: Document) -> str:
-    """The client's language id, else the language the index gives the file's extension."""
-    return document.language_id or language_of_path(document.path)
+    """The request's LSP language id: the client's (an editor's alias mapped to it), else the one
+    of the file's extension (`common.languages.request_language`, as every offline path asks)."""
+    return request_language(document.language_id, document.path)
 
 
 def build_request(
