@@ -12,7 +12,7 @@ with camelCase keys; results that are plain JSON trees (status, timings) are Typ
 from __future__ import annotations
 
 import logging
-from typing import Any, TypedDict, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 import attrs
 from lsprotocol import converters, types
@@ -31,7 +31,8 @@ STATUS_REQUEST = "tabloop/status"
 """No parameters; answers a `ServerStatus`."""
 
 TIMINGS_REQUEST = "tabloop/timings"
-"""No parameters; answers the recent `RequestTiming`s, oldest first (for benchmarks)."""
+"""No parameters; answers the recent `RequestTiming`s, oldest first (for benchmarks): one for
+every completion request, however it ended, named by the request's JSON-RPC id."""
 
 SEARCH_REQUEST = "tabloop/search"
 """`SearchParams`; answers `SearchHit`s, best first."""
@@ -107,9 +108,30 @@ class SearchHit:
     symbols: list[str] = attrs.field(factory=list)
 
 
-class RequestTiming(TypedDict):
-    """Per answered completion request: wall times, prompt sizes, and what was decided why."""
+RequestOutcome = Literal[
+    "shown",  # a suggestion went back to the editor
+    "silenced",  # the gate chose silence
+    "empty",  # nothing worth showing (`Decision.reason` says why)
+    "latency_skip",  # answered empty at once: the suggestion would have come too late
+    "cancelled",  # `$/cancelRequest` (the next keystroke) or a newer request took over
+    "stale",  # the document moved on while the model ran
+    "not_ready",  # no model yet, or completion is turned off
+    "no_document",  # a document the editor never opened
+    "error",  # the handler failed (logged) and answered empty
+]
+"""How one completion request ended, as `RequestTiming.outcome` reports it."""
 
+
+class RequestTiming(TypedDict):
+    """One completion request, however it ended: wall times, prompt sizes, what was decided why.
+
+    A request has exactly one record, its own (`request_id`), written when its handler ends: a
+    request that was cancelled or went stale is recorded as such, never left to be read off
+    another request's record. Fields a request never reached are zero or empty."""
+
+    request_id: str  # the JSON-RPC id of the request, as a string
+    outcome: RequestOutcome
+    reached_model: bool  # the model (or its cache) was asked: the engine's `complete` ran
     handler_ms: float
     wait_ms: float  # waiting for the user's pause to turn out long enough (latency skipping)
     model_ms: float

@@ -7,6 +7,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lsprotocol import types
@@ -18,7 +19,7 @@ from completion.session import SessionSignals
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
 from lsp_server.documents import Document, open_document
 from lsp_server.features.prefetch import PrefetchFeature
-from lsp_server.protocol import ACCEPT_COMMAND, RequestTiming
+from lsp_server.protocol import ACCEPT_COMMAND, RequestOutcome, RequestTiming
 from lsp_server.server import TabloopServer
 
 if TYPE_CHECKING:
@@ -97,14 +98,39 @@ async def decide(
     trigger: TriggerKind,
     typing: TypingTracker,
 ) -> tuple[Decision, CompletionRequest] | None:
-    """Run the engine for a cursor; None when there is nothing to show (or nothing current)."""
+    """Run the engine for a cursor; None when there is nothing to show (or nothing current).
+
+    Whatever happens, the request leaves exactly one timing record of its own (`RequestTiming`)
+    in `ls.request_timings`, saying how it ended."""
     ls.counters.requests += 1
-    handler_started = time.perf_counter()
+    record = _Record(str(ls.protocol.msg_id or ""), time.perf_counter())
+    try:
+        return await _decide(ls, uri, position, trigger, typing, record)
+    except asyncio.CancelledError:
+        record.outcome = "cancelled"
+        raise
+    except Exception:
+        record.outcome = "error"
+        raise
+    finally:
+        ls.request_timings.append(record.timing())
+
+
+async def _decide(
+    ls: TabloopServer,
+    uri: str,
+    position: types.Position,
+    trigger: TriggerKind,
+    typing: TypingTracker,
+    record: _Record,
+) -> tuple[Decision, CompletionRequest] | None:
     engine = ls.engine
     if engine is None or not ls.settings.completion.enabled:
+        record.outcome = "not_ready"
         return None  # before the model is ready: answer at once, empty
     document = open_document(ls.workspace, uri)
     if document is None:
+        record.outcome = "no_document"
         return None  # never opened: nothing of ours to complete, and the disk is not a buffer
     request = build_request(document, position, trigger)
     prefetch = ls.find_feature(PrefetchFeature)
@@ -123,25 +149,29 @@ async def decide(
             )
         except asyncio.CancelledError:  # the next keystroke: nothing was computed
             ls.counters.cancelled += 1
+            record.wait_ms = (time.perf_counter() - waited_from) * 1000
             raise
         if not _is_current(ls, uri, request):
             ls.counters.stale += 1
+            record.outcome = "stale"
             return None
-    wait_ms = (time.perf_counter() - waited_from) * 1000
+    record.wait_ms = (time.perf_counter() - waited_from) * 1000
     skipped = engine.skip_early(request, pause_ms)
     if skipped is not None:
         ls.end_request(uri, ls.begin_request(uri))  # what was in flight here is stale too
         ls.remember(skipped, request)
-        ls.request_timings.append(_timing(skipped, handler_started, wait_ms))
+        record.decided(skipped)
         return None
     token = ls.begin_request(uri)
     loop = asyncio.get_running_loop()
     signals = signals_for(ls, uri, typing)
     complete = functools.partial(engine.complete, request, token, signals, pause_ms=pause_ms)
+    record.reached_model = True
     try:
         decision = await loop.run_in_executor(ls.model_executor, complete)
     except Cancelled:
         ls.counters.cancelled += 1
+        record.outcome = "cancelled"
         return None
     except asyncio.CancelledError:
         # `$/cancelRequest`: stop the model within one decode step, then let pygls answer.
@@ -153,9 +183,11 @@ async def decide(
     current = open_document(ls.workspace, uri)
     if current is None or (current.version or 0) != request.version:
         ls.counters.stale += 1
+        record.decided(decision)
+        record.outcome = "stale"
         return None
     ls.remember(decision, request)
-    ls.request_timings.append(_timing(decision, handler_started, wait_ms))
+    record.decided(decision)
     if not decision.shown:
         return None
     if prefetch is not None:
@@ -195,28 +227,56 @@ def _is_current(ls: TabloopServer, uri: str, request: CompletionRequest) -> bool
     return document is not None and (document.version or 0) == request.version
 
 
-def _timing(decision: Decision, handler_started: float, wait_ms: float) -> RequestTiming:
-    generation = decision.generation
-    timing: RequestTiming = {
-        "handler_ms": (time.perf_counter() - handler_started) * 1000,
-        "wait_ms": wait_ms,
-        "model_ms": decision.timings.model_ms,
-        "context_ms": decision.timings.context_ms,
-        "prompt_tokens": generation.prompt_tokens if generation else 0,
-        "prefill_tokens": (
-            generation.prompt_tokens - generation.reused_tokens if generation else 0
-        ),
-        "prefill_ms": generation.prefill_ms if generation else 0.0,
-        "decode_ms": generation.decode_ms if generation else 0.0,
-        "new_tokens": generation.new_tokens if generation else 0,
-        "cache_hit": float(decision.cache_hit),
-        "cache_source": decision.cache_source,
-        "candidates": 1 + len(decision.alternatives),
-        "retrieval_found": float(decision.features.get("retrieval_found", 0.0)),
-        "action": decision.action,
-        "reason": decision.reason,
-    }
-    return timing
+_SILENCE_OUTCOMES: dict[str, RequestOutcome] = {
+    "policy": "silenced",
+    "empty": "empty",
+    "latency": "latency_skip",
+}
+
+
+@dataclass
+class _Record:
+    """What one request has done so far; `timing()` is its record when the handler ends."""
+
+    request_id: str
+    started: float
+    outcome: RequestOutcome = "error"
+    wait_ms: float = 0.0
+    reached_model: bool = False
+    decision: Decision | None = None
+
+    def decided(self, decision: Decision) -> None:
+        self.decision = decision
+        reason = decision.silence_reason
+        self.outcome = "shown" if reason is None else _SILENCE_OUTCOMES[reason]
+
+    def timing(self) -> RequestTiming:
+        decision = self.decision
+        generation = decision.generation if decision else None
+        return {
+            "request_id": self.request_id,
+            "outcome": self.outcome,
+            "reached_model": self.reached_model,
+            "handler_ms": (time.perf_counter() - self.started) * 1000,
+            "wait_ms": self.wait_ms,
+            "model_ms": decision.timings.model_ms if decision else 0.0,
+            "context_ms": decision.timings.context_ms if decision else 0.0,
+            "prompt_tokens": generation.prompt_tokens if generation else 0,
+            "prefill_tokens": (
+                generation.prompt_tokens - generation.reused_tokens if generation else 0
+            ),
+            "prefill_ms": generation.prefill_ms if generation else 0.0,
+            "decode_ms": generation.decode_ms if generation else 0.0,
+            "new_tokens": generation.new_tokens if generation else 0,
+            "cache_hit": float(decision.cache_hit) if decision else 0.0,
+            "cache_source": decision.cache_source if decision else "",
+            "candidates": 1 + len(decision.alternatives) if decision else 0,
+            "retrieval_found": (
+                float(decision.features.get("retrieval_found", 0.0)) if decision else 0.0
+            ),
+            "action": decision.action if decision else "",
+            "reason": decision.reason if decision else "",
+        }
 
 
 def accept_command(decision: Decision) -> types.Command:

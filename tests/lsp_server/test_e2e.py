@@ -22,6 +22,7 @@ from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import ClientServerConfig, LanguageClient
 
 from evaluation.lsp_client import plain
+from lsp_server.protocol import TIMINGS_REQUEST
 from tests.lsp_server.conftest import PROFILES, load_profile
 from tests.support.completion_server import serve_completions
 from tests.support.scripted_model import ScriptedModel, code_before_cursor
@@ -355,3 +356,47 @@ async def test_invalid_settings_are_shown_once_and_the_server_keeps_running(
     answer = await client.text_document_inline_completion_async(inline_params(uri))
     assert isinstance(answer, types.InlineCompletionList) and len(answer.items) == 1
     assert answer.items[0].insert_text == SUGGESTION
+
+
+async def test_each_request_leaves_one_timing_record_of_its_own(
+    client: LanguageClient, server_workspace: Path, scripted_model: ScriptedModel
+) -> None:
+    """A cancelled request, a shown one and one on an unopened file: each is recorded once,
+    under its own id, with how it ended (benchmarks read each request's record by its id)."""
+    await wait_until_ready(client)
+    source = "# timed\n" + SLOW_SOURCE  # no earlier answer for this text in the typing cache
+    cursor = types.Position(line=SLOW_CURSOR.line + 1, character=SLOW_CURSOR.character)
+    uri = open_document(client, server_workspace / "timed.py", source)
+    asked = len(scripted_model.prompts)
+    scripted_model.token_delay_s = 0.2
+    try:
+        pending = asyncio.ensure_future(
+            client.protocol.send_request_async(
+                types.TEXT_DOCUMENT_INLINE_COMPLETION,
+                inline_params(uri, cursor),
+                msg_id="timed-cancelled",
+            )
+        )
+        deadline = time.monotonic() + 30  # not stuck
+        while len(scripted_model.prompts) == asked and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # until the model has the prompt
+        client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id="timed-cancelled"))
+        with pytest.raises(JsonRpcRequestCancelled):
+            await pending
+    finally:
+        scripted_model.token_delay_s = 0.0
+    for msg_id, target in (
+        ("timed-shown", uri),
+        ("timed-unopened", (server_workspace / "never-opened.py").as_uri()),
+    ):
+        await client.protocol.send_request_async(
+            types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(target, cursor), msg_id=msg_id
+        )
+    timings = plain(await client.protocol.send_request_async(TIMINGS_REQUEST, {}))
+    mine = [t for t in timings if t["request_id"].startswith("timed-")]
+    assert [(t["request_id"], t["outcome"], t["reached_model"]) for t in mine] == [
+        ("timed-cancelled", "cancelled", True),
+        ("timed-shown", "shown", True),
+        ("timed-unopened", "no_document", False),
+    ]
+    assert mine[1]["new_tokens"] > 0 and mine[0]["new_tokens"] == 0

@@ -109,6 +109,11 @@ async def start_request(ls: TabloopServer, runner: HeldRunner) -> asyncio.Task[A
     return task
 
 
+def outcomes(ls: TabloopServer) -> list[str]:
+    """How each request ended, from its timing record (one a request)."""
+    return [timing["outcome"] for timing in ls.request_timings]
+
+
 def type_character(ls: TabloopServer, version: int) -> None:
     ls.workspace.update_text_document(
         types.VersionedTextDocumentIdentifier(uri=URI, version=version),
@@ -128,6 +133,7 @@ async def test_an_answer_for_a_version_the_editor_left_is_empty(
     assert await task is None
     assert ls.counters.stale == 1
     assert ls.decisions == {}  # nothing was recorded as shown for the old version
+    assert outcomes(ls) == ["stale"]
 
 
 async def test_a_newer_request_supersedes_the_running_one_within_a_step(
@@ -141,6 +147,7 @@ async def test_a_newer_request_supersedes_the_running_one_within_a_step(
     assert ls.counters.cancelled == 1
     assert runner.last is not None and runner.last.stop_reason == "cancelled"
     assert runner.steps_after_release <= 1
+    assert outcomes(ls) == ["cancelled"]
 
 
 async def test_cancel_request_stops_the_model(server: tuple[TabloopServer, HeldRunner]) -> None:
@@ -152,6 +159,7 @@ async def test_cancel_request_stops_the_model(server: tuple[TabloopServer, HeldR
     with pytest.raises(asyncio.CancelledError):
         await task
     assert ls.in_flight == {}
+    assert outcomes(ls) == ["cancelled"]
     # The model thread finishes its step, sees the token and stops.
     await asyncio.get_running_loop().run_in_executor(ls.model_executor, lambda: None)
     assert runner.last is not None and runner.last.stop_reason == "cancelled"
@@ -167,3 +175,4 @@ async def test_current_request_is_answered(server: tuple[TabloopServer, HeldRunn
     decision, request = answer
     assert decision.shown and decision.text == SUGGESTION
     assert request.version == 1 and ls.counters.shown == 1
+    assert outcomes(ls) == ["shown"]
