@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import random
-import time
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -432,11 +432,20 @@ def test_index_built_under_older_rules_reads_every_file_again(tmp_path: Path) ->
 
 def test_watcher_does_not_queue_denied_paths(tmp_path: Path) -> None:
     delivered: list[str] = []
-    watcher = WorkspaceWatcher(tmp_path, 0.01, delivered.extend, lambda: None)
+    app_delivered = threading.Event()
+
+    def deliver(paths: list[str]) -> None:
+        delivered.extend(paths)
+        if "app.py" in paths:
+            app_delivered.set()
+
+    watcher = WorkspaceWatcher(tmp_path, 0.01, deliver, lambda: None)
     try:
+        # app.py last: a denied path queued before it would be due first, so it would be
+        # delivered with app.py or before it.
         for rel in [".ENV", "deploy/Server.PEM", "config/secrets.yaml", "app.py"]:
             watcher.observe(str(tmp_path / rel), False)
-        time.sleep(0.3)  # many times the debounce delay
+        assert app_delivered.wait(30)
     finally:
         watcher.debouncer.close()
     assert delivered == ["app.py"]

@@ -10,6 +10,7 @@ import pytest
 
 from telemetry.client import TelemetryClient, install_id
 from telemetry.events import DecisionEvent, OutcomeEvent
+from telemetry.sender import Sender
 from telemetry.settings import TelemetrySettings
 from tests.support.backend_server import BackendServer
 
@@ -51,6 +52,14 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.02)
 
 
+def one_round(sender: Sender) -> None:
+    """Wake the sender's background loop and return once the round it woke for has ended: the
+    loop takes (clears) a wake only between rounds, so a second wake is taken after it."""
+    for _ in range(2):
+        sender.wake()
+        wait_for(lambda: not sender._wake.is_set())
+
+
 def test_thousands_recorded_while_the_backend_is_down_all_arrive_once(
     tmp_path: Path, sqlite_backend: BackendServer
 ) -> None:
@@ -61,8 +70,10 @@ def test_thousands_recorded_while_the_backend_is_down_all_arrive_once(
     for event in events:
         assert client.record(event)
     assert client.flush_to_spool(30)
-    time.sleep(0.3)  # the sender meets a closed port and backs off
-    assert client.sender is not None and client.sender.stats.sent_events == 0
+    sender = client.sender
+    assert sender is not None
+    wait_for(lambda: "ConnectError" in sender.stats.last_error)  # it met the closed port
+    assert sender.stats.sent_events == 0
     sqlite_backend.start_serving()
     wait_for(lambda: client.spool is not None and len(client.spool) == 0)
     stored = sqlite_backend.stored_ids()
@@ -173,8 +184,7 @@ def test_turning_telemetry_off_stops_sending_what_is_spooled(
     assert client.flush_to_spool(10)
     client.set_client_enabled(False)
     assert client.sender is not None
-    client.sender.wake()
-    time.sleep(0.3)  # a working sender posts within milliseconds of a wake
+    one_round(client.sender)
     assert sqlite_backend.bodies == []
     client.set_level("metrics")  # still off: the editor's switch wins
     client.set_client_enabled(True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -185,10 +186,19 @@ def test_the_background_sender_rests_after_a_refusal_of_the_client(
     spool, ids = spool_with(tmp_path, 5)
     sqlite_backend.faults.add(401)
     sender = sender_for(spool, sqlite_backend, refused_rest_s=60.0)
+    # The rest is a wait on the stop event of 30-60 s (its other waits, backoffs, are at most
+    # 0.05 s): once the loop enters it, a sender that did not rest would have sent again.
+    resting = threading.Event()
+    stop_wait = sender._stop.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        if timeout is not None and timeout >= 30:
+            resting.set()
+        return stop_wait(timeout)
+
+    sender._stop.wait = wait  # type: ignore[method-assign]
     sender.start()
-    while not sqlite_backend.statuses:
-        time.sleep(0.01)
-    time.sleep(0.5)  # ten flush intervals: a sender that did not rest would have sent again
+    assert resting.wait(30), sqlite_backend.statuses
     assert sqlite_backend.statuses == [401] and len(sqlite_backend.bodies) == 1
     assert len(spool) == 5 and spool.quarantined() == []
     # Shutdown's final flush still tries (and here succeeds); it is not held to the rest.
