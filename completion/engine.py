@@ -11,8 +11,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from completion import fim, gate, postprocess
 from completion.cache import TypingThroughCache
@@ -25,7 +23,7 @@ from completion.context import (
     typed_tail,
 )
 from completion.latency import LatencyModel
-from completion.runners.base import ModelRunner
+from completion.runners.base import ModelRunner, RunnerCapabilities
 from completion.settings import CompletionSettings
 from completion.syntax import SyntaxChecker
 from completion.types import (
@@ -58,6 +56,8 @@ class Engine:
     ) -> None:
         self.settings = settings
         self.runner = runner
+        # What the runner offers beyond the base protocol, checked once here.
+        self.capabilities = RunnerCapabilities.of(runner)
         self.template = fim.template_for(
             runner.family if settings.fim_template == "auto" else settings.fim_template
         )
@@ -78,24 +78,6 @@ class Engine:
         # While the model runs: when the call started and its predicted time to first token.
         self._busy: tuple[float, float | None] | None = None
         self._last_uri = ""  # the document of the last model call
-
-    @classmethod
-    def load(
-        cls,
-        settings: CompletionSettings,
-        cache_dir: Path,
-        *,
-        progress: Callable[[str], None] | None = None,
-        **kwargs: object,
-    ) -> Engine:
-        """Load the configured model runner (slow: seconds to minutes) and build an engine.
-
-        `progress` hears what a first use prepares (the fast engine's one-time conversion).
-        """
-        from completion.runners import load_runner
-
-        runner = load_runner(settings, cache_dir, progress=progress)
-        return cls(settings, runner, **kwargs)  # type: ignore[arg-type]
 
     @property
     def model_id(self) -> str:
@@ -258,13 +240,12 @@ class Engine:
         return typed_tail(
             request,
             indentation=self.settings.prompt_at_line_break,
-            partial_tokens=self.settings.token_healing
-            and getattr(self.runner, "forces_text", False),
+            partial_tokens=self.settings.token_healing and self.capabilities.healing is not None,
         )
 
     def _wanted(self, request: CompletionRequest) -> int:
         """How many candidates to compute: several only when the user asked explicitly."""
-        if request.trigger != "invoked" or not hasattr(self.runner, "generate_candidates"):
+        if request.trigger != "invoked" or self.capabilities.candidates is None:
             return 1
         return self.settings.candidates
 
@@ -286,24 +267,37 @@ class Engine:
         model_started = time.perf_counter()
         stop = postprocess.stop_rule(request, max_lines=self._max_lines(request))
         indent = self._typed_tail(request)
-        forced: dict[str, Any] = {}
+        healing = None
         if indent is not None:
             stop = indent.stop(stop)
-            if indent.forced:
-                forced = {"forced_text": indent.text, "unfinished_word": indent.unfinished_word}
+            if indent.forced:  # asked for only of a runner that heals (`_typed_tail`)
+                healing = self.capabilities.healing
                 count = 1  # the candidates' different first tokens would not fit the constraint
+        candidates = self.capabilities.candidates if count > 1 else None
         with self._model_lock:
             cancel.raise_if_cancelled()
             self._busy = (time.perf_counter(), self.latency.predict(self._to_read(prompt)))
             generations: list[Generation]
-            if count > 1:
-                generations = self.runner.generate_candidates(  # type: ignore[attr-defined]
+            if candidates is not None:
+                generations = candidates.generate_candidates(
                     prompt,
                     count=count,
                     max_new_tokens=self.settings.max_new_tokens,
                     stop=stop,
                     cancel=cancel,
                 )
+            elif healing is not None and indent is not None:
+                generations = [
+                    healing.generate(
+                        prompt,
+                        max_new_tokens=self.settings.max_new_tokens,
+                        stop=stop,
+                        cancel=cancel,
+                        temperature=self.settings.temperature,
+                        forced_text=indent.text,
+                        unfinished_word=indent.unfinished_word,
+                    )
+                ]
             else:
                 generations = [
                     self.runner.generate(
@@ -312,7 +306,6 @@ class Engine:
                         stop=stop,
                         cancel=cancel,
                         temperature=self.settings.temperature,
-                        **forced,
                     )
                 ]
             if indent is not None:
@@ -352,7 +345,8 @@ class Engine:
         if request.uri and request.uri == self._last_uri:
             # Typing on in the same document: the runner probably still holds the prompt's
             # start (`tokens_to_read`); only the cursor's lines and the suffix are read again.
-            estimate = max(estimate - getattr(self.runner, "kept_tokens", 0), 1)
+            reuse = self.capabilities.prompt_reuse
+            estimate = max(estimate - (reuse.kept_tokens if reuse is not None else 0), 1)
         own = self.latency.predict(estimate)
         if own is None:
             return False
@@ -364,8 +358,10 @@ class Engine:
 
     def _to_read(self, prompt: str) -> int:
         """Prompt tokens the runner will compute for `prompt` (less what it keeps from before)."""
-        to_read = getattr(self.runner, "tokens_to_read", None)
-        return int(to_read(prompt)) if to_read is not None else self.runner.count_tokens(prompt)
+        prefill = self.capabilities.prefill
+        if prefill is not None:
+            return prefill.tokens_to_read(prompt)
+        return self.runner.count_tokens(prompt)
 
     def _too_late(
         self,

@@ -57,10 +57,13 @@ def complete_at(location: str, *, as_json: bool = False, workspace: str | None =
         print(f"configuration: {problem}", file=sys.stderr)
     settings = resolved.settings
     from completion.engine import Engine
+    from completion.runners import load_runner
 
     started = time.perf_counter()
     try:
-        engine = Engine.load(settings.completion, settings.cache_path())
+        engine = Engine(
+            settings.completion, load_runner(settings.completion, settings.cache_path())
+        )
     except Exception as exc:
         print(f"tabloop complete: could not load the model: {exc}", file=sys.stderr)
         return 1

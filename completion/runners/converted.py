@@ -9,31 +9,15 @@ and read text with the model's own tokenizer. What differs is how each loads a c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from completion.healing import VocabIndex
+from completion.runners.base import PreparedModel
 from completion.runners.conversion import Engine, checksum
 from completion.runners.conversion import Progress as ConversionProgress
 from completion.runners.loading import ModelSource
 from completion.runners.tokens import vocab_index
-
-
-@dataclass
-class PreparedModel:
-    """A model loaded on converted weights (the base, or base + an adapter), not yet serving.
-
-    `prepare_adapter` makes it on any thread (merging and converting takes minutes on a real
-    model); `install` swaps it in between two requests. `generator` is what the engine loaded: a
-    CTranslate2 generator, or an ONNX Runtime GenAI model.
-    """
-
-    adapter: Path | None
-    path: Path
-    generator: Any
-    model_id: str
-    weights_sha256: str
 
 
 class ConvertedRunner:

@@ -28,6 +28,7 @@ from typing import Any
 
 from completion.fim import template_for
 from completion.healing import VocabIndex, best_allowed
+from completion.runners.base import PreparedModel
 from completion.runners.conversion import (
     ComputeType,
     checksum,
@@ -35,7 +36,7 @@ from completion.runners.conversion import (
     ensure_converted,
 )
 from completion.runners.conversion import Progress as ConversionProgress
-from completion.runners.converted import ConvertedRunner, PreparedModel
+from completion.runners.converted import ConvertedRunner
 from completion.runners.loading import resolve_source
 from completion.runners.static_prompt import StaticPrompt
 from completion.runners.tokens import TokenStream, family_of, stop_ids

@@ -34,9 +34,10 @@ import numpy as np
 
 from completion.fim import template_for
 from completion.healing import VocabIndex, best_allowed
+from completion.runners.base import PreparedModel
 from completion.runners.conversion import Progress as ConversionProgress
 from completion.runners.conversion import checksum, clear_failure, ensure_converted
-from completion.runners.converted import ConvertedRunner, PreparedModel
+from completion.runners.converted import ConvertedRunner
 from completion.runners.ct2 import default_threads
 from completion.runners.loading import resolve_source
 from completion.runners.prefix_cache import common_prefix_length

@@ -7,6 +7,7 @@ The server (`lsp_server.server`) knows no feature; each feature module imports i
 from __future__ import annotations
 
 from lsp_server.features import (
+    adapters,
     commands,
     documents,
     index,
@@ -34,4 +35,5 @@ def create_server() -> TabloopServer:
     retrieval.register(server)
     index.register(server)
     learning.register(server)
+    adapters.register(server)
     return server

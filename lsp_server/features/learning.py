@@ -1,64 +1,35 @@
-"""The model learns in the server: keeping what users did with suggestions, following adapters.
+"""The model learns in the server: keeping what users did with suggestions.
 
 Every shown suggestion whose outcome becomes known (accepted, partially accepted, ignored,
 dismissed) is kept with its context in the local feedback store (`training.feedback`: bounded,
 in the cache directory, never sent), where `tabloop train model` finds it. Superseded and unseen
-suggestions say nothing about the suggestion and are not kept.
-
-The server also follows the serving adapter, the workspace's (its registry: `tabloop model
-promote` and `rollback`) or, with a backend, the tenant's (`GET /v1/model`, fetched into the cache
-and checked file by file; `completion.adapterSource` chooses): when the serving version changes,
-the runner swaps base + adapter without a restart. The torch runner swaps on the model thread.
-The fast engine (CTranslate2) first merges the adapter into the base weights and converts the
-result (about 30 s for the bundled 0.5B model on 2 cores, once per version) on a thread of its
-own while the serving version keeps serving, then only the swap runs on the model thread. A
-damaged adapter is refused and the serving one keeps serving.
+suggestions say nothing about the suggestion and are not kept. The adapters trained from it are
+served by `lsp_server.features.adapters`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import uuid
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any
 
-from lsprotocol import types
-
-from completion.adapter_client import AdapterFetcher, AdapterFetchError
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
-from lsp_server.protocol import ADAPTER_PROGRESS_TITLE, ADAPTER_PROGRESS_TOKEN_PREFIX
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
 from training.feedback import FeedbackRecorder, FeedbackStore
-from training.registry import REGISTRY_FILE, AdapterRegistry, AdapterRegistryError, scope_dir
 
 log = logging.getLogger(__name__)
 
 FEEDBACK_FILE = "training/feedback.sqlite"
-REGISTRY_POLL_S = 30.0
 
 
 class LearningFeature:
-    """Owns the feedback store and follows the adapter registry."""
+    """Owns the feedback store."""
 
     def __init__(self, server: TabloopServer) -> None:
         self.server = server
         self.store: FeedbackStore | None = None
         self._recorder = FeedbackRecorder()
-        self._registry_stamp: tuple[object, ...] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._unservable_reported = False
-        self._following = False
-        # Fetching, merging and converting an adapter: never on the model thread.
-        self._preparer: ThreadPoolExecutor | None = None
-        self._fetcher_obj: AdapterFetcher | None = None
-        self._fetcher_key: tuple[str, str] | None = None
-        self._fetch_error: str | None = None
-        self._adapter_key: tuple[object, ...] | None = None
 
     def on_settings(self, settings: Settings) -> None:
         wanted = settings.completion.feedback_rows
@@ -73,17 +44,6 @@ class LearningFeature:
                 log.warning("not keeping feedback: could not open %s", path, exc_info=True)
         elif self.store is not None:
             self.store.max_rows = wanted
-        if self._timer is None:
-            self._schedule()
-        adapter_key = (
-            settings.completion.adapter,
-            settings.completion.adapter_source,
-            settings.telemetry.backend_url,
-            settings.telemetry.token,
-        )
-        if self._adapter_key is not None and adapter_key != self._adapter_key:
-            self._poll_now()  # which adapter serves may have changed: look now, not in 30 s
-        self._adapter_key = adapter_key
 
     def on_decision(self, decision: Decision, request: CompletionRequest) -> None:
         if self.store is not None:
@@ -97,221 +57,10 @@ class LearningFeature:
         future = asyncio.get_running_loop().run_in_executor(None, store.record, kept)
         future.add_done_callback(_log_failure)
 
-    def registry(self) -> AdapterRegistry | None:
-        root = self.server.workspace_root
-        if root is None:
-            return None
-        return AdapterRegistry(scope_dir(self.server.settings.cache_path(), workspace=root))
-
-    def _schedule(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        self._timer = loop.call_later(REGISTRY_POLL_S, self._poll)
-
-    def _poll(self) -> None:
-        self._timer = None
-        self.server.run_task(self.follow_registry(), "adapter-registry")
-        self._schedule()
-
-    def _poll_now(self) -> None:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop yet: the first poll comes when the model loads
-        self.server.run_task(self.follow_registry(), "adapter-registry")
-
-    async def follow_registry(self) -> None:
-        """Swap the runner's adapter if the serving version (backend's or workspace's) changed."""
-        if self._following:
-            return  # a swap is still being prepared; the next poll looks again
-        self._following = True
-        try:
-            await self._follow_registry()
-        finally:
-            self._following = False
-
-    async def _follow_registry(self) -> None:
-        engine = self.server.engine
-        if engine is None:
-            return  # no model yet
-        runner = engine.runner
-        swap = getattr(runner, "swap_adapter", None)
-        if swap is None and self._unservable_reported:
-            return
-        target, stamp = await self._wanted()
-        if stamp == self._registry_stamp:
-            return
-        if swap is None:
-            if target is not None and not self._unservable_reported:
-                self._unservable_reported = True
-                log.warning(
-                    "adapter %s is promoted but %s cannot serve adapters: only the local "
-                    "runner (completion.runner = local) serves them",
-                    target.name,
-                    engine.model_id,
-                )
-            return
-        current = getattr(runner, "adapter", None)
-        loop = asyncio.get_running_loop()
-        if target != current:
-            try:
-                prepare = getattr(runner, "prepare_adapter", None)
-                install = getattr(runner, "install", None)
-                if prepare is None or install is None:  # torch: all of it on the model thread
-                    await loop.run_in_executor(self.server.model_executor, swap, target)
-                else:
-                    prepared = await self._prepare(prepare, target)
-                    if self.server.engine is None or self.server.engine.runner is not runner:
-                        # The model was reloaded meanwhile: follow the registry on the new one.
-                        self.server.run_task(self.follow_registry(), "adapter-registry")
-                        return
-                    await loop.run_in_executor(self.server.model_executor, install, prepared)
-            except Exception as exc:
-                log.warning("keeping the serving adapter: %s", exc)
-            else:
-                cache = getattr(engine, "cache", None)
-                if cache is not None:
-                    cache.clear()  # suggestions the previous version wrote
-        self._registry_stamp = stamp
-
-    async def _wanted(self) -> tuple[Path | None, tuple[object, ...]]:
-        """The adapter that should serve now (None: the base model) and a stamp that changes
-        when it may have changed.
-
-        An adapter named in `completion.adapter` comes first (the runner loaded it already,
-        unless the setting changed since). Then `completion.adapterSource` decides: the tenant's
-        serving adapter fetched from the backend, the workspace's promoted one, or (`auto`) the
-        backend's when it serves one and the workspace's otherwise. When the backend cannot be
-        reached, or what it sends does not check out, the version fetched last (kept in the
-        cache) stands for it.
-        """
-        named = self.server.settings.completion.adapter
-        if named:  # the settings name one: it serves, whatever is promoted
-            return Path(named).expanduser(), ("setting", named)
-        source = self.server.settings.completion.adapter_source
-        fetcher = self._fetcher()
-        if fetcher is not None:
-            loop = asyncio.get_running_loop()
-            try:
-                remote = await loop.run_in_executor(self._preparing_thread(), fetcher.fetch)
-            except AdapterFetchError as exc:
-                if str(exc) != self._fetch_error:
-                    log.warning("cannot fetch the backend's adapter: %s (%s)", exc, _named(fetcher))
-                self._fetch_error = str(exc)
-                remote = fetcher.serving
-            else:
-                self._fetch_error = None
-            if remote.path is not None or source == "backend":
-                return remote.path, ("backend", remote.checksum)
-        registry = self.registry() if source != "backend" else None
-        if registry is None:
-            return None, ("none",)
-        path = registry.root / REGISTRY_FILE
-        stamp = ("workspace", path.stat().st_mtime if path.is_file() else None)
-        if stamp == self._registry_stamp:
-            return None, stamp  # unchanged: nothing is swapped
-        try:
-            return registry.serving_path(), stamp
-        except AdapterRegistryError as exc:
-            log.warning("keeping the serving adapter: %s", exc)
-            return None, self._registry_stamp or ()
-
-    def _fetcher(self) -> AdapterFetcher | None:
-        """The fetcher of the tenant's adapter, when a backend is configured and wanted."""
-        settings = self.server.settings
-        url, token = settings.telemetry.backend_url, settings.telemetry.token
-        if not url or settings.completion.adapter_source == "workspace":
-            return None
-        key = (url, token)
-        if self._fetcher_key != key:
-            if self._fetcher_obj is not None:
-                self._fetcher_obj.close()
-            scope = hashlib.sha256(f"{url}\n{token}".encode()).hexdigest()[:16]
-            root = settings.cache_path() / "adapters" / f"backend-{scope}"
-            self._fetcher_obj = AdapterFetcher(url, token or None, root)
-            self._fetcher_key = key
-        return self._fetcher_obj
-
-    def _preparing_thread(self) -> ThreadPoolExecutor:
-        if self._preparer is None:
-            self._preparer = ThreadPoolExecutor(1, thread_name_prefix="tabloop-adapter")
-        return self._preparer
-
-    async def _prepare(self, prepare: Any, target: Any) -> Any:
-        """`prepare(target)` on the preparing thread, its steps logged and sent as `$/progress`."""
-        loop = asyncio.get_running_loop()
-        progress = await self._begin_progress(target)
-
-        def report(message: str) -> None:
-            log.info("%s", message)
-            if progress is not None:
-                loop.call_soon_threadsafe(
-                    self.server.work_done_progress.report,
-                    progress,
-                    types.WorkDoneProgressReport(message=message),
-                )
-
-        def run() -> Any:
-            if target is not None:  # merging needs transformers, imported one thread at a time
-                self.server.import_libraries(embeddings=False)
-            return prepare(target, progress=report)
-
-        outcome = "adapter failed"
-        try:
-            prepared = await loop.run_in_executor(self._preparing_thread(), run)
-            outcome = f"adapter ready: {prepared.model_id}"
-            return prepared
-        finally:
-            if progress is not None:
-                self.server.work_done_progress.end(
-                    progress, types.WorkDoneProgressEnd(message=outcome)
-                )
-
-    async def _begin_progress(self, target: Any) -> str | None:
-        """A `$/progress` token for preparing `target`, or None when the editor takes none."""
-        capabilities = getattr(self.server, "client_capabilities", None)
-        window = getattr(capabilities, "window", None)
-        if not (window and window.work_done_progress):
-            return None
-        token = f"{ADAPTER_PROGRESS_TOKEN_PREFIX}{uuid.uuid4().hex[:8]}"
-        what = "the base model" if target is None else f"adapter {target.name}"
-        try:
-            await self.server.work_done_progress.create_async(token)
-            self.server.work_done_progress.begin(
-                token,
-                types.WorkDoneProgressBegin(
-                    title=ADAPTER_PROGRESS_TITLE, message=f"preparing {what}"
-                ),
-            )
-        except Exception:
-            log.debug("client refused work-done progress", exc_info=True)
-            return None
-        return token
-
-    def on_ready(self) -> None:
-        """The model (re)loaded: serve the registry's adapter on it."""
-        self._registry_stamp = None
-        self.server.run_task(self.follow_registry(), "adapter-registry")
-
     def on_shutdown(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._preparer is not None:
-            self._preparer.shutdown(wait=False, cancel_futures=True)
-            self._preparer = None
-        if self._fetcher_obj is not None:
-            self._fetcher_obj.close()
-            self._fetcher_obj = None
         if self.store is not None:
             self.store.close()
             self.store = None
-
-
-def _named(fetcher: AdapterFetcher) -> str:
-    version = fetcher.serving.version
-    return "none fetched before" if version is None else f"serving {version}, fetched before"
 
 
 def _log_failure(future: asyncio.Future[None]) -> None:
@@ -324,5 +73,4 @@ def register(server: TabloopServer) -> None:
     server.hooks.settings.append(feature.on_settings)
     server.hooks.decision.append(feature.on_decision)
     server.hooks.outcome.append(feature.on_outcome)
-    server.hooks.ready.append(feature.on_ready)
     server.hooks.shutdown.append(feature.on_shutdown)

@@ -62,7 +62,7 @@ def supports_work_done_progress(server: TabloopServer) -> bool:
 async def load_engine(server: TabloopServer) -> None:
     """Load the model (importing torch only if its engine needs it) on the model thread."""
     from completion.engine import Engine  # heavy imports (torch) stay off `initialize`
-    from completion.runners import needs_transformers
+    from completion.runners import load_runner, needs_transformers
 
     settings = server.settings
     if not settings.completion.enabled:
@@ -105,10 +105,9 @@ async def load_engine(server: TabloopServer) -> None:
             server.import_libraries(embeddings=False)
         # The client for the settings of now (they may have changed while we waited).
         policy.follow(server.settings)
-        return Engine.load(
+        return Engine(
             settings.completion,
-            settings.cache_path(),
-            progress=report,
+            load_runner(settings.completion, settings.cache_path(), progress=report),
             context_source=context_source,
             policy_source=policy.current,
         )
@@ -167,6 +166,7 @@ def register(server: TabloopServer) -> None:
         ls.workspace_root = workspace_root(params)
         ls.init_options = params.initialization_options
         ls.client_info = params.client_info
+        ls.protocol.trace = params.trace or types.TraceValue.Off  # pygls reads only $/setTrace
         ls.resolve_settings()
 
     @server.feature(types.INITIALIZED)

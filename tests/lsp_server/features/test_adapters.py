@@ -1,10 +1,9 @@
-"""The server keeps feedback locally and follows the workspace's adapter registry."""
+"""The server follows the workspace's (or the backend's) adapter registry."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,126 +12,25 @@ from typing import Any
 import pytest
 
 from completion.adapters import WEIGHTS, save_adapter
+from completion.cache import TypingThroughCache
 from completion.runners.loading import load_model
 from completion.runners.local import LocalRunner
-from completion.types import CompletionRequest, Decision
+from completion.types import CompletionRequest
 from lsp_server.config import Settings
-from lsp_server.features.learning import LearningFeature
-from lsp_server.server import TabloopServer
-from telemetry.events import OutcomeEvent
-from training.feedback import DISTRACTION_COST, FeedbackRecorder
+from lsp_server.features.adapters import AdapterFeature
+from tests.support.feature_server import FeatureServer, feature_server
 from training.lora import LoraShape, attach_lora
 from training.registry import AdapterRegistry, scope_dir
-
-
-def _outcome(kind: str, decision_id: str = "d1", chars: int | None = None) -> OutcomeEvent:
-    return OutcomeEvent(decision_id=decision_id, kind=kind, accepted_chars=chars)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("event", "reward"),
-    [
-        pytest.param(_outcome("accepted", chars=10), 1.0, id="accepted"),
-        pytest.param(_outcome("partial", chars=5), 0.5, id="partial"),
-        pytest.param(_outcome("ignored"), -DISTRACTION_COST, id="ignored"),
-        pytest.param(_outcome("dismissed"), -DISTRACTION_COST, id="dismissed"),
-        pytest.param(_outcome("superseded"), None, id="superseded"),
-        pytest.param(_outcome("not_viewed"), None, id="not-viewed"),
-    ],
-)
-def test_an_outcome_settles_its_shown_suggestion(event: OutcomeEvent, reward: float | None) -> None:
-    recorder = FeedbackRecorder()
-    request = CompletionRequest(prefix="x = ", suffix="\n", language="python", path="a.py")
-    recorder.shown(_decision("d1", "0123456789"), request)
-    kept = recorder.settled(event)
-    if reward is None:  # an outcome that judges nothing keeps nothing
-        assert kept is None
-        return
-    assert kept is not None
-    assert (kept.outcome, kept.reward, kept.propensity) == (event.kind, reward, 0.8)
-    assert (kept.prefix, kept.suggestion, kept.suffix, kept.path) == (
-        "x = ",
-        "0123456789",
-        "\n",
-        "a.py",
-    )
-    assert recorder.settled(event) is None  # once
-
-
-def test_the_recorder_forgets_the_oldest_unsettled_and_the_unshown() -> None:
-    recorder = FeedbackRecorder(kept=2)
-    request = CompletionRequest(prefix="x = ", suffix="", language="python", path="a.py")
-    recorder.shown(_decision("silent", "y", action="silence"), request)
-    for name in ("d1", "d2", "d3"):
-        recorder.shown(_decision(name, "y"), request)
-    assert recorder.settled(_outcome("accepted", "silent", 1)) is None
-    assert recorder.settled(_outcome("accepted", "d1", 1)) is None
-    assert recorder.settled(_outcome("accepted", "d3", 1)) is not None
-
-
-class _Server(SimpleNamespace):
-    _import_lock = threading.Lock()
-    import_libraries = TabloopServer.import_libraries
-
-    def run_task(self, coro: Any, name: str) -> Any:
-        return asyncio.ensure_future(coro)
-
-
-def _server(tmp_path: Path, rows: int = 100, engine: Any = None) -> _Server:
-    settings = Settings.model_validate(
-        {"cacheDir": str(tmp_path / "cache"), "completion": {"feedbackRows": rows}}
-    )
-    return _Server(
-        settings=settings,
-        workspace_root=tmp_path / "ws",
-        engine=engine,
-        model_executor=ThreadPoolExecutor(1),
-    )
-
-
-def _decision(decision_id: str, text: str, action: str = "show") -> Decision:
-    return Decision(decision_id=decision_id, action=action, text=text, propensity=0.8)  # type: ignore[arg-type]
-
-
-async def test_shown_suggestions_and_their_outcomes_are_kept(tmp_path: Path) -> None:
-    server = _server(tmp_path)
-    feature = LearningFeature(server)  # type: ignore[arg-type]
-    feature.on_settings(server.settings)
-    request = CompletionRequest(prefix="x = ", suffix="\n", language="python", path="a.py")
-    feature.on_decision(_decision("d1", "compute()"), request)
-    feature.on_decision(_decision("d2", "other()"), request)
-    feature.on_decision(_decision("d3", "", "silence"), request)
-    feature.on_outcome(_outcome("accepted", "d1", chars=9))
-    feature.on_outcome(_outcome("superseded", "d2"))
-    feature.on_outcome(_outcome("ignored", "d3"))
-    await asyncio.sleep(0.05)
-    for _ in range(100):  # the insert runs in a worker thread
-        if feature.store is not None and feature.store.count():
-            break
-        await asyncio.sleep(0.05)
-    assert feature.store is not None
-    rows = list(feature.store.rows(feature.store.last_id()))
-    assert [(r.suggestion, r.outcome, r.reward, r.propensity) for r in rows] == [
-        ("compute()", "accepted", 1.0, 0.8)
-    ]
-    assert rows[0].prefix == "x = " and rows[0].path == "a.py"
-    assert feature.store.path.is_relative_to(tmp_path / "cache")
-    feature.on_shutdown()
-
-
-def test_no_store_when_turned_off(tmp_path: Path) -> None:
-    server = _server(tmp_path, rows=0)
-    feature = LearningFeature(server)  # type: ignore[arg-type]
-    feature.on_settings(server.settings)
-    assert feature.store is None
 
 
 async def test_the_server_follows_promotions_and_refuses_a_damaged_adapter(
     tmp_path: Path, tiny_model_path: Path
 ) -> None:
     runner = LocalRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
-    server = _server(tmp_path, engine=SimpleNamespace(runner=runner))
-    feature = LearningFeature(server)  # type: ignore[arg-type]
+    server = feature_server(
+        tmp_path, engine=SimpleNamespace(runner=runner, cache=TypingThroughCache())
+    )
+    feature = AdapterFeature(server)  # type: ignore[arg-type]
     registry = AdapterRegistry(scope_dir(tmp_path / "cache", workspace=tmp_path / "ws"))
     assert feature.registry() is not None and feature.registry().root == registry.root  # type: ignore[union-attr]
 
@@ -190,9 +88,9 @@ async def test_the_fast_engine_follows_promotions_converting_off_the_model_threa
     typed = CompletionRequest(prefix="x = compu", suffix="\n", language="python")
     engine = SimpleNamespace(runner=runner, cache=TypingThroughCache())
     engine.cache.store(typed, "te()")  # written by the base model
-    server = _server(tmp_path, engine=engine)
+    server = feature_server(tmp_path, engine=engine)
     server.model_executor = ThreadPoolExecutor(1, thread_name_prefix="model")
-    feature = LearningFeature(server)  # type: ignore[arg-type]
+    feature = AdapterFeature(server)  # type: ignore[arg-type]
     registry = AdapterRegistry(scope_dir(tmp_path / "cache", workspace=tmp_path / "ws"))
     _strong_adapter(runner, tmp_path / "cache", tmp_path / "a")
     first = registry.add(tmp_path / "a", runner.base_model_id, {})
@@ -267,8 +165,10 @@ async def test_the_server_serves_its_tenants_adapter_from_the_backend(
         tenant = AdapterRegistry(scope_dir(tmp_path / "backend-cache", tenant=backend.tenant))
         version = tenant.add(tmp_path / "a", runner.base_model_id, {}).version
 
-        def started(source: str = "auto") -> tuple[_Server, LearningFeature]:
-            server = _server(tmp_path, engine=SimpleNamespace(runner=runner))
+        def started(source: str = "auto") -> tuple[FeatureServer, AdapterFeature]:
+            server = feature_server(
+                tmp_path, engine=SimpleNamespace(runner=runner, cache=TypingThroughCache())
+            )
             server.settings = Settings.model_validate(
                 {
                     "cacheDir": str(tmp_path / "cache"),
@@ -276,7 +176,7 @@ async def test_the_server_serves_its_tenants_adapter_from_the_backend(
                     "telemetry": {"backendUrl": backend.url, "token": backend.token},
                 }
             )
-            return server, LearningFeature(server)  # type: ignore[arg-type]
+            return server, AdapterFeature(server)  # type: ignore[arg-type]
 
         _unused, feature = started()
         await feature.follow_registry()
@@ -323,8 +223,10 @@ async def test_an_adapter_named_in_the_settings_serves_from_the_next_look(
     """Naming `completion.adapter` while the server runs swaps it in at once (no reload), and
     clearing it gives the promoted version back."""
     runner = LocalRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
-    server = _server(tmp_path, engine=SimpleNamespace(runner=runner))
-    feature = LearningFeature(server)  # type: ignore[arg-type]
+    server = feature_server(
+        tmp_path, engine=SimpleNamespace(runner=runner, cache=TypingThroughCache())
+    )
+    feature = AdapterFeature(server)  # type: ignore[arg-type]
     _tokenizer, model = load_model(runner.source, "float32", tmp_path / "cache")
     save_adapter(
         attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", runner.base_model_id, {}
