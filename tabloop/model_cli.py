@@ -248,7 +248,7 @@ def _evaluate(
     n: int,
     feedback: FeedbackStore | None,
 ) -> dict[str, Any]:
-    from completion.runners.local import LocalRunner
+    from completion.runners.torch_runner import TorchRunner
     from training.evaluate import accepted_examples, compare, held_out_cursors
 
     cursors = held_out_cursors(workspace, held_out, n, seed=0)
@@ -256,7 +256,7 @@ def _evaluate(
     completion = settings.completion.model_copy(
         update={"model": model, "adapter": "", "context_timeout_ms": 60_000}
     )
-    runner = LocalRunner(model, cache_dir, dtype="float32")
+    runner = TorchRunner(model, cache_dir, dtype="float32")
     try:
         report = compare(
             runner, completion, registry.serving_path(), registry.path(version), cursors, accepted

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from completion.engine import Engine
-from completion.runners.local import LocalRunner
+from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
 from completion.types import CompletionRequest
 from indexer.languages import language_of
@@ -99,7 +99,7 @@ def _complete_all(
 
 
 def compare(
-    runner: LocalRunner,
+    runner: TorchRunner,
     settings: CompletionSettings,
     serving: Path | None,
     candidate: Path,

@@ -162,12 +162,12 @@ def evaluate_on_events(
 ) -> dict[str, Any]:
     """The serving version against `version` on held-out accepted suggestions: each completes
     every logged prompt, scored against the suggestion the user accepted there."""
-    from completion.runners.local import LocalRunner
+    from completion.runners.torch_runner import TorchRunner
     from completion.settings import CompletionSettings
     from training.evaluate import compare
 
     settings = CompletionSettings(model=model, adapter="", context_timeout_ms=60_000)
-    runner = LocalRunner(model, cache_dir, dtype="float32")
+    runner = TorchRunner(model, cache_dir, dtype="float32")
     try:
         report = compare(
             runner, settings, registry.serving_path(), registry.path(version), accepted

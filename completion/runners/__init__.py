@@ -56,9 +56,9 @@ def load_runner(
                     fast.close()
                     raise
             return fast
-    from completion.runners.local import LocalRunner
+    from completion.runners.torch_runner import TorchRunner
 
-    return LocalRunner(
+    return TorchRunner(
         settings.model,
         cache_dir,
         # 4-bit weights exist in ONNX Runtime GenAI only; torch runs its own default then.

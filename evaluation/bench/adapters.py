@@ -79,7 +79,7 @@ def _complete(
 
 
 def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[str, Any]:
-    from completion.runners.local import LocalRunner
+    from completion.runners.torch_runner import TorchRunner
     from completion.settings import CompletionSettings
     from training.trainer import Budget, Progress, TrainSettings, parse_duration
     from training.workspace import train_workspace
@@ -148,7 +148,7 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
 
         runner = Ct2Runner(args.model, cache_dir)
     else:
-        runner = LocalRunner(args.model, cache_dir, reuse_cache=True)
+        runner = TorchRunner(args.model, cache_dir, reuse_cache=True)
     try:
         base_text, base_ms = _complete(runner, completion, holes, f"{root.name} base")
         swap_started = time.perf_counter()

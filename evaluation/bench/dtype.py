@@ -50,12 +50,12 @@ def _never(text: str) -> int | None:
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Measure one dtype in this process."""
     from completion.runners.loading import Dtype
-    from completion.runners.local import LocalRunner
+    from completion.runners.torch_runner import TorchRunner
     from completion.types import CancelToken
 
     started = time.perf_counter()
     dtype = cast(Dtype, BASELINE if args.child == "first-load" else args.child)
-    runner = LocalRunner(
+    runner = TorchRunner(
         args.model, Path(args.cache_dir), dtype=dtype, threads=args.threads, reuse_cache=True
     )
     load_s = time.perf_counter() - started
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     if args.child:
         print(json.dumps(child(args)))
         return 0
-    from completion.runners.local import default_threads
+    from completion.runners.torch_runner import default_threads
 
     dtypes = [BASELINE] + [d for d in args.dtypes.split(",") if d and d != BASELINE]
     first_load = _run_child(args, "first-load")

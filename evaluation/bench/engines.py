@@ -230,8 +230,8 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from common.paths import default_cache_dir
     from completion.runners.ct2 import Ct2Runner
-    from completion.runners.local import LocalRunner
     from completion.runners.onnx import OnnxRunner
+    from completion.runners.torch_runner import TorchRunner
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     command = "tabloop bench engines " + " ".join(argv)
@@ -242,7 +242,7 @@ def main(argv: list[str]) -> int:
     # count, which the torch runner sets when it loads (its default: every core but one).
     fast = OnnxRunner(args.model, cache_dir, threads=args.threads, reuse_prefix=False)
     before = Ct2Runner(args.model, cache_dir, threads=args.threads, reuse_prefix=False)
-    torch_runner = LocalRunner(args.model, cache_dir, threads=args.threads, reuse_cache=False)
+    torch_runner = TorchRunner(args.model, cache_dir, threads=args.threads, reuse_cache=False)
     runners: dict[str, Any] = {BASELINE: torch_runner, BEFORE: before, DEFAULT: fast}
     cases = prompts(args.prompts)
     load_before = os.getloadavg()[0]

@@ -132,11 +132,11 @@ def main(argv: list[str]) -> int:
     from common.paths import default_cache_dir
     from completion.context import ContextBudget, LineTokenCounter, assemble
     from completion.fim import template_for
-    from completion.runners.local import (
+    from completion.runners.torch_runner import (
         DEFAULT_DRAFT_MIN_NGRAM,
         DEFAULT_DRAFT_NGRAM,
         DEFAULT_DRAFT_TOKENS,
-        LocalRunner,
+        TorchRunner,
         default_threads,
     )
     from completion.settings import CompletionSettings
@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
     args.ngram = args.ngram or DEFAULT_DRAFT_NGRAM
     args.min_ngram = args.min_ngram or DEFAULT_DRAFT_MIN_NGRAM
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    runner = LocalRunner(
+    runner = TorchRunner(
         args.model,
         cache_dir,
         dtype="float32",

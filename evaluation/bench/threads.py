@@ -35,13 +35,13 @@ def main(argv: list[str]) -> int:
     import torch
 
     from common.paths import default_cache_dir
-    from completion.runners.local import LocalRunner
+    from completion.runners.torch_runner import TorchRunner
     from completion.types import CancelToken
 
     cores = os.cpu_count() or 1
     counts = [int(n) for n in args.threads.split(",") if n] or sorted({1, cores})
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    runner = LocalRunner(args.model, cache_dir, dtype="float32", threads=cores, reuse_cache=False)
+    runner = TorchRunner(args.model, cache_dir, dtype="float32", threads=cores, reuse_cache=False)
     samples: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
     for _ in range(args.rounds):
         for count in counts:

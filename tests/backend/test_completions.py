@@ -16,7 +16,7 @@ from backend.services.completions import CompletionService, held_back
 from completion.fim import template_for
 from completion.runners.base import ModelRunner
 from completion.runners.http import HttpRunner
-from completion.runners.local import LocalRunner
+from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
 from completion.types import CancelToken, Generation, StopRule
 from tests.support.backend_server import BackendServer
@@ -29,9 +29,9 @@ def never(text: str) -> int | None:
 
 
 class RecordingRunner:
-    """The tiny model's LocalRunner, recording each generation it finished."""
+    """The tiny model's TorchRunner, recording each generation it finished."""
 
-    def __init__(self, runner: LocalRunner) -> None:
+    def __init__(self, runner: TorchRunner) -> None:
         self.inner = runner
         self.model_id = runner.model_id
         self.family = runner.family
@@ -60,13 +60,13 @@ class RecordingRunner:
 
 
 @pytest.fixture(scope="module")
-def local(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
-    return LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), dtype="float32")
+def local(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> TorchRunner:
+    return TorchRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), dtype="float32")
 
 
 @pytest.fixture(scope="module")
 def served(
-    local: LocalRunner, tmp_path_factory: pytest.TempPathFactory
+    local: TorchRunner, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[BackendServer, RecordingRunner, list[int]]]:
     """The backend serving the tiny model; yields (server, runner, loads)."""
     runner = RecordingRunner(local)
@@ -96,7 +96,7 @@ def http_runner(served: tuple[BackendServer, RecordingRunner, list[int]]) -> Ite
 def test_http_runner_gets_what_the_local_runner_makes_and_the_model_loads_once(
     served: tuple[BackendServer, RecordingRunner, list[int]],
     http_runner: HttpRunner,
-    local: LocalRunner,
+    local: TorchRunner,
 ) -> None:
     expected = local.generate(PROMPT, max_new_tokens=12, stop=never, cancel=CancelToken())
     results: list[Generation] = []
@@ -149,7 +149,7 @@ def _streamed(
 
 
 def test_stop_sequences_are_cut_whole_and_never_streamed_in_part(
-    served: tuple[BackendServer, RecordingRunner, list[int]], local: LocalRunner
+    served: tuple[BackendServer, RecordingRunner, list[int]], local: TorchRunner
 ) -> None:
     server = served[0]
     free = local.generate(PROMPT, max_new_tokens=24, stop=never, cancel=CancelToken()).text

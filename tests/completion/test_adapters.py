@@ -10,7 +10,7 @@ import torch
 
 from completion.adapters import CONFIG, MANIFEST, AdapterError, save_adapter
 from completion.runners.loading import load_model
-from completion.runners.local import LocalRunner
+from completion.runners.torch_runner import TorchRunner
 from completion.types import CancelToken
 from tests.support import adapters as damage
 
@@ -20,12 +20,12 @@ def _never(text: str) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
-    return LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), threads=1)
+def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> TorchRunner:
+    return TorchRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), threads=1)
 
 
 @pytest.fixture(scope="module")
-def adapter(runner: LocalRunner, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def adapter(runner: TorchRunner, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An adapter whose LoRA B weights are non-zero, so it changes what the model computes."""
     from training.lora import LoraShape, attach_lora
 
@@ -41,19 +41,19 @@ def adapter(runner: LocalRunner, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return target
 
 
-def _logits(runner: LocalRunner) -> torch.Tensor:
+def _logits(runner: TorchRunner) -> torch.Tensor:
     ids = runner.tokenizer("def add(a, b):\n    return", return_tensors="pt")["input_ids"]
     with torch.inference_mode():
         return runner.model(input_ids=ids).logits[0, -1].clone()
 
 
-def _generate(runner: LocalRunner) -> str:
+def _generate(runner: TorchRunner) -> str:
     return runner.generate(
         "def add(a, b):\n    return", max_new_tokens=6, stop=_never, cancel=CancelToken()
     ).text
 
 
-def test_swap_serves_the_adapter_and_back(runner: LocalRunner, adapter: Path) -> None:
+def test_swap_serves_the_adapter_and_back(runner: TorchRunner, adapter: Path) -> None:
     base_logits, base_text = _logits(runner), _generate(runner)
     runner.swap_adapter(adapter)
     assert runner.adapter == adapter
@@ -77,7 +77,7 @@ def test_swap_serves_the_adapter_and_back(runner: LocalRunner, adapter: Path) ->
     ],
 )
 def test_a_bad_adapter_is_refused_and_the_serving_one_keeps_serving(
-    runner: LocalRunner, adapter: Path, tmp_path: Path, damage: object, message: str
+    runner: TorchRunner, adapter: Path, tmp_path: Path, damage: object, message: str
 ) -> None:
     runner.swap_adapter(adapter)
     serving_logits = _logits(runner)

@@ -12,7 +12,7 @@ import pytest
 from completion import bundled
 from completion.fim import template_for
 from completion.postprocess import clean, stop_rule
-from completion.runners.local import LocalRunner
+from completion.runners.torch_runner import TorchRunner
 from completion.types import CancelToken, CompletionRequest
 
 # Kept between runs: assembling and dequantising the model once costs minutes. A cache that
@@ -26,12 +26,12 @@ PREFIX_CHARS, SUFFIX_CHARS = 1200, 400
 
 
 @pytest.fixture(scope="module")
-def bundled_runner() -> LocalRunner:
+def bundled_runner() -> TorchRunner:
     try:
         bundled.part_paths()
     except bundled.BundledModelMissing:
         pytest.skip("tabloop[models] is not installed")
-    return LocalRunner("bundled", CACHE_DIR)
+    return TorchRunner("bundled", CACHE_DIR)
 
 
 def body_removed(source: str, function: str) -> tuple[str, str]:
@@ -61,7 +61,7 @@ def body_removed(source: str, function: str) -> tuple[str, str]:
     ],
 )
 def test_bundled_model_completes_a_real_function(
-    bundled_runner: LocalRunner, module: str, function: str
+    bundled_runner: TorchRunner, module: str, function: str
 ) -> None:
     source = (Path(sysconfig.get_paths()["stdlib"]) / module).read_text(encoding="utf-8")
     prefix, suffix = body_removed(source, function)

@@ -23,8 +23,8 @@ from completion.runners.conversion import MANIFEST as CONVERTED_MANIFEST
 from completion.runners.conversion import verify
 from completion.runners.ct2 import Ct2Runner
 from completion.runners.loading import load_model
-from completion.runners.local import LocalRunner
 from completion.runners.merge import MERGED_DIR
+from completion.runners.torch_runner import TorchRunner
 from completion.types import CancelToken
 from tests.support import adapters as damage
 from tests.support.tiny_model import NEAR_TIE
@@ -48,14 +48,14 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def torch_runner(tiny_model_path: Path, cache_dir: Path) -> Iterator[LocalRunner]:
-    runner = LocalRunner(str(tiny_model_path), cache_dir, threads=1)
+def torch_runner(tiny_model_path: Path, cache_dir: Path) -> Iterator[TorchRunner]:
+    runner = TorchRunner(str(tiny_model_path), cache_dir, threads=1)
     yield runner
     runner.close()
 
 
 @pytest.fixture(scope="module")
-def adapter(torch_runner: LocalRunner, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def adapter(torch_runner: TorchRunner, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An adapter with large LoRA B weights (fixed seed), so it changes what the model writes."""
     from training.lora import LoraShape, attach_lora
 
@@ -147,7 +147,7 @@ def _merged_dirs(cache_dir: Path) -> list[Path]:
 
 
 def test_float32_merge_writes_what_torch_writes_with_the_adapter(
-    float_runner: Ct2Runner, torch_runner: LocalRunner, adapter: Path
+    float_runner: Ct2Runner, torch_runner: TorchRunner, adapter: Path
 ) -> None:
     base_tokens = {p: _ct2_greedy(float_runner, _ids(float_runner, p)) for p in PROMPTS}
     torch_runner.swap_adapter(adapter)
@@ -180,7 +180,7 @@ def test_float32_merge_writes_what_torch_writes_with_the_adapter(
 
 
 def test_int8_merge_follows_the_adapter(
-    runner: Ct2Runner, torch_runner: LocalRunner, adapter: Path
+    runner: Ct2Runner, torch_runner: TorchRunner, adapter: Path
 ) -> None:
     """int8 rounds the merged weights: its scores stay near torch + adapter, far from the base."""
     torch_runner.swap_adapter(adapter)

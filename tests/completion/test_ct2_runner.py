@@ -29,7 +29,7 @@ from completion.runners.conversion import (
 )
 from completion.runners.ct2 import Ct2Runner
 from completion.runners.loading import resolve_source
-from completion.runners.local import LocalRunner
+from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
 from completion.types import CancelToken
 
@@ -115,7 +115,7 @@ def test_failed_conversion_falls_back_to_torch_with_one_message(
     settings = CompletionSettings(model=str(tiny_model_path), threads=1, dtype="float32")
     with caplog.at_level(logging.WARNING):
         loaded = load_runner(settings, tmp_path)
-    assert isinstance(loaded, LocalRunner)
+    assert isinstance(loaded, TorchRunner)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "unsupported architecture" in warnings[0]

@@ -318,9 +318,9 @@ def runner(
             str(tiny_model_path), tmp_path_factory.mktemp("heal-ct2"), threads=1
         )
     else:
-        from completion.runners.local import LocalRunner
+        from completion.runners.torch_runner import TorchRunner
 
-        loaded = LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("heal-torch"), threads=1)
+        loaded = TorchRunner(str(tiny_model_path), tmp_path_factory.mktemp("heal-torch"), threads=1)
     yield loaded
     loaded.close()  # type: ignore[attr-defined]
 

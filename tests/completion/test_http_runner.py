@@ -14,7 +14,7 @@ from completion.fim import template_for
 from completion.postprocess import stop_rule
 from completion.runners.errors import RunnerError, RunnerTimeout, RunnerUnavailable
 from completion.runners.http import HttpRunner
-from completion.runners.local import LocalRunner
+from completion.runners.torch_runner import TorchRunner
 from completion.types import CancelToken, CompletionRequest
 from tests.support.completion_server import Faults, ServerState, serve_completions
 
@@ -28,12 +28,12 @@ def never(text: str) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def local(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
-    return LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), dtype="float32")
+def local(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> TorchRunner:
+    return TorchRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), dtype="float32")
 
 
 @pytest.fixture(scope="module")
-def server(local: LocalRunner) -> Iterator[tuple[str, ServerState]]:
+def server(local: TorchRunner) -> Iterator[tuple[str, ServerState]]:
     with serve_completions(local) as running:
         yield running
 
@@ -55,7 +55,7 @@ def runner(server: tuple[str, ServerState], state: ServerState) -> Iterator[Http
 
 
 def test_streams_the_same_text_as_the_local_runner(
-    runner: HttpRunner, local: LocalRunner, state: ServerState
+    runner: HttpRunner, local: TorchRunner, state: ServerState
 ) -> None:
     expected = local.generate(PROMPT, max_new_tokens=12, stop=never, cancel=CancelToken())
     got = runner.generate(PROMPT, max_new_tokens=12, stop=never, cancel=CancelToken())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from completion.runners.local import PREFILL_CHUNK_TOKENS, LocalRunner
+from completion.runners.torch_runner import PREFILL_CHUNK_TOKENS, TorchRunner
 from completion.types import CancelToken
 from tests.support.tiny_model import NEAR_TIE, greedy_margin
 
@@ -27,11 +27,11 @@ class CancelAfterChecks(CancelToken):
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
-    return LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"))
+def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> TorchRunner:
+    return TorchRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"))
 
 
-def test_cancelled_prefill_stops_after_one_chunk_and_is_reused(runner: LocalRunner) -> None:
+def test_cancelled_prefill_stops_after_one_chunk_and_is_reused(runner: TorchRunner) -> None:
     total = runner.count_tokens(PROMPT)
     assert total > 3 * PREFILL_CHUNK_TOKENS
     # Check 1 (before any work) passes; check 2 (after the first chunk) cancels.
@@ -51,18 +51,18 @@ def test_chunked_prefill_gives_the_same_text_as_one_pass(
 ) -> None:
     # Chunked and whole prefills round differently; the texts agree on every CPU away from ties.
     assert greedy_margin(tiny_model_path, PROMPT, 12) > NEAR_TIE
-    chunked = LocalRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
+    chunked = TorchRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
     text = chunked.generate(
         PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
     ).text
-    import completion.runners.local as local
+    import completion.runners.torch_runner as torch_runner
 
-    one_pass = LocalRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
-    saved, local.PREFILL_CHUNK_TOKENS = local.PREFILL_CHUNK_TOKENS, 100_000
+    one_pass = TorchRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
+    saved, torch_runner.PREFILL_CHUNK_TOKENS = torch_runner.PREFILL_CHUNK_TOKENS, 100_000
     try:
         reference = one_pass.generate(
             PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
         ).text
     finally:
-        local.PREFILL_CHUNK_TOKENS = saved
+        torch_runner.PREFILL_CHUNK_TOKENS = saved
     assert text == reference

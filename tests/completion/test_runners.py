@@ -9,8 +9,8 @@ import pytest
 
 from completion.runners import load_runner
 from completion.runners.http import HttpRunner
-from completion.runners.local import LocalRunner
 from completion.runners.prefix_cache import CacheEntry, PrefixCache, common_prefix_length
+from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
 
 
@@ -90,7 +90,7 @@ def test_load_runner_local(tiny_model_path: Path, tmp_path: Path) -> None:
         model=str(tiny_model_path), cache=False, threads=1, engine="torch"
     )
     runner: Any = load_runner(settings, tmp_path)
-    assert isinstance(runner, LocalRunner)
+    assert isinstance(runner, TorchRunner)
     assert runner.family == "qwen"
     assert runner.dtype == "float32"
     assert runner.speculative is False

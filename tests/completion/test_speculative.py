@@ -1,4 +1,4 @@
-"""Speculative decoding in LocalRunner gives exactly what plain greedy decoding gives.
+"""Speculative decoding in TorchRunner gives exactly what plain greedy decoding gives.
 
 Drafts are checked with one forward pass over several tokens, whose float32 logits round slightly
 differently from one-token passes; greedy texts computed both ways agree on every CPU only away
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from completion.fim import template_for
-from completion.runners.local import LocalRunner
+from completion.runners.torch_runner import TorchRunner
 from completion.types import CancelToken, Generation, StopRule
 from tests.support.tiny_model import NEAR_TIE, greedy_margin
 
@@ -38,8 +38,8 @@ def never(text: str) -> int | None:
     return None
 
 
-def _runner(model: Path, cache: Path, *, speculative: bool, reuse: bool = False) -> LocalRunner:
-    runner = LocalRunner(
+def _runner(model: Path, cache: Path, *, speculative: bool, reuse: bool = False) -> TorchRunner:
+    runner = TorchRunner(
         str(model), cache, dtype="float32", reuse_cache=reuse, speculative=speculative
     )
     # No end-of-text token: only the stop rule, the token limit or cancellation end a
@@ -49,12 +49,12 @@ def _runner(model: Path, cache: Path, *, speculative: bool, reuse: bool = False)
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
+def plain(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> TorchRunner:
     return _runner(tiny_model_path, tmp_path_factory.mktemp("cache"), speculative=False)
 
 
 @pytest.fixture(scope="module")
-def spec(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
+def spec(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> TorchRunner:
     return _runner(tiny_model_path, tmp_path_factory.mktemp("cache"), speculative=True)
 
 
@@ -64,7 +64,7 @@ def margins(tiny_model_path: Path) -> dict[str, float]:
 
 
 def generate(
-    runner: LocalRunner,
+    runner: TorchRunner,
     prompt: str,
     max_new_tokens: int = NEW_TOKENS,
     stop: StopRule = never,
@@ -85,7 +85,7 @@ def assert_same(reference: Generation, speculative: Generation) -> None:
 
 @pytest.mark.parametrize("name", list(REPETITIVE))
 def test_same_output_with_accepted_drafts(
-    name: str, plain: LocalRunner, spec: LocalRunner, margins: dict[str, float]
+    name: str, plain: TorchRunner, spec: TorchRunner, margins: dict[str, float]
 ) -> None:
     assert margins[name] > NEAR_TIE
     reference = generate(plain, REPETITIVE[name])
@@ -100,7 +100,7 @@ def test_same_output_with_accepted_drafts(
 
 
 @contextmanager
-def eager_drafts(runner: LocalRunner) -> Iterator[LocalRunner]:
+def eager_drafts(runner: TorchRunner) -> Iterator[TorchRunner]:
     """The speculative runner drafting from any repeated token, four at a time: on these
     prompts the shipped drafter (3- and 4-grams) is always right, this one often wrong."""
     saved = runner.draft_ngram, runner.draft_min_ngram, runner.speculative_tokens
@@ -112,13 +112,13 @@ def eager_drafts(runner: LocalRunner) -> Iterator[LocalRunner]:
 
 
 @pytest.fixture
-def eager(spec: LocalRunner) -> Iterator[LocalRunner]:
+def eager(spec: TorchRunner) -> Iterator[TorchRunner]:
     with eager_drafts(spec) as runner:
         yield runner
 
 
 @pytest.fixture(params=["shipped", "eager"])
-def drafting(request: pytest.FixtureRequest, spec: LocalRunner) -> Iterator[LocalRunner]:
+def drafting(request: pytest.FixtureRequest, spec: TorchRunner) -> Iterator[TorchRunner]:
     """The speculative runner with the shipped drafter, and with one whose drafts often fail."""
     if request.param == "shipped":
         yield spec
@@ -128,7 +128,7 @@ def drafting(request: pytest.FixtureRequest, spec: LocalRunner) -> Iterator[Loca
 
 
 def test_rejected_drafts_change_nothing(
-    plain: LocalRunner, eager: LocalRunner, margins: dict[str, float]
+    plain: TorchRunner, eager: TorchRunner, margins: dict[str, float]
 ) -> None:
     # Across these prompts some drafted tokens were rejected (the model's own token replaced
     # them and the cache was cropped back), and the outputs still agree.
@@ -141,7 +141,7 @@ def test_rejected_drafts_change_nothing(
     assert rejected > 0
 
 
-def test_no_draft_without_repetition(plain: LocalRunner, spec: LocalRunner) -> None:
+def test_no_draft_without_repetition(plain: TorchRunner, spec: TorchRunner) -> None:
     # No token repeats in the prompt, so after the first new token no 3-gram ending in it
     # occurred before: the shipped drafter has nothing to copy, and the pass is a plain one.
     prompt = "class Point:\n    x = 1"
@@ -155,7 +155,7 @@ def test_no_draft_without_repetition(plain: LocalRunner, spec: LocalRunner) -> N
 
 @pytest.mark.parametrize("limit", range(1, NEW_TOKENS + 1))
 def test_max_new_tokens_exact(
-    limit: int, plain: LocalRunner, drafting: LocalRunner, margins: dict[str, float]
+    limit: int, plain: TorchRunner, drafting: TorchRunner, margins: dict[str, float]
 ) -> None:
     assert margins["attributes"] > NEAR_TIE
     prompt = REPETITIVE["attributes"]
@@ -166,7 +166,7 @@ def test_max_new_tokens_exact(
 
 @pytest.mark.parametrize("chars", range(1, 60, 4))
 def test_stop_rule_cuts_where_plain_decoding_cuts(
-    chars: int, plain: LocalRunner, drafting: LocalRunner, margins: dict[str, float]
+    chars: int, plain: TorchRunner, drafting: TorchRunner, margins: dict[str, float]
 ) -> None:
     assert margins["body"] > NEAR_TIE
 
@@ -181,11 +181,11 @@ def test_stop_rule_cuts_where_plain_decoding_cuts(
 
 @pytest.mark.parametrize("after_tokens", [1, 2, 3, 5, 8, 13])
 def test_cancel_mid_way(
-    after_tokens: int, plain: LocalRunner, drafting: LocalRunner, margins: dict[str, float]
+    after_tokens: int, plain: TorchRunner, drafting: TorchRunner, margins: dict[str, float]
 ) -> None:
     assert margins["call"] > NEAR_TIE
 
-    def run(runner: LocalRunner) -> Generation:
+    def run(runner: TorchRunner) -> Generation:
         token = CancelToken()
         seen: list[str] = []
 
@@ -203,7 +203,7 @@ def test_cancel_mid_way(
     assert_same(run(plain), speculative)
 
 
-def test_temperature_turns_speculation_off(spec: LocalRunner) -> None:
+def test_temperature_turns_speculation_off(spec: TorchRunner) -> None:
     sampled = spec.generate(
         REPETITIVE["body"], max_new_tokens=12, stop=never, cancel=CancelToken(), temperature=0.8
     )
@@ -212,12 +212,12 @@ def test_temperature_turns_speculation_off(spec: LocalRunner) -> None:
 
 
 @pytest.fixture
-def warm(tiny_model_path: Path, tmp_path: Path) -> Iterator[LocalRunner]:
+def warm(tiny_model_path: Path, tmp_path: Path) -> Iterator[TorchRunner]:
     yield _runner(tiny_model_path, tmp_path, speculative=True, reuse=True)
 
 
 def test_prefix_cache_holds_exactly_its_tokens(
-    warm: LocalRunner, plain: LocalRunner, margins: dict[str, float]
+    warm: TorchRunner, plain: TorchRunner, margins: dict[str, float]
 ) -> None:
     prompt = REPETITIVE["body"]
     assert margins["body"] > NEAR_TIE
@@ -237,7 +237,7 @@ def test_prefix_cache_holds_exactly_its_tokens(
 
 
 def test_same_answer_after_cancelled_speculative_calls(
-    warm: LocalRunner, plain: LocalRunner, margins: dict[str, float]
+    warm: TorchRunner, plain: TorchRunner, margins: dict[str, float]
 ) -> None:
     prompt = REPETITIVE["call"]
     assert margins["call"] > NEAR_TIE

@@ -1,6 +1,6 @@
 """A real OpenAI-compatible `/v1/completions` server on loopback, for tests.
 
-It serves any runner (the tiny model's `LocalRunner`, or a `ScriptedModel` whose answers the test
+It serves any runner (the tiny model's `TorchRunner`, or a `ScriptedModel` whose answers the test
 chooses) with SSE streaming, and can misbehave on request the ways real servers do: answer late,
 stall between chunks, or die in the middle of a stream.
 

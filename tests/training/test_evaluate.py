@@ -6,7 +6,7 @@ import pytest
 
 from completion.adapters import save_adapter
 from completion.runners.loading import load_model
-from completion.runners.local import LocalRunner
+from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
 from training.evaluate import compare, edit_similarity, held_out_cursors, paired
 from training.examples import split_files, workspace_files
@@ -39,7 +39,7 @@ def test_compare_runs_both_on_the_same_cursors_and_restores_the_runner(
     cursors = held_out_cursors(workspace, held or ["json/tool.py"], 4, seed=0)
     assert len(cursors) == 4
     assert cursors == held_out_cursors(workspace, held or ["json/tool.py"], 4, seed=0)
-    runner = LocalRunner(str(tiny_model_path), tmp_path, threads=1)
+    runner = TorchRunner(str(tiny_model_path), tmp_path, threads=1)
     _tokenizer, model = load_model(runner.source, "float32", tmp_path)
     save_adapter(
         attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", runner.base_model_id, {}

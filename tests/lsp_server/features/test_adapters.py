@@ -14,7 +14,7 @@ import pytest
 from completion.adapters import WEIGHTS, save_adapter
 from completion.cache import TypingThroughCache
 from completion.runners.loading import load_model
-from completion.runners.local import LocalRunner
+from completion.runners.torch_runner import TorchRunner
 from completion.types import CompletionRequest
 from lsp_server.config import Settings
 from lsp_server.features.adapters import AdapterFeature
@@ -26,7 +26,7 @@ from training.registry import AdapterRegistry, scope_dir
 async def test_the_server_follows_promotions_and_refuses_a_damaged_adapter(
     tmp_path: Path, tiny_model_path: Path
 ) -> None:
-    runner = LocalRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
+    runner = TorchRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
     server = feature_server(
         tmp_path, engine=SimpleNamespace(runner=runner, cache=TypingThroughCache())
     )
@@ -153,7 +153,7 @@ async def test_the_server_serves_its_tenants_adapter_from_the_backend(
     from tests.support.backend_server import BackendServer
 
     monkeypatch.setenv("TABLOOP_CACHE_DIR", str(tmp_path / "backend-cache"))
-    runner = LocalRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
+    runner = TorchRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
     _tokenizer, model = load_model(runner.source, "float32", tmp_path / "cache")
     save_adapter(
         attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", runner.base_model_id, {}
@@ -222,7 +222,7 @@ async def test_an_adapter_named_in_the_settings_serves_from_the_next_look(
 ) -> None:
     """Naming `completion.adapter` while the server runs swaps it in at once (no reload), and
     clearing it gives the promoted version back."""
-    runner = LocalRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
+    runner = TorchRunner(str(tiny_model_path), tmp_path / "cache", threads=1)
     server = feature_server(
         tmp_path, engine=SimpleNamespace(runner=runner, cache=TypingThroughCache())
     )

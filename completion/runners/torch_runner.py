@@ -62,7 +62,7 @@ class _Output:
 
     def __init__(
         self,
-        runner: LocalRunner,
+        runner: TorchRunner,
         anchor: list[int],
         stop: StopRule,
         max_new_tokens: int,
@@ -99,7 +99,7 @@ class _Output:
         return len(self.generated) >= self.max_new_tokens
 
 
-class LocalRunner:
+class TorchRunner:
     """A causal LM run in this process, one request at a time."""
 
     forces_text = True  # `generate(forced_text=...)`: token healing (`completion.healing`)

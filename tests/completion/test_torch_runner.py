@@ -1,4 +1,4 @@
-"""LocalRunner on the tiny Qwen2 model: decoding, stop rules, cancellation and KV-prefix reuse."""
+"""TorchRunner on the tiny Qwen2 model: decoding, stop rules, cancellation and KV-prefix reuse."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from completion.fim import template_for
 from completion.postprocess import stop_rule
-from completion.runners.local import LocalRunner, resolve_source
+from completion.runners.torch_runner import TorchRunner, resolve_source
 from completion.types import CancelToken, CompletionRequest
 from tests.support.tiny_model import NEAR_TIE, greedy_margin
 
@@ -23,12 +23,12 @@ def never(text: str) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> LocalRunner:
-    return LocalRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), dtype="float32")
+def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> TorchRunner:
+    return TorchRunner(str(tiny_model_path), tmp_path_factory.mktemp("cache"), dtype="float32")
 
 
 @pytest.fixture
-def endless(runner: LocalRunner) -> Iterator[LocalRunner]:
+def endless(runner: TorchRunner) -> Iterator[TorchRunner]:
     """The runner with no end-of-text token: only the test's stop rule, the token limit or
     cancellation end a generation, whatever the model would say."""
     saved, runner._stop_ids = runner._stop_ids, set()
@@ -40,13 +40,13 @@ def fim_prompt(prefix: str = BODY_PREFIX, suffix: str = BODY_SUFFIX) -> str:
     return template_for("qwen").build(prefix, suffix)
 
 
-def test_identity(runner: LocalRunner, tiny_model_path: Path) -> None:
+def test_identity(runner: TorchRunner, tiny_model_path: Path) -> None:
     assert runner.family == "qwen"
     assert runner.model_id.startswith(f"{tiny_model_path.name}@")
     assert len(runner.model_id.split("@")[1]) == 12
 
 
-def test_greedy_decoding_is_deterministic(runner: LocalRunner, tiny_model_path: Path) -> None:
+def test_greedy_decoding_is_deterministic(runner: TorchRunner, tiny_model_path: Path) -> None:
     # The second run reuses the first one's KV cache, which rounds differently: the texts agree
     # on every CPU because no step of the greedy path is a near-tie.
     assert greedy_margin(tiny_model_path, fim_prompt(), 24) > NEAR_TIE
@@ -64,7 +64,7 @@ def test_greedy_decoding_is_deterministic(runner: LocalRunner, tiny_model_path: 
     assert first.prompt_tokens == runner.count_tokens(fim_prompt())
 
 
-def test_logprobs_one_per_kept_token(endless: LocalRunner) -> None:
+def test_logprobs_one_per_kept_token(endless: TorchRunner) -> None:
     generation = endless.generate(fim_prompt(), max_new_tokens=12, stop=never, cancel=CancelToken())
     assert generation.stop_reason == "length"
     assert generation.new_tokens == 12
@@ -72,7 +72,7 @@ def test_logprobs_one_per_kept_token(endless: LocalRunner) -> None:
     assert all(lp <= 0 and math.isfinite(lp) for lp in generation.token_logprobs)
 
 
-def test_stop_rule_cuts_text_and_logprobs(endless: LocalRunner) -> None:
+def test_stop_rule_cuts_text_and_logprobs(endless: TorchRunner) -> None:
     def after_three_chars(text: str) -> int | None:
         return 3 if len(text) >= 3 else None
 
@@ -84,12 +84,12 @@ def test_stop_rule_cuts_text_and_logprobs(endless: LocalRunner) -> None:
     assert 1 <= len(generation.token_logprobs) <= 3
 
 
-def test_max_new_tokens(endless: LocalRunner) -> None:
+def test_max_new_tokens(endless: TorchRunner) -> None:
     generation = endless.generate(fim_prompt(), max_new_tokens=1, stop=never, cancel=CancelToken())
     assert generation.new_tokens == 1 and generation.stop_reason == "length"
 
 
-def test_cancel_between_steps(endless: LocalRunner) -> None:
+def test_cancel_between_steps(endless: TorchRunner) -> None:
     token = CancelToken()
     steps: list[str] = []
 
@@ -106,7 +106,7 @@ def test_cancel_between_steps(endless: LocalRunner) -> None:
     assert generation.new_tokens == 2
 
 
-def test_cancelled_before_start_does_no_work(runner: LocalRunner) -> None:
+def test_cancelled_before_start_does_no_work(runner: TorchRunner) -> None:
     token = CancelToken()
     token.cancel()
     generation = runner.generate(fim_prompt(), max_new_tokens=8, stop=never, cancel=token)
@@ -116,8 +116,8 @@ def test_cancelled_before_start_does_no_work(runner: LocalRunner) -> None:
 
 
 def test_prefix_reuse_matches_a_cold_run(tiny_model_path: Path, tmp_path: Path) -> None:
-    warm = LocalRunner(str(tiny_model_path), tmp_path, dtype="float32", reuse_cache=True)
-    cold = LocalRunner(str(tiny_model_path), tmp_path, dtype="float32", reuse_cache=False)
+    warm = TorchRunner(str(tiny_model_path), tmp_path, dtype="float32", reuse_cache=True)
+    cold = TorchRunner(str(tiny_model_path), tmp_path, dtype="float32", reuse_cache=False)
     typed = [BODY_PREFIX, BODY_PREFIX + "r", BODY_PREFIX + "re", BODY_PREFIX + "res = "]
     reused = []
     for prefix in typed:
@@ -139,7 +139,7 @@ def test_prefix_reuse_matches_a_cold_run(tiny_model_path: Path, tmp_path: Path) 
 
 
 def test_same_prompt_twice_reuses_all_but_one_token(
-    runner: LocalRunner, tiny_model_path: Path
+    runner: TorchRunner, tiny_model_path: Path
 ) -> None:
     prompt = fim_prompt(BODY_PREFIX + "x = ")
     assert greedy_margin(tiny_model_path, prompt, 4) > NEAR_TIE
