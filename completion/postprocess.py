@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import re
 
+from common.languages import is_indented
 from completion.types import CompletionRequest, StopRule
 
 DEFAULT_MAX_LINES = 16
 """Most lines of one multi-line suggestion."""
 
-# Languages whose blocks are delimited by indentation rather than braces.
-INDENT_LANGUAGES = frozenset(
-    {"python", "yaml", "nim", "coffeescript", "haskell", "fsharp", "elm", "pug", "sass", "gdscript"}
-)
 _OPENERS = {"(": ")", "[": "]", "{": "}"}
 _CLOSERS = {v: k for k, v in _OPENERS.items()}
 _QUOTES = "\"'`"
@@ -34,12 +31,6 @@ def _indent(line: str) -> int:
         else:
             break
     return width
-
-
-def _is_indent_language(request: CompletionRequest) -> bool:
-    if request.language:
-        return request.language.lower() in INDENT_LANGUAGES
-    return bool(request.path and request.path.endswith((".py", ".pyi", ".yaml", ".yml")))
 
 
 def _line_starts(text: str) -> list[int]:
@@ -177,7 +168,7 @@ def stop_rule(request: CompletionRequest, *, max_lines: int = DEFAULT_MAX_LINES)
 
         return single_line
 
-    by_indentation = _is_indent_language(request)
+    by_indentation = is_indented(request.language, request.path)
 
     def multi_line(text: str) -> int | None:
         cuts = [

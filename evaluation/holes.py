@@ -45,6 +45,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from common.languages import request_language
 from completion.context import ContextSource
 from completion.types import CompletionRequest
 from evaluation.positions import (
@@ -55,7 +56,7 @@ from evaluation.positions import (
     sample_cursors,
     select_files,
 )
-from indexer.languages import EXTENSIONS, language_of
+from indexer.languages import EXTENSIONS
 from lsp_server import config
 
 BLOCK_SHARE = 0.25
@@ -79,7 +80,7 @@ class Hole:
         return CompletionRequest(
             prefix=self.prefix,
             suffix=self.suffix,
-            language=language_of(str(self.path)),
+            language=request_language(None, str(self.path)),
             path=str(self.path),
             uri=self.path.as_uri(),
             trigger="invoked",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from common.languages import lsp_id_for_path
+from common.languages import request_language
 from completion.types import CompletionRequest
 from evaluation.positions import Draw, TypingPauses, read_sources, sample_cursors, select_files
 
@@ -33,9 +33,13 @@ class Position:
     path: str
     prefix: str
     truth: str  # the rest of the file, as it was really written: hole + suffix
-    language: str
     line: int
     character: int
+
+    @property
+    def language(self) -> str:
+        """The LSP id of the file, as the server gives a file no editor named."""
+        return request_language(None, self.path)
 
     @property
     def suffix(self) -> str:
@@ -118,7 +122,6 @@ def sample_positions(
                 path=str(cursor.source.path),
                 prefix=text[:offset],
                 truth=text[offset:],
-                language=lsp_id_for_path(cursor.source.path.name),
                 line=cursor.line.number,
                 character=cursor.column,
             )

@@ -8,8 +8,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from common.languages import request_language
 from completion.types import CompletionRequest
-from indexer.languages import language_of
 from lsp_server import config
 
 
@@ -36,7 +36,7 @@ def request_at(path: Path, line: int, col: int) -> CompletionRequest:
     return CompletionRequest(
         prefix=text[:offset],
         suffix=text[offset:],
-        language=language_of(str(path)),
+        language=request_language(None, str(path)),
         path=str(path.resolve()),
         uri=path.resolve().as_uri(),
         trigger="invoked",

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from common.languages import request_language
 from completion.engine import Engine
 from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
 from completion.types import CompletionRequest
-from indexer.languages import language_of
 from training.examples import FimExample, cut_examples, read_text
 from training.feedback import FeedbackStore
 
@@ -81,19 +81,23 @@ def _scores(example: FimExample, suggestion: str) -> tuple[float, float]:
     return exact, edit_similarity(shown, example.middle)
 
 
+def request_for(example: FimExample) -> CompletionRequest:
+    """The engine's request at an example's cursor, its language the LSP id of its path."""
+    return CompletionRequest(
+        prefix=example.prefix,
+        suffix=example.suffix,
+        language=request_language(None, example.path),
+        path=example.path,
+        trigger="invoked",
+    )
+
+
 def _complete_all(
     engine: Engine, examples: Sequence[FimExample], tick: Callable[[], None]
 ) -> list[str]:
     texts = []
     for example in examples:
-        request = CompletionRequest(
-            prefix=example.prefix,
-            suffix=example.suffix,
-            language=language_of(example.path),
-            path=example.path,
-            trigger="invoked",
-        )
-        texts.append(engine.complete(request).text)
+        texts.append(engine.complete(request_for(example)).text)
         tick()
     return texts
 

@@ -4,7 +4,8 @@ The replay's `EditingSession` and the language server's own objects (the inline 
 `TypingTracker`, the telemetry feature with its outcome tracker and `decision_event`) are given
 the same session: the same keystrokes at the same (simulated) times, the same suggestions, the
 same user reactions. The gate must see identical feature vectors, and the backend must receive
-identical events, from both.
+identical events, from both, in every language: the server names it by the editor's id (or, when
+the editor gives none, by the file's extension), the replay by the file's extension.
 """
 
 from __future__ import annotations
@@ -19,19 +20,18 @@ from completion import gate
 from completion.engine import Engine
 from completion.session import SessionSignals
 from completion.settings import CompletionSettings
-from completion.types import CompletionRequest, Decision
+from completion.types import Decision
 from evaluation.editing import SECONDS_PER_CHAR, SETTLE_S, EditingSession
 from evaluation.simulation import Position, UserResponse, simulated_user
-from lsp_server.documents import adopt
-from lsp_server.features.inline import TypingTracker
+from lsp_server.documents import adopt, open_document
+from lsp_server.features.inline import TypingTracker, build_request
 from lsp_server.features.telemetry import TelemetryFeature
 from lsp_server.outcomes import TextChange
 from lsp_server.server import TabloopServer
 from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
+from tests.support.languages import ONCE_SKEWED
 from tests.support.scripted_model import ScriptedModel
 
-PATH = "/work/example.py"
-URI = Path(PATH).as_uri()
 TEXT = (
     "import math\n\n\n"
     "def area(width, height):\n"
@@ -52,13 +52,26 @@ CURSORS = [
 WINDOW_CHARS = int(10 / SECONDS_PER_CHAR)
 
 
-def positions() -> list[Position]:
+# A file of each kind, with the id an editor sends for it (VS Code's; Neovim's filetype where it
+# differs; none: the server falls back to the extension). The scripted model answers the same
+# whatever the language.
+FILES = [
+    *(
+        pytest.param(f"/work/example.{ext}", lsp_id, lsp_id, id=ext)
+        for ext, lsp_id in ONCE_SKEWED.items()
+    ),
+    pytest.param("/work/example.cs", "cs", "csharp", id="cs-neovim-filetype"),
+    pytest.param("/work/example.rb", "", "ruby", id="rb-no-editor-id"),
+]
+
+
+def positions(path: str) -> list[Position]:
     found = []
     for marker, _ in CURSORS:
         offset = TEXT.index(marker) + len(marker)
         line = TEXT.count("\n", 0, offset)
         column = offset - (TEXT.rfind("\n", 0, offset) + 1)
-        found.append(Position(PATH, TEXT[:offset], TEXT[offset:], "python", line, column))
+        found.append(Position(path, TEXT[:offset], TEXT[offset:], line, column))
     return found
 
 
@@ -85,7 +98,8 @@ class Recorder:
 class ServerSide:
     """The language server's session objects, driven by LSP document changes on a fake clock."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str, editor_id: str) -> None:
+        self.uri = Path(path).as_uri()
         self.now = 0.0
         self.ls = TabloopServer()
         next(
@@ -102,20 +116,20 @@ class ServerSide:
         self.telemetry.client = self.client  # type: ignore[assignment]
         self.version = 1
         self.text = ""
-        item = types.TextDocumentItem(uri=URI, language_id="python", version=1, text="")
+        item = types.TextDocumentItem(uri=self.uri, language_id=editor_id, version=1, text="")
         self.ls.workspace.put_text_document(item)
         adopt(self.ls.workspace, item)
-        self.typing.did_open(URI)
-        self.telemetry.did_open(URI)
+        self.typing.did_open(self.uri)
+        self.telemetry.did_open(self.uri)
 
     def _apply(self, change: types.TextDocumentContentChangeEvent, text: str) -> None:
         self.version += 1
         self.ls.workspace.update_text_document(
-            types.VersionedTextDocumentIdentifier(uri=URI, version=self.version), change
+            types.VersionedTextDocumentIdentifier(uri=self.uri, version=self.version), change
         )
         self.text = text
-        self.typing.did_change(URI, self.version, [change])
-        self.telemetry.did_change(URI, self.version, [change])
+        self.typing.did_change(self.uri, self.version, [change])
+        self.telemetry.did_change(self.uri, self.version, [change])
 
     def replace_all(self, text: str) -> None:
         self._apply(types.TextDocumentContentChangeWholeDocument(text=text), text)
@@ -134,7 +148,7 @@ class ServerSide:
     def signals(self) -> gate.Signals:
         from lsp_server.features.inline import signals_for
 
-        return signals_for(self.ls, URI, self.typing)
+        return signals_for(self.ls, self.uri, self.typing)
 
 
 def play_server(
@@ -152,16 +166,11 @@ def play_server(
         side.now = start + SECONDS_PER_CHAR * (gap - typed + i + 1)
         side.edit(TextChange(cut + i, cut + i, position.prefix[cut + i]))
     side.now = start + SECONDS_PER_CHAR * gap
-    request = CompletionRequest(
-        prefix=position.prefix,
-        suffix=position.suffix,
-        language="python",
-        path=PATH,
-        uri=URI,
-        trigger="automatic",
-        line=position.line,
-        character=position.character,
-    )
+    # The request as the inline feature builds it from the document the editor keeps.
+    document = open_document(side.ls.workspace, side.uri)
+    assert document is not None
+    cursor_at = types.Position(position.line, position.character)
+    request = build_request(document, cursor_at, "automatic")
     decision = model.complete(request, signals=side.signals())
     side.telemetry.on_decision(decision, request)
     if not decision.shown:
@@ -183,7 +192,7 @@ def play_server(
         for ch in position.hole:
             side.edit(TextChange(at, at, ch))
             at += 1
-            if side.telemetry.tracker.pending.get(URI) is None:
+            if side.telemetry.tracker.pending.get(side.uri) is None:
                 break
     side.telemetry.tracker.tick(now + SETTLE_S)
     return decision, response
@@ -200,18 +209,22 @@ def comparable(events: list[Any], ids: dict[str, int]) -> list[dict[str, Any]]:
     return out
 
 
-def test_replay_and_server_build_the_same_features_and_events() -> None:
-    played = positions()
+@pytest.mark.parametrize(("path", "editor_id", "lsp_id"), FILES)
+def test_replay_and_server_build_the_same_features_and_events(
+    path: str, editor_id: str, lsp_id: str
+) -> None:
+    played = positions(path)
     model = engine()
 
     replay = EditingSession(session_id="session", install_id="install", level="metrics")
-    replay_vectors, replay_events, replay_kinds = [], [], []
+    replay_vectors, replay_events, replay_kinds, languages = [], [], [], []
     for position in played:
         signals = replay.arrive(position)
         request = position.request()
         decision = model.complete(request, signals=signals)
         replay.decided(position, request, decision)
         replay_vectors.append(gate.FeatureSpace().row(decision.features))
+        languages.append(decision.features["language"])
         if decision.shown:
             response = simulated_user(decision.text, position.hole)
             replay_kinds.append(response.kind)
@@ -219,18 +232,21 @@ def test_replay_and_server_build_the_same_features_and_events() -> None:
         replay_events.extend(replay.events)
         replay.events.clear()
 
-    side = ServerSide()
+    side = ServerSide(path, editor_id)
     server_vectors, server_kinds = [], []
     previous_end = 0
     for position in played:
         decision, response = play_server(side, position, previous_end, model)
         previous_end = len(position.prefix)
         server_vectors.append(gate.FeatureSpace().row(decision.features))
+        languages.append(decision.features["language"])
         if response is not None:
             server_kinds.append(response.kind)
 
     # The session is the one described: each kind of reaction happened.
     assert replay_kinds == server_kinds == ["accepted", "partial", "accepted", "ignored"]
+    # Both sides name the language by the LSP id the gate has a column for.
+    assert set(languages) == {lsp_id}
     for ours, theirs in zip(replay_vectors, server_vectors, strict=True):
         assert ours.tolist() == pytest.approx(theirs.tolist(), nan_ok=True)
     # The session signals moved: typing speed, accept rate and time since an accept.
