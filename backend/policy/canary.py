@@ -120,6 +120,7 @@ def settle_canary(
         actor=CANARY_ACTOR,
         reason=f"{verdict.outcome}: {live} over {verdict.figures['decisions']} decisions",
         figures=verdict.figures,
+        version=canary.version,  # the canary judged: no other that started meanwhile
     )
     log.info("tenant %s: canary %s %s (%s)", tenant_id, canary.version, verdict.outcome, live)
     return report

@@ -23,15 +23,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from backend.db.models import Tenant
 from backend.policy.models import PolicyPromotionRow, PolicyVersionRow
 from backend.policy.settings import TrainerSettings
 from backend.storage import Storage
@@ -246,16 +248,38 @@ class PolicyRegistry:
 
     # -- serving --------------------------------------------------------------------------
 
+    @contextmanager
+    def _serialised(self, tenant_id: int) -> Iterator[Session]:
+        """A session whose transaction holds the tenant's registry until it ends.
+
+        Every action that changes what serves reads the state it acts on and writes its row in
+        one such transaction, so two actions on a tenant never interleave: on PostgreSQL the
+        tenant's row is locked (`SELECT … FOR UPDATE`; other tenants' actions go on), on SQLite
+        the transaction takes the database's write lock at its start (`BEGIN IMMEDIATE`).
+        """
+        with self.storage.session() as session:
+            if self.storage.dialect == "sqlite":
+                session.execute(text("BEGIN IMMEDIATE"))
+            else:
+                session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+            yield session
+
     def serving_version(self, tenant_id: int) -> str:
         """Name of the version that serves the tenant now (beside a canary, if one runs)."""
         with self.storage.session() as session:
-            latest = self._latest(session, tenant_id, SERVING_ACTIONS)
+            return self._serving_in(session, tenant_id)
+
+    def _serving_in(self, session: Session, tenant_id: int) -> str:
+        latest = self._latest(session, tenant_id, SERVING_ACTIONS)
         return latest.version if latest is not None and latest.version else BUILTIN_VERSION
 
     def canary(self, tenant_id: int) -> CanaryState | None:
         """The canary running for the tenant, if any."""
         with self.storage.session() as session:
-            latest = self._latest(session, tenant_id, (*SERVING_ACTIONS, CANARY))
+            return self._canary_in(session, tenant_id)
+
+    def _canary_in(self, session: Session, tenant_id: int) -> CanaryState | None:
+        latest = self._latest(session, tenant_id, (*SERVING_ACTIONS, CANARY))
         if latest is None or latest.action != CANARY or latest.version is None:
             return None
         figures = latest.figures or {}
@@ -269,17 +293,23 @@ class PolicyRegistry:
     def pending_approval(self, tenant_id: int) -> list[str]:
         """Versions waiting for `approve`, oldest first."""
         with self.storage.session() as session:
-            rows = session.scalars(
-                select(PolicyPromotionRow)
-                .where(PolicyPromotionRow.tenant_id == tenant_id)
-                .order_by(PolicyPromotionRow.id)
-            ).all()
-        last: dict[str, str] = {}
-        for row in rows:
-            if row.version is not None:
-                last.pop(row.version, None)
-                last[row.version] = row.action
+            last = self._last_actions(session, tenant_id)
         return [version for version, action in last.items() if action == PENDING]
+
+    @staticmethod
+    def _last_actions(session: Session, tenant_id: int) -> dict[str, str]:
+        """The last action that named each version, in the order of those actions."""
+        rows = session.execute(
+            select(PolicyPromotionRow.version, PolicyPromotionRow.action)
+            .where(PolicyPromotionRow.tenant_id == tenant_id)
+            .order_by(PolicyPromotionRow.id)
+        ).all()
+        last: dict[str, str] = {}
+        for version, action in rows:
+            if version is not None:
+                last.pop(version, None)
+                last[version] = action
+        return last
 
     @staticmethod
     def _latest(
@@ -329,12 +359,30 @@ class PolicyRegistry:
         action: str = "promote",
     ) -> None:
         """Make `version` the serving one (clearing a rollback mark it may carry); a canary
-        running ends with it."""
-        with self.storage.session() as session:
-            if version != BUILTIN_VERSION:
-                self._row(session, tenant_id, version).rolled_back = False
-            self._record(session, tenant_id, version, action, actor, reason, figures)
+        running ends with it. Promoting the version that serves alone already records nothing
+        (a replayed request changes nothing)."""
+        with self._serialised(tenant_id) as session:
+            current = self._serving_in(session, tenant_id)
+            if current == version and self._canary_in(session, tenant_id) is None:
+                return
+            self._promote_in(session, tenant_id, version, current, actor, reason, figures, action)
             self._commit(session)
+
+    def _promote_in(
+        self,
+        session: Session,
+        tenant_id: int,
+        version: str,
+        current: str,
+        actor: str | None,
+        reason: str,
+        figures: dict[str, Any] | None,
+        action: str,
+    ) -> None:
+        if version != BUILTIN_VERSION:
+            self._row(session, tenant_id, version).rolled_back = False
+        figures = {**(figures or {}), "previous": current}
+        self._record(session, tenant_id, version, action, actor, reason, figures)
 
     def start_canary(
         self,
@@ -349,19 +397,31 @@ class PolicyRegistry:
         """Let `version` make `share` of the decisions beside the serving version."""
         if not 0.0 < share <= 1.0:
             raise RegistryError(f"canary share {share} outside (0, 1]")
-        previous = self.serving_version(tenant_id)
-        with self.storage.session() as session:
-            self._row(session, tenant_id, version)  # it must exist
-            self._record(
-                session,
-                tenant_id,
-                version,
-                CANARY,
-                actor,
-                reason or f"canary at {share:.0%} beside {previous}",
-                {**(figures or {}), "share": share, "previous": previous},
-            )
+        with self._serialised(tenant_id) as session:
+            self._start_canary_in(session, tenant_id, version, share, actor, reason, figures)
             self._commit(session)
+
+    def _start_canary_in(
+        self,
+        session: Session,
+        tenant_id: int,
+        version: str,
+        share: float,
+        actor: str | None,
+        reason: str,
+        figures: dict[str, Any] | None,
+    ) -> None:
+        previous = self._serving_in(session, tenant_id)
+        self._row(session, tenant_id, version)  # it must exist
+        self._record(
+            session,
+            tenant_id,
+            version,
+            CANARY,
+            actor,
+            reason or f"canary at {share:.0%} beside {previous}",
+            {**(figures or {}), "share": share, "previous": previous},
+        )
 
     def finish_canary(
         self,
@@ -371,32 +431,55 @@ class PolicyRegistry:
         actor: str | None = None,
         reason: str = "",
         figures: dict[str, Any] | None = None,
+        version: str | None = None,
     ) -> str:
         """End the running canary: it serves alone (`promote`) or is rolled back; returns the
-        version serving now. Raises `RegistryError` when no canary runs."""
-        canary = self.canary(tenant_id)
-        if canary is None:
-            raise RegistryError("no canary is running")
-        with self.storage.session() as session:
-            if promote:
-                self._record(
-                    session, tenant_id, canary.version, "canary-promote", actor, reason, figures
-                )
-                serving = canary.version
-            else:
-                self._row(session, tenant_id, canary.version).rolled_back = True
-                self._record(
-                    session,
-                    tenant_id,
-                    canary.previous,
-                    "canary-rollback",
-                    actor,
-                    reason or f"rollback of canary {canary.version}",
-                    figures,
-                )
-                serving = canary.previous
+        version serving now. Raises `RegistryError` when no canary runs, or when it is not
+        `version` (the canary that was judged) where one is given."""
+        with self._serialised(tenant_id) as session:
+            serving = self._finish_canary_in(
+                session, tenant_id, promote, actor, reason, figures, version
+            )
             self._commit(session)
         return serving
+
+    def _finish_canary_in(
+        self,
+        session: Session,
+        tenant_id: int,
+        promote: bool,
+        actor: str | None,
+        reason: str,
+        figures: dict[str, Any] | None,
+        version: str | None,
+    ) -> str:
+        canary = self._canary_in(session, tenant_id)
+        if canary is None:
+            raise RegistryError("no canary is running")
+        if version is not None and canary.version != version:
+            raise RegistryError(f"the canary running is {canary.version}, not {version}")
+        if promote:
+            self._record(
+                session,
+                tenant_id,
+                canary.version,
+                "canary-promote",
+                actor,
+                reason,
+                {**(figures or {}), "previous": canary.previous},
+            )
+            return canary.version
+        self._row(session, tenant_id, canary.version).rolled_back = True
+        self._record(
+            session,
+            tenant_id,
+            canary.previous,
+            "canary-rollback",
+            actor,
+            reason or f"rollback of canary {canary.version}",
+            {**(figures or {}), "of": canary.version},
+        )
+        return canary.previous
 
     def hold_for_approval(
         self,
@@ -408,7 +491,7 @@ class PolicyRegistry:
         figures: dict[str, Any] | None = None,
     ) -> None:
         """`version` passed evaluation; it waits for `approve` (state `pending-approval`)."""
-        with self.storage.session() as session:
+        with self._serialised(tenant_id) as session:
             self._row(session, tenant_id, version)
             self._record(session, tenant_id, version, PENDING, actor, reason, figures)
             self._commit(session)
@@ -423,24 +506,55 @@ class PolicyRegistry:
     ) -> str:
         """Release a version waiting for approval: into a canary at `share` (default: the
         trainer's default `canary_share`), or (share 0) straight to serving. Returns what it
-        became (`canary` or `serving`)."""
+        became (`canary` or `serving`).
+
+        Approving a version approved already records nothing and returns its state (a replay);
+        any other version that is not waiting raises `RegistryError`."""
         if share is None:
             share = float(TrainerSettings.model_fields["canary_share"].default)
-        if version not in self.pending_approval(tenant_id):
-            raise RegistryError(f"{version} is not waiting for approval")
-        with self.storage.session() as session:
+        with self._serialised(tenant_id) as session:
+            last = self._last_actions(session, tenant_id)
+            if last.get(version) != PENDING:
+                if self._approved_in(session, tenant_id, version):
+                    canary = self._canary_in(session, tenant_id)
+                    if canary is not None and canary.version == version:
+                        return CANARY
+                    if self._serving_in(session, tenant_id) == version:
+                        return "serving"
+                    return last.get(version, "candidate")
+                raise RegistryError(f"{version} is not waiting for approval")
             self._record(session, tenant_id, version, APPROVE, actor, "approved", None)
+            if share > 0:
+                self._start_canary_in(session, tenant_id, version, share, actor, "approved", None)
+                state = CANARY
+            else:
+                current = self._serving_in(session, tenant_id)
+                self._promote_in(
+                    session, tenant_id, version, current, actor, "approved", None, "promote"
+                )
+                state = "serving"
             self._commit(session)
-        if share > 0:
-            self.start_canary(tenant_id, version, share=share, actor=actor, reason="approved")
-            return CANARY
-        self.promote(tenant_id, version, actor=actor, reason="approved")
-        return "serving"
+        return state
+
+    @staticmethod
+    def _approved_in(session: Session, tenant_id: int, version: str) -> bool:
+        return (
+            session.scalar(
+                select(func.count())
+                .select_from(PolicyPromotionRow)
+                .where(
+                    PolicyPromotionRow.tenant_id == tenant_id,
+                    PolicyPromotionRow.version == version,
+                    PolicyPromotionRow.action == APPROVE,
+                )
+            )
+            or 0
+        ) > 0
 
     def prune(self, tenant_id: int, keep: int) -> list[str]:
         """Delete versions that never served (nor wait to), beyond the newest `keep` of them;
         returns the versions deleted."""
-        with self.storage.session() as session:
+        with self._serialised(tenant_id) as session:
             named = set(
                 session.scalars(
                     select(PolicyPromotionRow.version).where(
@@ -484,15 +598,41 @@ class PolicyRegistry:
             )
         )
 
-    def rollback(self, tenant_id: int, *, actor: str | None = None, reason: str = "") -> str:
+    def rollback(
+        self,
+        tenant_id: int,
+        *,
+        version: str | None = None,
+        actor: str | None = None,
+        reason: str = "",
+    ) -> str:
         """Serve the previous good version again; returns the version now serving. A running
-        canary is what is rolled back when there is one."""
-        if self.canary(tenant_id) is not None:
-            return self.finish_canary(tenant_id, promote=False, actor=actor, reason=reason)
-        current = self.serving_version(tenant_id)
-        if current == BUILTIN_VERSION:
-            raise RegistryError("the built-in policy is serving; there is nothing to roll back")
-        with self.storage.session() as session:
+        canary is what is rolled back when there is one.
+
+        `version` names what the caller means to roll back (the running canary, else the
+        serving version): when it was rolled back already by the newest change, nothing more is
+        done (a replay); when it is anything else, `RegistryError` (a stale page must not roll
+        back a version it never saw). Without it, whatever serves is rolled back."""
+        with self._serialised(tenant_id) as session:
+            canary = self._canary_in(session, tenant_id)
+            current = canary.version if canary is not None else self._serving_in(session, tenant_id)
+            if version is not None and version != current:
+                latest = self._latest(session, tenant_id, SERVING_ACTIONS)
+                if (
+                    latest is not None
+                    and latest.action in ("rollback", "canary-rollback")
+                    and (latest.figures or {}).get("of") == version
+                ):
+                    return self._serving_in(session, tenant_id)
+                raise RegistryError(f"{version} is not serving ({current} is): nothing rolled back")
+            if canary is not None:
+                serving = self._finish_canary_in(
+                    session, tenant_id, False, actor, reason, None, canary.version
+                )
+                self._commit(session)
+                return serving
+            if current == BUILTIN_VERSION:
+                raise RegistryError("the built-in policy is serving; there is nothing to roll back")
             self._row(session, tenant_id, current).rolled_back = True
             history = session.scalars(
                 select(PolicyPromotionRow.version)
@@ -520,7 +660,7 @@ class PolicyRegistry:
                 "rollback",
                 actor,
                 reason or f"rollback of {current}",
-                None,
+                {"of": current},
             )
             self._commit(session)
         return previous or BUILTIN_VERSION

@@ -150,7 +150,9 @@ def _act(
                 tenant_id, body.version, actor=actor, reason=body.reason or "promoted by hand"
             )
         elif action == "rollback":
-            registry.rollback(tenant_id, actor=actor, reason=body.reason)
+            if not body.version:
+                raise HTTPException(422, detail="version needed: the version to roll back")
+            registry.rollback(tenant_id, version=body.version, actor=actor, reason=body.reason)
         else:
             if not body.version:
                 raise HTTPException(422, detail="version needed")

@@ -197,7 +197,9 @@ def test_registry_actions_change_the_registry_and_record_who_acted(
     registry = PolicyRegistry(server.storage)
     assert registry.serving_version(server.tenant_id) == v3
     assert registry.history(server.tenant_id)[-1]["actor"] == "token:dana"
-    back = httpx.post(f"{server.url}/v1/policy/rollback", json={}, headers=headers, timeout=10)
+    back = httpx.post(
+        f"{server.url}/v1/policy/rollback", json={"version": v3}, headers=headers, timeout=10
+    )
     assert back.status_code == 200 and back.json()["serving"] == "v1"
     assert registry.history(server.tenant_id)[-1]["action"] == "rollback"
     unknown = httpx.post(
@@ -207,7 +209,10 @@ def test_registry_actions_change_the_registry_and_record_who_acted(
     other = f"other-{uuid.uuid4().hex[:6]}"
     server.storage.create_token(other)
     foreign = httpx.post(
-        f"{server.url}/v1/policy/rollback", json={"tenant": other}, headers=headers, timeout=10
+        f"{server.url}/v1/policy/rollback",
+        json={"tenant": other, "version": "v1"},
+        headers=headers,
+        timeout=10,
     )
     assert foreign.status_code == 403
     assert registry.serving_version(server.tenant_id) == "v1"
@@ -222,7 +227,16 @@ def test_registry_actions_change_the_registry_and_record_who_acted(
     again = httpx.post(
         f"{server.url}/v1/policy/approve", json={"version": v3}, headers=headers, timeout=10
     )
-    assert again.status_code == 409  # nothing waits any more
+    # A replay changes nothing; a version that never waited is refused.
+    assert again.status_code == 200 and again.json()["serving"] == approved.json()["serving"]
+    assert [row["action"] for row in registry.history(server.tenant_id)].count("approve") == 1
+    never = httpx.post(
+        f"{server.url}/v1/policy/approve",
+        json={"version": history.versions[0]},
+        headers=headers,
+        timeout=10,
+    )
+    assert never.status_code == 409
 
 
 def test_ingestion_counts_batches_refusals_and_spools(db_url: str) -> None:

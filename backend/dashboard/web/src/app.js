@@ -228,7 +228,7 @@ async function overview(root, tenant, window) {
 }
 
 async function act(action, tenant, version) {
-  const what = action === "rollback" ? "Roll back the serving version" : `${action[0].toUpperCase() + action.slice(1)} ${version}`;
+  const what = action === "rollback" ? `Roll back ${version}` : `${action[0].toUpperCase() + action.slice(1)} ${version}`;
   if (!confirm(`${what} for ${tenant}?`)) return;
   try {
     const answer = await api(`/v1/policy/${action}`, {}, {
@@ -250,12 +250,14 @@ async function policies(root, tenant) {
   if (!data.versions.length) {
     root.append(emptyNote("No policy versions yet: the built-in policy serves until the trainer promotes one."));
   } else {
+    const canaryRuns = data.versions.some((v) => v.state === "canary");
     const rows = data.versions.slice().reverse().map((v) => {
       const e = v.evaluation;
       const live = v.live || {};
       const buttons = [];
       if (!v.serving) buttons.push(el("button", { type: "button", "data-action": "promote", "data-version": v.version, onclick: () => act("promote", data.tenant, v.version) }, "Promote"));
-      if (v.serving) buttons.push(el("button", { type: "button", "data-action": "rollback", "data-version": v.version, onclick: () => act("rollback", data.tenant, v.version) }, "Roll back"));
+      // A rollback names what it takes away: the running canary, else the serving version.
+      if (canaryRuns ? v.state === "canary" : v.serving) buttons.push(el("button", { type: "button", "data-action": "rollback", "data-version": v.version, onclick: () => act("rollback", data.tenant, v.version) }, "Roll back"));
       if (data.can_approve && !v.serving) buttons.push(el("button", { type: "button", "data-action": "approve", "data-version": v.version, onclick: () => act("approve", data.tenant, v.version) }, "Approve"));
       return el("tr", { "data-version": v.version, class: v.serving ? "serving" : v.rolled_back ? "rolled-back" : "" },
         el("td", {}, v.version), el("td", {}, new Date(v.created_at).toLocaleDateString()),
