@@ -117,7 +117,7 @@ class Engine:
             signals = gate.Signals(**{**signals.__dict__, "cache_hit": True})
         else:
             prompt, signals = self._prompt(request, signals, timings)
-            if self._too_late(request, prompt, pause_ms, timings):
+            if self.too_late(request, pause_ms, prompt, timings.context_ms):
                 timings.total_ms = (time.perf_counter() - started) * 1000
                 return self._skipped(timings)
             found = self._run_model(request, prompt, cancel, timings, wanted)
@@ -324,29 +324,46 @@ class Engine:
         return generations
 
     def skip_early(self, request: CompletionRequest, pause_ms: float | None) -> Decision | None:
-        """A latency silence decided before the request waits for the model thread, or None.
+        """The latency silence for `request` before it waits for the model thread, or None.
 
-        Called on the event loop as the request arrives: a request that would first wait for
-        the call now running (a cancelled request's prompt cannot be interrupted in the fast
-        engine) and then read its own prompt is answered at once when that sum exceeds the
-        pause the user will probably leave. The prompt is not built yet, so its size is
-        estimated from the text around the cursor, bounded by `context_tokens`.
+        Called on the event loop as the request arrives (`too_late` without a prompt); a
+        silence is counted and recorded.
         """
-        return self._skipped(Timings()) if self.would_skip_early(request, pause_ms) else None
+        return self._skipped(Timings()) if self.too_late(request, pause_ms) else None
 
-    def would_skip_early(self, request: CompletionRequest, pause_ms: float | None) -> bool:
-        """Whether `skip_early` would skip `request` now; counts and records nothing."""
+    def too_late(
+        self,
+        request: CompletionRequest,
+        pause_ms: float | None,
+        prompt: str | None = None,
+        context_ms: float = 0.0,
+    ) -> bool:
+        """The latency decision: whether the first token for `request` would come after the
+        pause the user will probably leave (`pause_ms`; None: unknown, never too late).
+
+        Only automatic requests are judged, and only with `latency_skip` on. Before the prompt
+        is built (`prompt` None, on the event loop as the request arrives) a request that would
+        first wait for the call now running (a cancelled request's prompt cannot be interrupted
+        in the fast engine) and then read its own prompt is too late when that sum exceeds the
+        pause; the prompt's size is estimated from the text around the cursor, bounded by
+        `context_tokens`, and an answer from the typing cache is never late. With the prompt (on
+        the model thread), the time the context took plus the prompt tokens the runner will read
+        decide. Counts and records nothing.
+        """
         if not self.settings.latency_skip or request.trigger != "automatic" or pause_ms is None:
             return False
+        if prompt is not None:
+            predicted = self.latency.predict(self._to_read(prompt), context_ms)
+            return predicted is not None and predicted > pause_ms
         if self.cache.enabled and self.cache.find(request) is not None:
             return False  # answered from the cache, without the model
         chars = len(request.prefix) + len(request.suffix)
         estimate = min(self.settings.context_tokens, chars // CHARS_PER_TOKEN + 1)
-        if request.uri and request.uri == self._last_uri:
+        reuse = self.capabilities.prompt_reuse
+        if reuse is not None and request.uri and request.uri == self._last_uri:
             # Typing on in the same document: the runner probably still holds the prompt's
             # start (`tokens_to_read`); only the cursor's lines and the suffix are read again.
-            reuse = self.capabilities.prompt_reuse
-            estimate = max(estimate - (reuse.kept_tokens if reuse is not None else 0), 1)
+            estimate = max(estimate - reuse.kept_tokens, 1)
         own = self.latency.predict(estimate)
         if own is None:
             return False
@@ -362,18 +379,6 @@ class Engine:
         if prefill is not None:
             return prefill.tokens_to_read(prompt)
         return self.runner.count_tokens(prompt)
-
-    def _too_late(
-        self,
-        request: CompletionRequest,
-        prompt: str,
-        pause_ms: float | None,
-        timings: Timings,
-    ) -> bool:
-        if not self.settings.latency_skip or request.trigger != "automatic" or pause_ms is None:
-            return False
-        predicted = self.latency.predict(self._to_read(prompt), timings.context_ms)
-        return predicted is not None and predicted > pause_ms
 
     def _skipped(self, timings: Timings) -> Decision:
         self.latency_skips += 1

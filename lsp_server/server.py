@@ -266,12 +266,16 @@ class TabloopServer(LanguageServer):
 
     def begin_request(self, uri: str) -> CancelToken:
         """A cancel token for a new request on `uri`; the previous one there is superseded."""
+        self.cancel_in_flight(uri, "superseded")
         token = CancelToken()
-        previous = self.in_flight.get(uri)
-        if previous is not None:
-            previous.cancel("superseded")
         self.in_flight[uri] = token
         return token
+
+    def cancel_in_flight(self, uri: str, reason: str) -> None:
+        """Stop the request in flight on `uri`, if any: its model work ends within one step."""
+        token = self.in_flight.pop(uri, None)
+        if token is not None:
+            token.cancel(reason)
 
     def end_request(self, uri: str, token: CancelToken) -> None:
         if self.in_flight.get(uri) is token:

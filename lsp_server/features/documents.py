@@ -29,9 +29,7 @@ def register(server: TabloopServer) -> None:
     def did_change(ls: TabloopServer, params: types.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
         # Work for the old version is wasted: stop it now rather than at the version check.
-        token = ls.in_flight.get(uri)
-        if token is not None:
-            token.cancel("document changed")
+        ls.cancel_in_flight(uri, "document changed")
         for listener in ls.hooks.documents:
             _safely(
                 listener.did_change,
@@ -48,9 +46,7 @@ def register(server: TabloopServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: TabloopServer, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
-        token = ls.in_flight.pop(uri, None)
-        if token is not None:
-            token.cancel("document closed")
+        ls.cancel_in_flight(uri, "document closed")
         for listener in ls.hooks.documents:
             _safely(listener.did_close, uri)
 

@@ -138,11 +138,11 @@ async def _decide(
         await prefetch.before_request(request)
     pause_ms = typing.likely_pause_ms(uri)
     waited_from = time.perf_counter()
-    if engine.would_skip_early(request, pause_ms):
-        ls.end_request(uri, ls.begin_request(uri))  # what was in flight here is stale too
+    if engine.too_late(request, pause_ms):
+        ls.cancel_in_flight(uri, "superseded")  # what was in flight here is stale too
         try:
             pause_ms = await wait_for_a_long_pause(
-                lambda: engine.would_skip_early(request, typing.likely_pause_ms(uri)),
+                lambda: engine.too_late(request, typing.likely_pause_ms(uri)),
                 lambda: typing.likely_pause_ms(uri),
                 lambda: _is_current(ls, uri, request),
                 ls.settings.completion.latency_wait_ms,
@@ -158,7 +158,7 @@ async def _decide(
     record.wait_ms = (time.perf_counter() - waited_from) * 1000
     skipped = engine.skip_early(request, pause_ms)
     if skipped is not None:
-        ls.end_request(uri, ls.begin_request(uri))  # what was in flight here is stale too
+        ls.cancel_in_flight(uri, "superseded")  # what was in flight here is stale too
         ls.remember(skipped, request)
         record.decided(skipped)
         return None
