@@ -1,34 +1,37 @@
-"""`tabloop bench complete`: typing a real file, with every cache on and with every cache off.
+"""`tabloop bench complete`: what a person typing a real file sees, at the real defaults.
 
 A simulated person types part of a real standard-library function, character by character, at
-a human cadence, into the real server over stdio. Like an editor, the client asks for a
-suggestion once typing pauses for 150 ms, and cancels a request still in flight when the next
-key arrives. The same keystrokes, with the same timing, are replayed against a server with its
-caches on (the prompt start's model state kept across keystrokes, typing-through) and one with
-them off, in the same run.
+a human cadence, into the real server over stdio, in a workspace of real code that the server
+indexes first. Like an editor, the client asks for a suggestion once typing pauses for 150 ms,
+and the next key cancels a request still in flight: a pause ends when the person types on, so a
+suggestion counts as seen only if it was on screen before the next key. At a thinking pause
+(1 s or more) the person takes (Tab) a suggestion that says exactly what they were about to
+type, and the editor asks again at once, for the rest of the pause.
 
-At a thinking pause, the person takes (Tab) a suggestion that is exactly what they were about to
-type, and the editor asks again at once; that request is where the prefetch pays.
+The `defaults` configuration is the server exactly as `tabloop serve` starts with no
+configuration (the gate on, the index on, telemetry at its default level), except what the
+report lists under `changed_from_defaults`: telemetry is sent to a real backend on a loopback
+port, started for the run (by default nothing leaves the machine). Other configurations change
+what they say on top of that: `gate_open` (the gate never silences: `policy.showFloor` 1.0),
+`no_cache` (every cache and the prefetch off), `ct2` (CTranslate2 int8), `torch` (the torch
+runner), `no_wait` (`completion.latencyWaitMs` 0).
 
-Reported for each configuration (`on`: the defaults; `off`: every cache and the prefetch off;
-`torch_reuse`: the torch runner with its KV-prefix reuse; `ct2`: the defaults on CTranslate2;
-`no_wait`, asked with `--configs`: the
-defaults with `completion.latencyWaitMs` 0, a request that would come too late answered empty at
-once):
-- `model_served_ms_p50/p95`: from the keystroke before a pause to a suggestion on screen (the
-  150 ms pause included), over suggestions a model call produced (not typing-through or prefetch
-  hits, counted apart as `typing_cache_served` and `prefetch_served`);
-- `keystroke_to_suggestion_ms_p50/p95`: the same over every suggestion shown;
-- `model_served_parts_p50`: where those suggestions' time went in the server (median handler,
-  latency wait, context, model, prompt read and decode milliseconds, tokens read and written),
-  and `model_served_each` the same for each of them, with its keystroke-to-screen `ms`;
-- `latency_skips`: requests answered empty at once because the suggestion would come too late;
-- `model_calls_per_100_keystrokes`;
-- `prefill_tokens_per_call`: prompt tokens the model computed per call (the KV cache serves the
-  rest);
-- `overhead_ms_p50`: the client's round trip minus the server's time in the model runner;
-- `server_rss_mb`, `server_peak_rss_mb`: the language server's resident memory at the end and at
-  its peak.
+Every request is counted, by how it ended (the server's own timing record of each request,
+joined by its JSON-RPC id): shown, silenced by the gate, empty, latency skip, cancelled by the
+next key, stale. Reported for each configuration:
+- `pauses`: for each pause length, how many pauses had a suggestion on screen before the next
+  key, after how long (from the keystroke, the 150 ms debounce included), and why not when
+  not; `thinking_pauses` the same for pauses of 1 s or more, with the share of those whose
+  suggestion the gate would show (not silenced, not empty) that was on screen in time;
+- `all_requests_ms`: keystroke to answer (or to the cancelling key) over every request, by
+  outcome;
+- `model_calls_ms_p50/p95`: the same over every request that reached the model (not a cache
+  hit, not skipped first), cancelled ones counted at the time they were cancelled;
+- `model_served_ms_p50/p95`: keystroke to screen over suggestions a model call produced (the
+  figure this benchmark reported before), beside `typing_cache_served` and `prefetch_served`;
+- `model_served_parts_p50`: where those suggestions' time went in the server;
+- `server_rss_mb`, `server_peak_rss_mb`: the language server's memory at the end and at peak;
+- `telemetry`: what the server's telemetry client sent and spooled.
 """
 
 from __future__ import annotations
@@ -37,17 +40,23 @@ import argparse
 import ast
 import asyncio
 import json
+import os
 import random
+import shutil
+import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
 
-from completion.types import LATENCY_SKIP
+from backend.local import bind_loopback
+from backend.storage import Storage
 from evaluation.bench.engines import server_memory_mb
 from evaluation.bench.lsp import percentile
 from evaluation.holes import setting_overrides
@@ -56,6 +65,8 @@ from lsp_server.protocol import TIMINGS_REQUEST
 
 PAUSE_S = 0.150
 THINK_S = 1.0
+# Pause lengths (seconds) the report groups pauses by: [low, high).
+PAUSE_BUCKETS = ((0.15, 0.3), (0.3, 0.6), (0.6, 1.0), (1.0, 2.0), (2.0, 4.0), (4.0, 1e9))
 
 
 @dataclass(frozen=True)
@@ -110,45 +121,81 @@ def position_after(text: str) -> types.Position:
     return types.Position(line=len(lines) - 1, character=len(lines[-1].encode("utf-16-le")) // 2)
 
 
+@dataclass
+class Asked:
+    """One request, as the client saw it (times from `time.perf_counter`)."""
+
+    request_id: str
+    edit_at: float  # the keystroke (or accept) the pause followed
+    answered_at: float | None = None
+    cancelled_at: float | None = None
+    suggestion: str = ""
+
+    def elapsed_ms(self) -> float | None:
+        end = self.answered_at if self.answered_at is not None else self.cancelled_at
+        return None if end is None else (end - self.edit_at) * 1000
+
+
+@dataclass
+class Pause:
+    gap_s: float
+    first: Asked | None = None  # the request sent at the debounce
+    on_screen_ms: float | None = None  # the first suggestion on screen, from the keystroke
+    on_screen: Asked | None = None
+    accepted: int = 0  # characters taken with Tab
+    accepts: int = 0
+    asked: list[Asked] = field(default_factory=list)
+
+
+async def start_backend(db_url: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`tabloop backend` on a free loopback port; its URL once it answers."""
+    import httpx
+
+    with bind_loopback() as probe:
+        port = probe.getsockname()[1]
+    with log.open("ab") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "backend.cli", "--port", str(port), "--db", db_url],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"the backend exited; see {log}")
+            try:
+                await http.get(url + "/metrics", timeout=2)
+                return process, url
+            except httpx.HTTPError:
+                await asyncio.sleep(0.2)
+    process.kill()
+    raise RuntimeError("the backend did not answer within 120 s")
+
+
 async def replay(
     keys: list[Keystroke],
     before: str,
     after: str,
     path: Path,
-    completion: dict[str, Any],
-    cache_dir: Path | None,
+    changed: dict[str, Any],
 ) -> dict[str, Any]:
+    """Type `keys` into `path` through a server started with `changed` (and nothing else)."""
     client = TabloopClient()
-    await client.launch(
-        path.parent,
-        {
-            **({"cacheDir": str(cache_dir)} if cache_dir else {}),
-            "completion": completion,
-            "policy": {"showFloor": 1.0},
-            "index": {"enabled": False},
-            "telemetry": {"level": "off"},
-        },
-    )
+    await client.launch(path.parent, changed)
     status = await client.wait_until_ready(900)
     if status["model"]["state"] != "ready":
         raise RuntimeError(f"model not ready: {status['model']}")
+    index_s = await _wait_for_index(client)
+    status = await client.status()
     uri = client.open(path, before + after)
     start_status = status
-    start_model = status["model"]
     text = "".join(key.char for key in keys)
     typed = before
-    latencies: dict[str, list[float]] = {"model": [], "typing": [], "prefetch": []}
-    overheads: list[float] = []
-    pending: asyncio.Task[Any] | None = None
-    pending_started = 0.0
-    keystroke_at = 0.0
-    answered = cancelled = accepted = latency_skips = 0
-    model_ms: list[float] = []
-    parts: list[dict[str, Any]] = []  # the server's timing records of model-served suggestions
-
-    async def last_timing() -> dict[str, Any]:
-        timings = await client.protocol.send_request_async(TIMINGS_REQUEST, {})
-        return dict(plain(timings[-1])) if timings else {}
+    pauses: list[Pause] = []
+    pending: tuple[asyncio.Task[Any], Asked] | None = None
+    sequence = 0
 
     async def ask(position: types.Position, msg_id: str) -> Any:
         return await client.protocol.send_request_async(
@@ -163,114 +210,216 @@ async def replay(
             msg_id=msg_id,
         )
 
-    number = 0
-    request_number = 0
-    tag = "on" if completion.get("cache", True) else "off"
-    while number < len(keys):
-        key = keys[number]
-        # Wait out the gap; if it is a pause, the editor asks for a suggestion meanwhile.
-        next_gap = keys[number + 1].gap_s if number + 1 < len(keys) else 1.0
-        position = position_after(typed)
-        client.insert(uri, position.line, position.character, key.char)
-        typed += key.char
-        number += 1
-        keystroke_at = time.perf_counter()
-        if pending is not None and not pending.done():
-            client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=pending.get_name()))
-            cancelled += 1
-        pending = None
-        while next_gap >= PAUSE_S:
-            await asyncio.sleep(PAUSE_S)
-            request_number += 1
-            msg_id = f"k{request_number}-{tag}"
-            pending_started = time.perf_counter()
-            pending = asyncio.get_running_loop().create_task(
-                ask(position_after(typed), msg_id), name=msg_id
+    def cancel_pending() -> None:
+        nonlocal pending
+        if pending is not None and not pending[0].done():
+            client.protocol.notify(
+                types.CANCEL_REQUEST, types.CancelParams(id=pending[1].request_id)
             )
-            # A quick pause ends with the next key, which cancels what is in flight; at a
-            # thinking pause the person reads the suggestion, so it is waited for.
-            wait_s = 60.0 if next_gap >= THINK_S else next_gap - PAUSE_S
-            done, _ = await asyncio.wait({pending}, timeout=wait_s)
-            if not done:
-                pending.add_done_callback(lambda task: task.cancelled() or task.exception())
+            pending[1].cancelled_at = time.perf_counter()
+            # The answer (cancelled) still comes back; nobody awaits it.
+            pending[0].add_done_callback(lambda task: task.cancelled() or task.exception())
+        pending = None
+
+    number = 0
+    while number < len(keys):
+        position = position_after(typed)
+        client.insert(uri, position.line, position.character, keys[number].char)
+        typed += keys[number].char
+        number += 1
+        edit_at = time.perf_counter()
+        cancel_pending()  # the key the person just typed
+        # The pause after this key is the next key's gap.
+        gap = keys[number].gap_s if number < len(keys) else 0.0
+        pause_end = edit_at + gap
+        if number >= len(keys):
+            break  # the last key: no pause after it to measure
+        if gap < PAUSE_S:
+            await asyncio.sleep(gap)
+            continue
+        pause = Pause(gap)
+        pauses.append(pause)
+        while True:
+            await asyncio.sleep(max(0.0, min(edit_at + PAUSE_S, pause_end) - time.perf_counter()))
+            if time.perf_counter() >= pause_end or number >= len(keys):
                 break
-            answered += 1
-            answer = None if pending.exception() else pending.result()
-            now = time.perf_counter()
-            record = await last_timing()
-            if record.get("reason") == LATENCY_SKIP:
-                latency_skips += 1
-            suggestion = answer.items[0].insert_text if answer is not None and answer.items else ""
-            if suggestion:
-                source = record.get("cache_source") or "model"
-                latencies[source].append((now - keystroke_at) * 1000)
-                if source == "model":
-                    parts.append(record)
-                overheads.append((now - pending_started) * 1000)
-                model_ms.append(float(record.get("model_ms", 0.0)))
-            # At a thinking pause the person takes a suggestion that says exactly what they were
-            # about to type (Tab), and the editor asks again at once after it.
-            rest_of_text = text[number:]
-            if next_gap >= THINK_S and suggestion and rest_of_text.startswith(suggestion):
+            sequence += 1
+            asked = Asked(f"r{sequence}", edit_at)
+            pause.first = pause.first or asked
+            pause.asked.append(asked)
+            task = asyncio.get_running_loop().create_task(
+                ask(position_after(typed), asked.request_id)
+            )
+            pending = (task, asked)
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, pause_end - time.perf_counter()))
+            if not done:
+                break  # the next key comes first, and cancels it
+            pending = None
+            asked.answered_at = time.perf_counter()
+            answer = None if task.exception() else task.result()
+            asked.suggestion = (
+                answer.items[0].insert_text if answer is not None and answer.items else ""
+            )
+            if asked.suggestion and pause.on_screen is None:
+                pause.on_screen = asked
+                pause.on_screen_ms = (asked.answered_at - pause.first.edit_at) * 1000
+            # At a thinking pause the person takes a suggestion that says exactly what they
+            # were about to type (Tab); the editor asks again at once after it.
+            if gap >= THINK_S and asked.suggestion and text[number:].startswith(asked.suggestion):
                 position = position_after(typed)
-                client.insert(uri, position.line, position.character, suggestion)
-                typed += suggestion
-                number += len(suggestion)
-                accepted += 1
-                keystroke_at = time.perf_counter()
+                client.insert(uri, position.line, position.character, asked.suggestion)
+                typed += asked.suggestion
+                number += len(asked.suggestion)
+                pause.accepted += len(asked.suggestion)
+                pause.accepts += 1
+                edit_at = time.perf_counter()
                 continue
-            rest = next_gap - (now - keystroke_at)
-            if rest > 0:
-                await asyncio.sleep(rest)
+            await asyncio.sleep(max(0.0, pause_end - time.perf_counter()))
             break
-        else:
-            await asyncio.sleep(next_gap)
-    if pending is not None and not pending.done():
-        client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=pending.get_name()))
-        await asyncio.wait({pending}, timeout=60)
+    cancel_pending()
+    await asyncio.sleep(1.0)  # the last answers and timing records settle
     status = await client.status()
+    timings = plain(await client.protocol.send_request_async(TIMINGS_REQUEST, {}))
     memory = server_memory_mb(client)
     await client.close_server()
-    model_status = status["model"]
-    calls = model_status["calls"] - start_model["calls"]
-    served = [x for found in latencies.values() for x in found]
-    prefetch_used = status.get("prefetchUsed", 0) - start_status.get("prefetchUsed", 0)
+    records = {t["request_id"]: t for t in timings if t["request_id"]}
+    shown_settings = _merged(changed, {"telemetry": {"token": "(the run's backend token)"}})
     return {
-        "completion": completion,
+        "changed_from_defaults": shown_settings,
+        "index": {
+            "files": status.get("index", {}).get("files"),
+            "chunks": status.get("index", {}).get("chunks"),
+            "seconds_waited_after_the_model": index_s,
+        },
+        **summarize(keys, pauses, records, start_status, status),
+        "server_rss_mb": memory["rss_mb"],
+        "server_peak_rss_mb": memory["peak_rss_mb"],
+        "telemetry": status.get("telemetry", {}),
+    }
+
+
+async def _wait_for_index(client: TabloopClient, timeout_s: float = 900) -> float | None:
+    """Seconds until the workspace index is ready (None: the index is off or failed)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        index = (await client.status()).get("index")
+        if not index or index.get("state") in ("failed", "closed"):
+            return None
+        if index.get("state") in ("ready", "readonly") and not index.get("queued"):
+            return round(time.monotonic() - started, 1)
+        await asyncio.sleep(0.5)
+    raise RuntimeError("the workspace index was not ready in time")
+
+
+def summarize(
+    keys: list[Keystroke],
+    pauses: list[Pause],
+    records: dict[str, dict[str, Any]],
+    start_status: dict[str, Any],
+    status: dict[str, Any],
+) -> dict[str, Any]:
+    """The report of one configuration: every request by its outcome, every pause by length."""
+    asked = [a for pause in pauses for a in pause.asked]
+    unrecorded = [a.request_id for a in asked if a.request_id not in records]
+
+    def outcome(a: Asked) -> str:
+        record = records.get(a.request_id)
+        return record["outcome"] if record else "unrecorded"
+
+    def source(a: Asked) -> str:
+        record = records.get(a.request_id, {})
+        return record.get("cache_source") or "model"
+
+    def model_call(a: Asked) -> bool:
+        record = records.get(a.request_id)
+        return bool(
+            record
+            and record["reached_model"]
+            and not record["cache_source"]
+            and record["outcome"] not in ("latency_skip", "not_ready", "no_document")
+        )
+
+    by_outcome: dict[str, list[float]] = {}
+    for a in asked:
+        elapsed = a.elapsed_ms()
+        if elapsed is not None:
+            by_outcome.setdefault(outcome(a), []).append(elapsed)
+    shown = [a for a in asked if a.suggestion]
+    model_served = [a for a in shown if source(a) == "model"]
+    model_calls = [a for a in asked if model_call(a)]
+    model_call_ms = [ms for a in model_calls if (ms := a.elapsed_ms()) is not None]
+    parts = [records[a.request_id] for a in model_served if a.request_id in records]
+    model = status["model"]
+    calls = model["calls"] - start_status["model"]["calls"]
+    thinking = [p for p in pauses if p.gap_s >= THINK_S]
+    return {
         "keystrokes": len(keys),
-        "requests_answered": answered,
-        "requests_cancelled": cancelled,
-        "suggestions_shown": len(served),
-        "suggestions_accepted": accepted,
-        "latency_skips": latency_skips,
-        "model_served": len(latencies["model"]),
-        "typing_cache_served": len(latencies["typing"]),
-        "prefetch_served": len(latencies["prefetch"]),
-        "prefetch_share_of_shown": round(len(latencies["prefetch"]) / max(len(served), 1), 3),
-        "prefetch_used_after_accept": round(prefetch_used / max(accepted, 1), 3),
-        "model_served_ms_p50": _quantile(latencies["model"], 0.5),
-        "model_served_ms_p95": _quantile(latencies["model"], 0.95),
-        # Where a model-served suggestion's time goes, medians over them (server side).
+        "requests": len(asked),
+        "requests_by_outcome": dict(Counter(outcome(a) for a in asked).most_common()),
+        "unrecorded_requests": unrecorded,
+        "suggestions_shown": len(shown),
+        "characters_accepted": sum(p.accepted for p in pauses),
+        "suggestions_accepted": sum(p.accepts for p in pauses),
+        "pauses": [
+            _pause_row(
+                f"{low:g}-{high:g}s" if high < 1e9 else f">={low:g}s",
+                [p for p in pauses if low <= p.gap_s < high],
+                outcome,
+            )
+            for low, high in PAUSE_BUCKETS
+        ],
+        "thinking_pauses": _pause_row(f">={THINK_S:g}s", thinking, outcome),
+        "all_requests_ms": {
+            "p50": _quantile([ms for found in by_outcome.values() for ms in found], 0.5),
+            "p95": _quantile([ms for found in by_outcome.values() for ms in found], 0.95),
+            "by_outcome": {
+                name: {"n": len(found), "p50": _quantile(found, 0.5), "p95": _quantile(found, 0.95)}
+                for name, found in sorted(by_outcome.items())
+            },
+        },
+        "model_calls": len(model_calls),
+        "model_calls_cancelled": sum(outcome(a) == "cancelled" for a in model_calls),
+        "model_calls_ms_p50": _quantile(model_call_ms, 0.5),
+        "model_calls_ms_p95": _quantile(model_call_ms, 0.95),
+        "model_served": len(model_served),
+        "typing_cache_served": sum(source(a) == "typing" for a in shown),
+        "prefetch_served": sum(source(a) == "prefetch" for a in shown),
+        "model_served_ms_p50": _quantile([a.elapsed_ms() or 0.0 for a in model_served], 0.5),
+        "model_served_ms_p95": _quantile([a.elapsed_ms() or 0.0 for a in model_served], 0.95),
         "model_served_parts_p50": {
             name: _quantile([float(part.get(name, 0.0)) for part in parts], 0.5) for name in _PARTS
         },
-        # Each model-served suggestion: keystroke to screen, and the server's parts of it.
-        "model_served_each": [
-            {"ms": round(ms, 1), **{k: _rounded(v) for k, v in part.items() if k in _PARTS}}
-            for ms, part in zip(latencies["model"], parts, strict=True)
-        ],
-        "keystroke_to_suggestion_ms_p50": _quantile(served, 0.5),
-        "keystroke_to_suggestion_ms_p95": _quantile(served, 0.95),
         "model_calls_per_100_keystrokes": round(100 * calls / len(keys), 1),
         "prefill_tokens_per_call": round(
-            (model_status["prefillTokens"] - start_model["prefillTokens"]) / max(calls, 1), 1
+            (model["prefillTokens"] - start_status["model"]["prefillTokens"]) / max(calls, 1), 1
         ),
-        "overhead_ms_p50": _quantile(
-            [rt - m for rt, m in zip(overheads, model_ms, strict=True)], 0.5, digits=2
-        ),
-        "typing_cache_hits": model_status["typingCacheHits"],
-        "server_rss_mb": memory["rss_mb"],
-        "server_peak_rss_mb": memory["peak_rss_mb"],
+        "prefetch_used": status.get("prefetchUsed", 0) - start_status.get("prefetchUsed", 0),
+    }
+
+
+def _pause_row(name: str, pauses: list[Pause], outcome: Any) -> dict[str, Any]:
+    """How many of `pauses` had a suggestion on screen before the next key, and why not."""
+    seen = [p for p in pauses if p.on_screen is not None]
+    why_not = Counter(
+        (outcome(p.first) if outcome(p.first) != "shown" else "arrived_after_next_key")
+        if p.first is not None
+        else "not_asked"
+        for p in pauses
+        if p.on_screen is None
+    )
+    # Pauses whose suggestion the gate would show: not silenced, not empty (what the model
+    # would say is unknown where the request was skipped or cancelled; those count against).
+    wanted = len(pauses) - why_not["silenced"] - why_not["empty"]
+    return {
+        "pause": name,
+        "n": len(pauses),
+        "on_screen": len(seen),
+        "on_screen_share": round(len(seen) / len(pauses), 3) if pauses else None,
+        "gate_would_show": wanted,
+        "on_screen_share_of_gate_would_show": round(len(seen) / wanted, 3) if wanted else None,
+        "on_screen_ms_p50": _quantile([p.on_screen_ms or 0.0 for p in seen], 0.5),
+        "on_screen_ms_p95": _quantile([p.on_screen_ms or 0.0 for p in seen], 0.95),
+        "why_not": dict(why_not.most_common()),
     }
 
 
@@ -286,26 +435,45 @@ _PARTS = (
 )
 
 
-def _rounded(value: Any) -> Any:
-    return round(value, 1) if isinstance(value, float) else value
-
-
 def _quantile(values: list[float], q: float, digits: int = 1) -> float | None:
     """The q-quantile of `values`, rounded; None (JSON null) when there are none."""
     return round(percentile(values, q), digits) if values else None
 
 
 CONFIGS: dict[str, dict[str, Any]] = {
-    # The default settings (the fast engine, every cache on), then with every cache off, then the
-    # torch runner with its KV-prefix reuse: does reuse on short edits beat a faster engine?
-    "on": {},
-    "off": {"cache": False, "prefetch": False},
-    "torch_reuse": {"engine": "torch"},
-    # The defaults on CTranslate2 int8 (the default engine before ONNX Runtime GenAI).
-    "ct2": {"engine": "ctranslate2"},
-    # Latency-aware skipping answering empty at once, without waiting for the pause to grow.
-    "no_wait": {"latencyWaitMs": 0},
+    # `tabloop serve` with no configuration (telemetry sent to the run's loopback backend).
+    "defaults": {},
+    # The gate forced open: every suggestion the model writes is shown.
+    "gate_open": {"policy": {"showFloor": 1.0}},
+    # Every cache and the prefetch off.
+    "no_cache": {"completion": {"cache": False, "prefetch": False}},
+    # CTranslate2 int8 (the default engine before ONNX Runtime GenAI); the torch runner.
+    "ct2": {"completion": {"engine": "ctranslate2"}},
+    "torch": {"completion": {"engine": "torch"}},
+    # A request that would come too late answered empty at once, without waiting.
+    "no_wait": {"completion": {"latencyWaitMs": 0}},
 }
+
+
+def _merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in more.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def workspace_for(source: Path, package: str, into: Path) -> Path:
+    """A workspace of real code: the typed file beside a standard-library package's files."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    into.mkdir()
+    if package:
+        shutil.copytree(
+            stdlib / package, into / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return into / source.name
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -314,32 +482,47 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     before, text, after = typing_target(source, args.chars)
     keys = cadence(text, random.Random(args.seed))
     results: dict[str, Any] = {}
-    base: dict[str, Any] = {"model": args.model, **setting_overrides(args.set)}
-    if args.max_new_tokens:
-        base["maxNewTokens"] = args.max_new_tokens
+    completion: dict[str, Any] = setting_overrides(args.set)
+    if args.model != "bundled":
+        completion["model"] = args.model
     with tempfile.TemporaryDirectory(prefix="tabloop-bench-complete-") as scratch:
-        path = Path(scratch) / "workspace" / source.name
-        path.parent.mkdir()
-        path.write_text(before + after, encoding="utf-8")
-        # The default cache directory: the bundled model is assembled there once.
-        cache_dir = Path(args.cache_dir) if args.cache_dir else None
-        for name in args.configs.split(","):
-            results[name] = await replay(
-                keys, before, after, path, {**base, **CONFIGS[name]}, cache_dir
-            )
+        root = Path(scratch)
+        storage = Storage(f"sqlite:///{root / 'backend.sqlite3'}")
+        token = storage.create_token("bench")
+        backend, url = await start_backend(
+            f"sqlite:///{root / 'backend.sqlite3'}", root / "backend.log"
+        )
+        try:
+            for name in args.configs.split(","):
+                # A fresh workspace and index for each configuration: none starts warm.
+                path = workspace_for(source, args.workspace, root / f"workspace-{name}")
+                path.write_text(before + after, encoding="utf-8")
+                changed: dict[str, Any] = {"telemetry": {"backendUrl": url, "token": token}}
+                if args.cache_dir:
+                    changed["cacheDir"] = args.cache_dir
+                if completion:
+                    changed["completion"] = completion
+                results[name] = await replay(
+                    keys, before, after, path, _merged(changed, CONFIGS[name])
+                )
+        finally:
+            backend.terminate()
+            backend.wait(30)
+        tenant = storage.tenant_id("bench")
+        stored = len(storage.event_ids(tenant)) if tenant is not None else 0
+        storage.close()
     report: dict[str, Any] = {
         "benchmark": "complete",
         "command": "tabloop bench complete " + " ".join(args.argv),
-        **results,
         "file": args.file,
+        "workspace": args.workspace,
         "chars_typed": len(keys),
         "model": args.model,
+        "load_average_after": round(os.getloadavg()[0], 2),
+        # Events the loopback backend stored from every configuration's server.
+        "backend_events_stored": stored,
+        **results,
     }
-    on, off = results.get("on"), results.get("off")
-    if on and off and on["model_served_ms_p50"] and off["model_served_ms_p50"]:
-        report["model_served_speedup_p50"] = round(
-            off["model_served_ms_p50"] / on["model_served_ms_p50"], 2
-        )
     return report
 
 
@@ -347,11 +530,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tabloop bench complete", description=__doc__)
     parser.add_argument("--model", default="bundled", help="completion model (default bundled)")
     parser.add_argument("--file", default="textwrap.py", help="standard-library file to type")
-    parser.add_argument("--chars", type=int, default=120, help="characters to type")
     parser.add_argument(
-        "--max-new-tokens", type=int, default=0, help="0 keeps the server's default"
+        "--workspace",
+        default="email",
+        help="standard-library package copied into the workspace beside the file ('' for none)",
     )
-    parser.add_argument("--configs", default="on,off,torch_reuse", help=", ".join(CONFIGS))
+    parser.add_argument("--chars", type=int, default=1200, help="characters to type")
+    parser.add_argument("--configs", default="defaults,gate_open", help=", ".join(CONFIGS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--set",
@@ -359,7 +544,7 @@ def main(argv: list[str]) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="a completion setting for every configuration (as the editor sends it, e.g. "
-        "suffixShare=0.1; the value is JSON)",
+        "suffixShare=0.1; the value is JSON); listed under changed_from_defaults",
     )
     parser.add_argument("--cache-dir", help="cache directory (default: the configured one)")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")

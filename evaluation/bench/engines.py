@@ -6,14 +6,24 @@ about 1,000 tokens) go through every runner in one process, in a rotating order 
 a machine that gets busier hurts all alike: time to the first token, decode tokens/s, the whole
 request's p50/p95, `speedup_p50` (against torch) and `speedup_p50_vs_ctranslate2`, and the share of
 greedy outputs identical to float32's. Each prompt is read whole (no state kept from the one
-before). Then each engine is loaded by a real language server (`python -m lsp_server`, bundled
-model, index off) and that process's resident memory is read once the model is ready.
+before). Every engine runs on the same number of threads (`--threads`, default: every core, the
+fast engines' default), and the report says what each runner actually loaded: its threads and its
+weights' format and size, read off the loaded model (the ONNX graph's quantized matmuls, the
+CTranslate2 generator's compute type, torch's parameters), not off the settings. `--int4` adds
+ONNX Runtime GenAI with 4-bit weights as a row of its own.
+
+Then each engine is loaded by a real language server (`python -m lsp_server`, bundled model,
+index off, telemetry off) and that process's resident memory is read after a typing session: a
+completion request at each of `--memory-requests` cursors down a real file, as typing moves the
+cursor through it (memory grows with the prompts and caches a session builds, not just with the
+weights).
 
 The decode speed is also put against the machine's limit: decoding reads every weight once per
 token, so weights bytes / time per token is the memory bandwidth the engine achieves, reported
 beside a plain copy's bandwidth measured in the same run.
 
-    tabloop bench engines [--model bundled] [--prompts 20] [--new-tokens 32] [--json]
+    tabloop bench engines [--model bundled] [--prompts 20] [--new-tokens 32] [--threads N]
+                          [--int4] [--memory-requests 20] [--json]
 """
 
 from __future__ import annotations
@@ -170,31 +180,46 @@ def server_memory_mb(client: Any) -> dict[str, float]:
     }
 
 
-async def _server_rss_mb(engine: str, dtype: str, model: str, cache_dir: Path) -> dict[str, Any]:
+async def _server_rss_mb(
+    engine: str, dtype: str, model: str, cache_dir: Path, threads: int, requests: int
+) -> dict[str, Any]:
+    """A language server's resident memory after `requests` completions down a real file."""
     from evaluation.lsp_client import TabloopClient
 
+    source = (Path(sysconfig.get_paths()["stdlib"]) / FILES[0]).read_text(encoding="utf-8")
+    lines = source.splitlines(keepends=True)
     with tempfile.TemporaryDirectory(prefix="tabloop-engines-") as root:
         client = TabloopClient()
         await client.launch(
             Path(root),
             {
                 "cacheDir": str(cache_dir),
-                "completion": {"model": model, "engine": engine, "dtype": dtype},
+                "completion": {
+                    "model": model,
+                    "engine": engine,
+                    "dtype": dtype,
+                    **({"threads": threads} if threads else {}),
+                },
                 "index": {"enabled": False},
                 "telemetry": {"level": "off"},
             },
         )
         try:
             status = await client.wait_until_ready(900)
-            # One completion first: weights read lazily (memory-mapped) count once they are used.
-            path = Path(root) / "example.py"
-            text = "def area(radius):\n    return \n"
-            path.write_text(text, encoding="utf-8")
-            uri = client.open(path, text)
-            await client.inline(uri, 1, 11)
+            path = Path(root) / FILES[0]
+            path.write_text(source, encoding="utf-8")
+            uri = client.open(path, source)
+            answered = 0
+            # Cursors at the ends of lines spread down the file, as typing moves through it.
+            for number in range(requests):
+                line = (number + 1) * len(lines) // (requests + 1)
+                character = len(lines[line].rstrip("\n").encode("utf-16-le")) // 2
+                answered += bool(await client.inline(uri, line, character, invoked=False))
             return {
                 "state": status["model"]["state"],
                 "model_id": status["model"]["modelId"],
+                "requests": requests,
+                "answered": answered,
                 **server_memory_mb(client),
             }
         finally:
@@ -207,7 +232,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="threads of every engine (0: every core)"
+    )
+    parser.add_argument("--int4", action="store_true", help="add ONNX Runtime GenAI int4")
+    parser.add_argument(
+        "--memory-requests",
+        type=int,
+        default=20,
+        help="completions in the typing session before a server's memory is read",
+    )
     parser.add_argument("--skip-memory", action="store_true", help="do not start servers")
     parser.add_argument(
         "--memory-only", action="store_true", help="only the servers' resident memory"
@@ -223,27 +257,38 @@ ENGINES = {
     "onnxruntime-int8": ("onnxruntime", "int8"),
 }
 BASELINE, BEFORE, DEFAULT = "torch-float32", "ctranslate2-int8", "onnxruntime-int8"
+INT4 = "onnxruntime-int4"
 
 
 def main(argv: list[str]) -> int:
     """Run every engine on the same prompts and print one JSON report."""
     args = _parser().parse_args(argv)
     from common.paths import default_cache_dir
-    from completion.runners.ct2 import Ct2Runner
+    from completion.runners.ct2 import Ct2Runner, default_threads
     from completion.runners.onnx import OnnxRunner
     from completion.runners.torch_runner import TorchRunner
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     command = "tabloop bench engines " + " ".join(argv)
+    # One thread count for all: the fast engines' default (every core) unless asked; torch's
+    # own default would be one thread fewer, which is not a comparison on equal terms.
+    threads = args.threads or default_threads()
     if args.memory_only:
-        print(json.dumps({"benchmark": "engines", "command": command, **_memory(args, cache_dir)}))
+        memory = _memory(args, cache_dir, threads)
+        print(json.dumps({"benchmark": "engines", "command": command, **memory}))
         return 0
     # The fast engines first: their thread set-up must not change the torch runner's thread
-    # count, which the torch runner sets when it loads (its default: every core but one).
-    fast = OnnxRunner(args.model, cache_dir, threads=args.threads, reuse_prefix=False)
-    before = Ct2Runner(args.model, cache_dir, threads=args.threads, reuse_prefix=False)
-    torch_runner = TorchRunner(args.model, cache_dir, threads=args.threads, reuse_cache=False)
-    runners: dict[str, Any] = {BASELINE: torch_runner, BEFORE: before, DEFAULT: fast}
+    # count, which the torch runner sets when it loads.
+    fast = OnnxRunner(args.model, cache_dir, threads=threads, reuse_prefix=False)
+    before = Ct2Runner(args.model, cache_dir, threads=threads, reuse_prefix=False)
+    extra: dict[str, Any] = {}
+    if args.int4:
+        extra[INT4] = OnnxRunner(
+            args.model, cache_dir, precision="int4", threads=threads, reuse_prefix=False
+        )
+    torch_runner = TorchRunner(args.model, cache_dir, threads=threads, reuse_cache=False)
+    runners: dict[str, Any] = {BASELINE: torch_runner, BEFORE: before, DEFAULT: fast, **extra}
+    loaded = {name: loaded_weights(runner) for name, runner in runners.items()}
     cases = prompts(args.prompts)
     load_before = os.getloadavg()[0]
     for runner in runners.values():  # warm-up: first-call allocations are not the engine's speed
@@ -268,7 +313,8 @@ def main(argv: list[str]) -> int:
         "new_default": DEFAULT,
         "engine": fast.describe(),
         "engine_before": before.describe(),
-        "torch_threads": _torch_threads(),
+        # What each runner loaded, read off the loaded model: threads, weights' format and size.
+        "loaded": loaded,
         "prompts": len(cases),
         "new_tokens": args.new_tokens,
         "summary": summaries,
@@ -284,47 +330,95 @@ def main(argv: list[str]) -> int:
         "cpu": cpu_description(),
         "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
         "limit": {
-            name: _limit(path / weights, summaries[name]["decode_tok_s_p50"])
-            for name, path, weights in (
-                (DEFAULT, fast.path, "model.onnx.data"),
-                (BEFORE, before.path, "model.bin"),
-            )
+            name: {
+                "weights_mb": loaded[name]["weights_mb"],
+                "decode_gb_s_achieved": round(
+                    loaded[name]["weights_mb"] * 2**20 * summaries[name]["decode_tok_s_p50"] / 1e9,
+                    2,
+                ),
+            }
+            for name in runners
+            if name != BASELINE
         },
         "copy_gb_s_measured": copy_bandwidth_gb_s(),
         "rows": rows,
     }
     for runner in runners.values():
         runner.close()
-    del torch_runner, fast, before, runners
+    del torch_runner, fast, before, runners, extra
     if not args.skip_memory:
-        report.update(_memory(args, cache_dir))
+        report.update(_memory(args, cache_dir, threads))
     print(json.dumps(report, indent=2))
     return 0
 
 
-def _limit(weights: Path, decode_tok_s: float) -> dict[str, float]:
-    """The weights read per token and the bandwidth that decode speed amounts to."""
-    size = weights.stat().st_size
-    return {
-        "weights_mb": round(size / 2**20, 1),
-        "decode_gb_s_achieved": round(size * decode_tok_s / 1e9, 2),
-    }
+def loaded_weights(runner: Any) -> dict[str, Any]:
+    """What a runner loaded, read off the model in memory or on disk: the weights' format, their
+    size, and the threads it computes on."""
+    from completion.runners.ct2 import Ct2Runner
+    from completion.runners.onnx import OnnxRunner
 
-
-def _memory(args: argparse.Namespace, cache_dir: Path) -> dict[str, Any]:
-    """Resident memory of a language server with each engine, after one completion."""
-    return {
-        "server_rss_mb": {
-            name: asyncio.run(_server_rss_mb(engine, dtype, args.model, cache_dir))
-            for name, (engine, dtype) in ENGINES.items()
+    if isinstance(runner, OnnxRunner):
+        return {
+            "weights": _onnx_weight_format(runner.path / "model.onnx"),
+            "weights_mb": _megabytes(runner.path / "model.onnx.data"),
+            "threads": runner.threads,
+            "path": str(runner.path),
         }
-    }
-
-
-def _torch_threads() -> int:
+    if isinstance(runner, Ct2Runner):
+        return {
+            "weights": f"ctranslate2 {runner.generator.compute_type}",
+            "weights_mb": _megabytes(runner.path / "model.bin"),
+            "threads": runner.threads,
+            "path": str(runner.path),
+        }
     import torch
 
-    return int(torch.get_num_threads())
+    parameters = list(runner.model.parameters())
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in parameters})
+    size = sum(p.numel() * p.element_size() for p in parameters)
+    return {
+        "weights": "torch " + "+".join(dtypes),
+        "weights_mb": round(size / 2**20, 1),
+        "threads": int(torch.get_num_threads()),
+        "path": str(runner.source),
+    }
+
+
+def _onnx_weight_format(graph_path: Path) -> str:
+    """The quantized matmuls' bit widths in an ONNX graph (weights stay in the external file)."""
+    import onnx
+
+    graph = onnx.load(str(graph_path), load_external_data=False).graph
+    bits = sorted(
+        {
+            attribute.i
+            for node in graph.node
+            if node.op_type == "MatMulNBits"
+            for attribute in node.attribute
+            if attribute.name == "bits"
+        }
+    )
+    if not bits:
+        return "onnx float matmuls"
+    return "onnx MatMulNBits " + "+".join(f"int{b}" for b in bits)
+
+
+def _megabytes(path: Path) -> float:
+    return round(path.stat().st_size / 2**20, 1)
+
+
+def _memory(args: argparse.Namespace, cache_dir: Path, threads: int) -> dict[str, Any]:
+    """Resident memory of a language server with each engine, after a typing session."""
+    engines = {**ENGINES, **({INT4: ("onnxruntime", "int4")} if args.int4 else {})}
+    return {
+        "server_rss_mb": {
+            name: asyncio.run(
+                _server_rss_mb(engine, dtype, args.model, cache_dir, threads, args.memory_requests)
+            )
+            for name, (engine, dtype) in engines.items()
+        }
+    }
 
 
 def _token() -> Any:
