@@ -11,12 +11,17 @@ own `didOpen`/`didChange`/`didClose` handling runs as before: `adopt` puts a `Do
 workspace in place of pygls's copy when a document opens, so the workspace applies each change
 through `Document.apply_change` and there is one copy of the text. Readers ask `open_document`,
 which answers None for a URI the editor has not opened (pygls would read the file from disk).
+
+Applying a change also records it in code points (`TextChange`); the document feature hands the
+changes of one `didChange` to every listener as one `DocumentChange`, so nobody reads the raw
+LSP events again or keeps a copy of the text to convert them.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from dataclasses import dataclass
 from itertools import accumulate, islice
 
 from lsprotocol import types
@@ -76,6 +81,52 @@ def column_index(line: str, character: int, encoding: str) -> int:
     return length
 
 
+@dataclass(frozen=True)
+class TextChange:
+    """One edit in code points: `[start, end)` of the text before it replaced by `text`.
+
+    `line` is the line `start` is on; `whole` marks a change of the whole text (full sync), not
+    an edit at a range.
+    """
+
+    start: int
+    end: int
+    text: str
+    line: int = 0
+    whole: bool = False
+
+    @property
+    def delta(self) -> int:
+        return len(self.text) - (self.end - self.start)
+
+
+@dataclass(frozen=True)
+class DocumentChange:
+    """One `didChange` as every listener sees it: its edits in order, each in the code points of
+    the text the one before left; `version` is the document's version after them."""
+
+    uri: str
+    version: int
+    edits: tuple[TextChange, ...] = ()
+
+
+class DocumentListener:
+    """Told about document events after the server's document is updated; each method does
+    nothing unless a listener overrides it."""
+
+    def did_open(self, uri: str) -> None:
+        """The editor opened `uri`; its text is in the workspace."""
+
+    def did_change(self, change: DocumentChange) -> None:
+        """The document changed (the edits in code points, the new version)."""
+
+    def did_save(self, uri: str) -> None:
+        """The editor saved `uri`."""
+
+    def did_close(self, uri: str) -> None:
+        """The editor closed `uri`; its text is gone from the workspace."""
+
+
 class Document(TextDocument):
     """An open document's text as LSP lines, edited line by line.
 
@@ -98,6 +149,7 @@ class Document(TextDocument):
         # Edits come from the event loop while the model thread may read `source` (retrieval's
         # recent edits): without the lock, a text joined before an edit could be cached after it.
         self._lock = threading.Lock()
+        self._applied: list[TextChange] = []  # since the last `take_change`
         self._reset(text)
 
     def _reset(self, text: str) -> None:
@@ -171,15 +223,23 @@ class Document(TextDocument):
     # -- editing ------------------------------------------------------------------------------
 
     def apply_change(self, change: types.TextDocumentContentChangeEvent) -> None:
-        """Apply one `didChange` content change (a range edit or the whole text)."""
+        """Apply one `didChange` content change (a range edit or the whole text) and record it
+        in code points for `take_change`."""
         if isinstance(change, types.TextDocumentContentChangePartial):
-            self.replace(
-                self.server_position(change.range.start),
-                self.server_position(change.range.end),
-                change.text,
-            )
+            start = self.server_position(change.range.start)
+            end = self.server_position(change.range.end)
+            offset = self.offset_at_server_position(start)
+            until = max(offset, self.offset_at_server_position(end))
+            self._applied.append(TextChange(offset, until, change.text, line=start.line))
+            self.replace(start, end, change.text)
         else:
+            self._applied.append(TextChange(0, self._length, change.text, whole=True))
             self._reset(change.text)
+
+    def take_change(self) -> DocumentChange:
+        """The changes applied since the last call, as one `DocumentChange` at this version."""
+        applied, self._applied = self._applied, []
+        return DocumentChange(self.uri, self.version or 0, tuple(applied))
 
     def replace(self, start: ServerTextPosition, end: ServerTextPosition, text: str) -> None:
         """Replace the text between two code-point positions; only the lines touched change."""

@@ -1,10 +1,11 @@
 """What the user did with each suggestion, inferred from editor events.
 
-`OutcomeTracker` is pure: it is told about decisions, document changes (as code-point offsets),
-the accept command and the optional `tabloop/didShow` / `tabloop/didDismiss` notifications, each
-with the time, and it emits `OutcomeEvent`s and `RetentionEvent`s through a callback. Time-based
-outcomes (the ignore timeout, retention checkpoints) fire from `tick(now)`; the server calls it at
-`next_deadline()`, tests call it with any clock they like.
+`OutcomeTracker` is pure: it is told about decisions, document changes (`TextChange`: code-point
+offsets, as `lsp_server.documents` records them), the accept command and the optional
+`tabloop/didShow` / `tabloop/didDismiss` notifications, each with the time, and it emits
+`OutcomeEvent`s and `RetentionEvent`s through a callback. Time-based outcomes (the ignore
+timeout, retention checkpoints) fire from `tick(now)`; the server calls it at `next_deadline()`,
+tests call it with any clock they like.
 
 The rules, for a shown suggestion of text T inserted at offset P:
 
@@ -35,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from lsp_server.documents import TextChange
 from telemetry.events import (
     RETENTION_CHECKPOINTS_S,
     IgnoredReason,
@@ -44,19 +46,6 @@ from telemetry.events import (
 )
 
 Emit = Callable[[OutcomeEvent | RetentionEvent], None]
-
-
-@dataclass(frozen=True)
-class TextChange:
-    """One edit in code points: `[start, end)` of the old text replaced by `text`."""
-
-    start: int
-    end: int
-    text: str
-
-    @property
-    def delta(self) -> int:
-        return len(self.text) - (self.end - self.start)
 
 
 def map_start(offset: int, change: TextChange) -> int:

@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lsprotocol import types
-
 from completion.types import CompletionRequest, Snippet
+from lsp_server.documents import DocumentChange, DocumentListener
 
 if TYPE_CHECKING:
     from indexer.service import WorkspaceIndex
@@ -49,31 +48,23 @@ class RecentEdit:
     at: float
 
 
-class RecentEdits:
+class RecentEdits(DocumentListener):
     """Where the user edited lately, per document (a document listener)."""
 
     def __init__(self) -> None:
         self._edits: OrderedDict[tuple[str, int], RecentEdit] = OrderedDict()
         self._lock = threading.Lock()
 
-    def did_open(self, uri: str) -> None:
-        pass
-
-    def did_change(
-        self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
-    ) -> None:
-        now = time.monotonic()
+    def did_change(self, change: DocumentChange) -> None:
+        now, uri = time.monotonic(), change.uri
         with self._lock:
-            for change in changes:
-                if isinstance(change, types.TextDocumentContentChangePartial):
-                    key = (uri, change.range.start.line)
+            for edit in change.edits:
+                if not edit.whole:
+                    key = (uri, edit.line)
                     self._edits.pop(key, None)
-                    self._edits[key] = RecentEdit(uri, change.range.start.line, now)
+                    self._edits[key] = RecentEdit(uri, edit.line, now)
             while len(self._edits) > RECENT_KEPT:
                 self._edits.popitem(last=False)
-
-    def did_save(self, uri: str) -> None:
-        pass
 
     def did_close(self, uri: str) -> None:
         with self._lock:

@@ -27,6 +27,7 @@ from pygls.lsp.server import LanguageServer
 
 from completion.types import CancelToken, CompletionRequest, Decision
 from lsp_server import __version__, config
+from lsp_server.documents import DocumentListener
 from lsp_server.framing import CHUNK_BYTES, ChunkSource, serve_frames
 from lsp_server.protocol import RequestTiming, ServerStatus
 from lsp_server.rpc import TabloopProtocol
@@ -42,20 +43,6 @@ FeatureT = TypeVar("FeatureT")
 
 DECISIONS_KEPT = 2048
 TIMINGS_KEPT = 1024
-
-
-class DocumentListener(Protocol):
-    """Told about document events after the server's workspace copy is updated."""
-
-    def did_open(self, uri: str) -> None: ...
-
-    def did_change(
-        self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
-    ) -> None: ...
-
-    def did_save(self, uri: str) -> None: ...
-
-    def did_close(self, uri: str) -> None: ...
 
 
 @runtime_checkable
@@ -240,7 +227,6 @@ class TabloopServer(LanguageServer):
             init_options=self.init_options,
             client_config=self.client_config,
         )
-        logging.getLogger("lsp_server").setLevel(self.settings.log_level.upper())
         self.report_problems(self.resolved.problems)
         for hook in self.hooks.settings:
             hook(self.settings)

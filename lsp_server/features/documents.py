@@ -1,7 +1,8 @@
 """Document events: keep the open documents' text, supersede requests, tell the features.
 
 pygls's workspace handles each event first; on `didOpen` its copy of the text is replaced by a
-`lsp_server.documents.Document`, which then takes every change incrementally (see there).
+`lsp_server.documents.Document`, which then takes every change incrementally (see there) and
+records it in code points: listeners get one `DocumentChange` per `didChange`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import logging
 
 from lsprotocol import types
 
-from lsp_server.documents import adopt
+from lsp_server.documents import DocumentChange, adopt, open_document
 from lsp_server.server import TabloopServer
 
 log = logging.getLogger(__name__)
@@ -30,13 +31,14 @@ def register(server: TabloopServer) -> None:
         uri = params.text_document.uri
         # Work for the old version is wasted: stop it now rather than at the version check.
         ls.cancel_in_flight(uri, "document changed")
+        document = open_document(ls.workspace, uri)
+        change = (
+            document.take_change()
+            if document is not None
+            else DocumentChange(uri, params.text_document.version)
+        )
         for listener in ls.hooks.documents:
-            _safely(
-                listener.did_change,
-                uri,
-                params.text_document.version,
-                list(params.content_changes),
-            )
+            _safely(listener.did_change, change)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: TabloopServer, params: types.DidSaveTextDocumentParams) -> None:

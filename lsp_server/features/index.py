@@ -27,7 +27,7 @@ from indexer.sync_setup import syncer_for_index
 from indexer.types import SearchHit as IndexHit
 from indexer.types import SymbolHit
 from lsp_server.config import Settings
-from lsp_server.documents import open_document
+from lsp_server.documents import DocumentChange, DocumentListener, open_document
 from lsp_server.protocol import (
     INDEX_PROGRESS_TITLE,
     INDEX_PROGRESS_TOKEN_PREFIX,
@@ -60,7 +60,7 @@ SYMBOL_KINDS = {
 }
 
 
-class IndexFeature:
+class IndexFeature(DocumentListener):
     """Owns the server's `WorkspaceIndex`: starts, restarts and closes it, feeds it edits."""
 
     def __init__(self, server: TabloopServer) -> None:
@@ -179,13 +179,10 @@ class IndexFeature:
 
     # -- documents (a `DocumentListener`) ----------------------------------------------------
 
-    def did_open(self, uri: str) -> None:
-        pass  # the file on disk is indexed already; edits arrive as changes
+    # An opened document is indexed already from its file; its edits arrive as changes.
 
-    def did_change(
-        self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
-    ) -> None:
-        index = self.index
+    def did_change(self, change: DocumentChange) -> None:
+        index, uri = self.index, change.uri
         if index is None:
             return
         timer = self._timers.pop(uri, None)

@@ -17,7 +17,7 @@ from common.languages import request_language
 from completion.latency import edit_kind, likely_pause_ms
 from completion.session import SessionSignals
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
-from lsp_server.documents import Document, open_document
+from lsp_server.documents import Document, DocumentChange, DocumentListener, open_document
 from lsp_server.features.prefetch import PrefetchFeature
 from lsp_server.protocol import ACCEPT_COMMAND, RequestOutcome, RequestTiming
 from lsp_server.server import TabloopServer
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class TypingTracker:
+class TypingTracker(DocumentListener):
     """Feeds the session's signals (`completion.session`) from document events."""
 
     def __init__(self, session: SessionSignals) -> None:
@@ -37,17 +37,11 @@ class TypingTracker:
     def did_open(self, uri: str) -> None:
         self.session.opened(uri)
 
-    def did_change(
-        self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
-    ) -> None:
-        partial = [c for c in changes if isinstance(c, types.TextDocumentContentChangePartial)]
-        typed = sum(len(c.text) for c in partial)
-        last = partial[-1] if partial else None
-        kind = edit_kind(last.text) if last else "other"
-        self.session.typed(uri, typed, kind=kind)
-
-    def did_save(self, uri: str) -> None:
-        pass
+    def did_change(self, change: DocumentChange) -> None:
+        edits = [edit for edit in change.edits if not edit.whole]
+        typed = sum(len(edit.text) for edit in edits)
+        kind = edit_kind(edits[-1].text) if edits else "other"
+        self.session.typed(change.uri, typed, kind=kind)
 
     def did_close(self, uri: str) -> None:
         self.session.closed(uri)

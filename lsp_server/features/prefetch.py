@@ -14,10 +14,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lsprotocol import types
-
 from completion.types import Cancelled, CancelToken, CompletionRequest, Decision
-from lsp_server.documents import open_document
+from lsp_server.documents import DocumentChange, DocumentListener, open_document
 
 if TYPE_CHECKING:
     from lsp_server.server import TabloopServer
@@ -60,7 +58,7 @@ class _Job:
         return self.text.startswith(source[len(prefix) : len(prefix) + middle_len])
 
 
-class PrefetchFeature:
+class PrefetchFeature(DocumentListener):
     """At most one prefetch per document, cancelled by anything but the acceptance."""
 
     def __init__(self, server: TabloopServer) -> None:
@@ -124,21 +122,14 @@ class PrefetchFeature:
 
     # -- documents (a DocumentListener) ---------------------------------------------------
 
-    def did_open(self, uri: str) -> None:
-        pass
-
-    def did_change(
-        self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
-    ) -> None:
+    def did_change(self, change: DocumentChange) -> None:
+        uri = change.uri
         job = self._jobs.get(uri)
         if job is None:
             return
         document = open_document(self.server.workspace, uri)
         if document is None or not job.still_ahead(document.source):
             self._cancel(uri)
-
-    def did_save(self, uri: str) -> None:
-        pass
 
     def did_close(self, uri: str) -> None:
         self._cancel(uri)

@@ -2,8 +2,8 @@
 
 Everything here runs on the event loop and only enqueues: the client's `record()` costs
 microseconds and its threads do the disk and network work. The outcome tracker is told about
-decisions (decision hook), document edits (document listener, converted to code-point offsets
-against a shadow copy of each open document), the accept command (accept hook) and the optional
+decisions (decision hook), document edits (document listener: the document store's changes in
+code points), the accept command (accept hook) and the optional
 `tabloop/didShow`, `tabloop/didDismiss` and `tabloop/telemetryEnabled` notifications; its
 timers run with `loop.call_later`.
 """
@@ -23,8 +23,8 @@ from pydantic import ValidationError
 from completion.session import SessionSignals
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
-from lsp_server.documents import Document, open_document
-from lsp_server.outcomes import OutcomeTracker, TextChange
+from lsp_server.documents import DocumentChange, DocumentListener, open_document
+from lsp_server.outcomes import OutcomeTracker
 from lsp_server.protocol import (
     DID_DISMISS_NOTIFICATION,
     DID_SHOW_NOTIFICATION,
@@ -38,6 +38,7 @@ from telemetry.client import TelemetryClient
 from telemetry.events import (
     MAX_FEATURE_MAGNITUDE,
     MAX_TEXT_CHARS,
+    MIN_PROPENSITY,
     DecisionEvent,
     Latency,
     OutcomeEvent,
@@ -47,8 +48,6 @@ from telemetry.privacy import scrub_features
 from telemetry.settings import Level, TelemetrySettings
 
 log = logging.getLogger(__name__)
-
-MIN_PROPENSITY = 1e-6
 
 # Settings whose change needs a new client (a new spool or sender).
 CLIENT_FIELDS = (
@@ -140,14 +139,13 @@ def _millis(value: float) -> float:
     return value if math.isfinite(value) and 0 <= value <= 86_400_000 else 0.0
 
 
-class TelemetryFeature:
-    """Owns the telemetry client, the outcome tracker and the shadow documents."""
+class TelemetryFeature(DocumentListener):
+    """Owns the telemetry client and the outcome tracker."""
 
     def __init__(self, server: TabloopServer) -> None:
         self.server = server
         self.client: TelemetryClient | None = None
         self.tracker = OutcomeTracker(self.record, text_of=self._text_of)
-        self.shadow: dict[str, Document] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._invalid_reported = False
@@ -265,59 +263,18 @@ class TelemetryFeature:
     # -- documents (a DocumentListener) ---------------------------------------------------
 
     def _text_of(self, uri: str) -> str | None:
-        document = self.shadow.get(uri)
+        document = open_document(self.server.workspace, uri)
         return document.source if document is not None else None
 
-    def _live(self, uri: str) -> Document | None:
-        return open_document(self.server.workspace, uri)
-
-    def _shadow_of(self, uri: str, text: str) -> Document:
-        document = Document(uri, text, position_codec=self.server.workspace.position_codec)
-        self.shadow[uri] = document
-        return document
-
     def did_open(self, uri: str) -> None:
-        live = self._live(uri)
-        self._shadow_of(uri, live.source if live is not None else "")
         self.tracker.opened(uri)
 
-    def did_change(
-        self, uri: str, version: int, changes: list[types.TextDocumentContentChangeEvent]
-    ) -> None:
-        document = self.shadow.get(uri)
-        if document is None:
-            self.did_open(uri)
-            return
-        before = document.length
-        edits: list[TextChange] = []
-        for change in changes:
-            if isinstance(change, types.TextDocumentContentChangePartial):
-                start = document.offset_at_position(change.range.start)
-                end = max(start, document.offset_at_position(change.range.end))
-            else:
-                start, end = 0, document.length
-            edits.append(TextChange(start, end, change.text))
-            document.apply_change(change)
-        live = self._live(uri)
-        # Sizes, not texts: comparing two whole texts per keystroke would cost what the
-        # line-wise documents save, and a drifted copy shows in its size almost always.
-        if live is not None and (live.length, live.line_count) != (
-            document.length,
-            document.line_count,
-        ):
-            # Our copy drifted (should not happen): trust the workspace and start over there.
-            log.debug("shadow copy of %s drifted; resynchronising", uri)
-            self._shadow_of(uri, live.source)
-            edits = [TextChange(0, before, live.source)]
-        self.tracker.changed(uri, edits)
+    def did_change(self, change: DocumentChange) -> None:
+        self.tracker.changed(change.uri, change.edits)
         self._schedule()
-
-    def did_save(self, uri: str) -> None:
-        return None
 
     def did_close(self, uri: str) -> None:
         self.tracker.closed(uri)
-        self.shadow.pop(uri, None)
         self._schedule()
 
     # -- timers -----------------------------------------------------------------------------

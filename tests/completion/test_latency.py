@@ -196,9 +196,8 @@ def test_the_prediction_counts_only_what_the_runner_will_read() -> None:
 
 
 def test_the_server_tells_the_session_what_each_edit_was() -> None:
-    from lsprotocol import types
-
     from completion.session import SessionSignals
+    from lsp_server.documents import DocumentChange, TextChange
     from lsp_server.features.inline import TypingTracker
 
     clock = iter(range(100, 200))
@@ -206,11 +205,9 @@ def test_the_server_tells_the_session_what_each_edit_was() -> None:
     tracker = TypingTracker(session)
     uri = "file:///w/a.py"
     tracker.did_open(uri)
-    at = types.Range(start=types.Position(line=0, character=0), end=types.Position(0, 0))
     for text in ("x", " ", "\n", ""):
-        change = types.TextDocumentContentChangePartial(range=at, text=text)
-        tracker.did_change(uri, 1, [change])
-    tracker.did_change(uri, 2, [types.TextDocumentContentChangeWholeDocument(text="y\n")])
+        tracker.did_change(DocumentChange(uri, 1, (TextChange(0, 0, text),)))
+    tracker.did_change(DocumentChange(uri, 2, (TextChange(0, 0, "y\n", whole=True),)))
     assert [kind for _, kind in session.edits(uri)] == [
         "word",
         "boundary",

@@ -128,8 +128,11 @@ class ServerSide:
             types.VersionedTextDocumentIdentifier(uri=self.uri, version=self.version), change
         )
         self.text = text
-        self.typing.did_change(self.uri, self.version, [change])
-        self.telemetry.did_change(self.uri, self.version, [change])
+        document = open_document(self.ls.workspace, self.uri)
+        assert document is not None
+        taken = document.take_change()  # what the document feature hands every listener
+        self.typing.did_change(taken)
+        self.telemetry.did_change(taken)
 
     def replace_all(self, text: str) -> None:
         self._apply(types.TextDocumentContentChangeWholeDocument(text=text), text)
