@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.replay import _parser, run
+from evaluation.replay import build_parser, run
 from evaluation.simulation import hole_length, sample_positions, simulated_user
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -103,7 +103,7 @@ def test_replay_runs_the_whole_loop(tmp_path: Path, tiny_model_path: Path) -> No
         "--eval-draws",
         "2",
     ]
-    report = run(_parser().parse_args(argv), argv)
+    report = run(build_parser().parse_args(argv), argv)
 
     rounds = report["rounds"]
     held_out = report["held_out"]
@@ -188,7 +188,7 @@ def test_the_model_loop_trains_an_adapter_on_code_and_feedback_and_serves_it(
         *("--train-interval", "0.5", "--refresh", "0.2", "--eval-draws", "1"),
         *("--model-loop-samples", "8", "--model-loop-rounds", "1", "--prompt-fix-positions", "0"),
     ]
-    report = run(_parser().parse_args(argv), argv)
+    report = run(build_parser().parse_args(argv), argv)
 
     loop = report["model_loop"]
     first = report["rounds"][0]
@@ -232,10 +232,10 @@ def test_the_replay_wants_one_held_out_corpus(tmp_path: Path) -> None:
     corpus = _corpus(tmp_path / "c", "colorsys.py")
     with pytest.raises(SystemExit, match="not both"):
         run(
-            _parser().parse_args(
+            build_parser().parse_args(
                 ["--train", str(corpus), "--test", str(corpus), "--held-out-split"]
             ),
             [],
         )
     with pytest.raises(SystemExit, match="is needed"):
-        run(_parser().parse_args(["--train", str(corpus)]), [])
+        run(build_parser().parse_args(["--train", str(corpus)]), [])
