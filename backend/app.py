@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from backend.adapters.scheduler import AdapterSchedule
 from backend.policy.settings import TrainerSettings
+from backend.ratelimit import RequestRateSettings
 from backend.routes import (
     completions,
     dashboard,
@@ -91,6 +92,7 @@ def create_app(
     shared_rate_limits: bool = False,
     pg_ingest: str = "array",
     adapters: AdapterSchedule | None = None,
+    request_rates: RequestRateSettings | None = None,
 ) -> BackendApp:
     """The backend app on `db_url` (migrated on creation unless `migrate` is false; closed when
     the app stops), or on an open `storage` (left open).
@@ -108,7 +110,8 @@ def create_app(
     chooses how events are inserted (`backend.storage.PG_INGEST_PATHS`).
 
     `adapters` schedules the tenants' adapter training in the process that trains (off unless
-    its `every_s` is set).
+    its `every_s` is set). `request_rates` sets the per-tenant request rates of the statistics
+    and registry-action routes.
     """
     owned = storage is None
     services = BackendServices.create(
@@ -130,6 +133,7 @@ def create_app(
         failover_s=failover_s,
         shared_rate_limits=shared_rate_limits,
         adapters=adapters,
+        request_rates=request_rates,
     )
     app = BackendApp(services, title="tabloop backend", version=_version(), lifespan=lifespan)
 

@@ -376,6 +376,8 @@ def worker_app() -> BackendApp:
 def _serve(argv: list[str]) -> int:
     import uvicorn
 
+    from backend.connections import server_options
+
     args = _serve_parser().parse_args(argv)
     if args.workers < 1:
         print("tabloop backend: --workers must be at least 1", file=sys.stderr)
@@ -393,7 +395,12 @@ def _serve(argv: list[str]) -> int:
         app = _build_app(args, migrate=True, train=True)
         tune_gc_for_serving()
         uvicorn.run(
-            app, host=args.host, port=args.port, log_level=log_level, access_log=args.verbose
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=log_level,
+            access_log=args.verbose,
+            **server_options(),
         )
         return 0
     Storage(db_url).close()  # migrate once, here, before any worker opens the database
@@ -408,6 +415,7 @@ def _serve(argv: list[str]) -> int:
             port=args.port,
             log_level=log_level,
             access_log=args.verbose,
+            **server_options(),
         )
     return 0
 

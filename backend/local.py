@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from backend.app import BackendApp, create_app
+from backend.connections import server_options
 from backend.policy.settings import TrainerSettings
 from backend.services.container import BackendServices
 from backend.services.ingest import IngestLimits
@@ -71,7 +72,9 @@ class ServerThread:
         self.sock = sock
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="on", **server_options()
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [sock]}, name="tabloop-backend", daemon=True

@@ -192,3 +192,25 @@ class SharedRateLimiter:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+@dataclass(frozen=True)
+class RequestRateSettings:
+    """Per-tenant request rates of the routes beside ingestion (per process)."""
+
+    stats_per_s: float = 10.0
+    """`/v1/stats/*`: a dashboard page asks for about five documents."""
+    stats_burst: float = 100.0
+    policy_per_s: float = 1.0
+    """`/v1/policy/promote|rollback|approve`: actions of people, a few a minute."""
+    policy_burst: float = 60.0
+
+
+class RequestRates:
+    """The request buckets of `RequestRateSettings`, one per tenant and kind of route."""
+
+    def __init__(self, settings: RequestRateSettings | None = None) -> None:
+        settings = settings or RequestRateSettings()
+        self.settings = settings
+        self.stats = RateLimiter(settings.stats_per_s, settings.stats_burst)
+        self.policy = RateLimiter(settings.policy_per_s, settings.policy_burst)

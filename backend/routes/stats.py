@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Query, status
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 
-from backend.auth import CurrentPrincipal
 from backend.deps import IngestStatsDep, RegistryDep, StatsDep, StorageDep
 from backend.policy.registry import RegistryError
+from backend.routes.body import json_body_openapi, read_json_body
+from backend.routes.index_sync import validation_detail
+from backend.routes.throttle import PolicyPrincipal, StatsPrincipal
 from backend.services.stats import DIMENSIONS, WINDOWS
 from backend.storage import Principal, Storage
 
@@ -52,7 +55,7 @@ Window = Query(default="24h", pattern=WINDOW_PATTERN)
 
 
 @router.get("/v1/stats/tenants")
-def tenants(principal: CurrentPrincipal, storage: StorageDep) -> dict[str, Any]:
+def tenants(principal: StatsPrincipal, storage: StorageDep) -> dict[str, Any]:
     """The tenants this token may read, and who it is."""
     names = [name for _, name in storage.tenants()] if principal.admin else [principal.tenant]
     return {
@@ -65,7 +68,7 @@ def tenants(principal: CurrentPrincipal, storage: StorageDep) -> dict[str, Any]:
 
 @router.get("/v1/stats/overview")
 def overview(
-    principal: CurrentPrincipal,
+    principal: StatsPrincipal,
     storage: StorageDep,
     stats: StatsDep,
     tenant: str | None = Tenant,
@@ -80,7 +83,7 @@ def overview(
 @router.get("/v1/stats/by/{dimension}")
 def split(
     dimension: str,
-    principal: CurrentPrincipal,
+    principal: StatsPrincipal,
     storage: StorageDep,
     stats: StatsDep,
     tenant: str | None = Tenant,
@@ -97,7 +100,7 @@ def split(
 
 @router.get("/v1/stats/policies")
 def policies(
-    principal: CurrentPrincipal,
+    principal: StatsPrincipal,
     storage: StorageDep,
     stats: StatsDep,
     registry: RegistryDep,
@@ -114,7 +117,7 @@ def policies(
 
 @router.get("/v1/stats/ingestion")
 def ingestion(
-    principal: CurrentPrincipal,
+    principal: StatsPrincipal,
     storage: StorageDep,
     stats: StatsDep,
     counts: IngestStatsDep,
@@ -137,7 +140,24 @@ class PolicyAction(BaseModel):
     reason: str = Field(default="", max_length=512)
 
 
-def _act(
+POLICY_BODY_BYTES = 16 * 1024
+"""A registry action's body is a tenant, a version and a reason: a few hundred bytes."""
+
+
+async def _act(
+    action: str, request: Request, principal: Principal, storage: Storage, registry: Any
+) -> dict[str, Any]:
+    # Read here, after the token was checked, through the limits of every JSON body.
+    raw = await read_json_body(request, POLICY_BODY_BYTES)
+    try:
+        body = PolicyAction.model_validate_json(raw)
+    except ValidationError as exc:
+        code = 400 if exc.errors()[0]["type"] == "json_invalid" else 422
+        raise HTTPException(code, detail=validation_detail(exc)) from exc
+    return await run_in_threadpool(_apply, action, body, principal, storage, registry)
+
+
+def _apply(
     action: str, body: PolicyAction, principal: Principal, storage: Storage, registry: Any
 ) -> dict[str, Any]:
     tenant_id, name = tenant_for(storage, principal, body.tenant)
@@ -162,25 +182,26 @@ def _act(
     return {"tenant": name, "serving": registry.serving_version(tenant_id), "actor": actor}
 
 
-@router.post("/v1/policy/promote")
-def promote(
-    body: PolicyAction, principal: CurrentPrincipal, storage: StorageDep, registry: RegistryDep
+@router.post("/v1/policy/promote", openapi_extra=json_body_openapi(PolicyAction))
+async def promote(
+    request: Request, principal: PolicyPrincipal, storage: StorageDep, registry: RegistryDep
 ) -> dict[str, Any]:
     """Serve `version` (the same code as `tabloop policy promote`)."""
-    return _act("promote", body, principal, storage, registry)
+    return await _act("promote", request, principal, storage, registry)
 
 
-@router.post("/v1/policy/rollback")
-def rollback(
-    body: PolicyAction, principal: CurrentPrincipal, storage: StorageDep, registry: RegistryDep
+@router.post("/v1/policy/rollback", openapi_extra=json_body_openapi(PolicyAction))
+async def rollback(
+    request: Request, principal: PolicyPrincipal, storage: StorageDep, registry: RegistryDep
 ) -> dict[str, Any]:
-    """Serve the previous good version again (the same code as `tabloop policy rollback`)."""
-    return _act("rollback", body, principal, storage, registry)
+    """Roll back `version`, the running canary or else the serving version (the same code as
+    `tabloop policy rollback`)."""
+    return await _act("rollback", request, principal, storage, registry)
 
 
-@router.post("/v1/policy/approve")
-def approve(
-    body: PolicyAction, principal: CurrentPrincipal, storage: StorageDep, registry: RegistryDep
+@router.post("/v1/policy/approve", openapi_extra=json_body_openapi(PolicyAction))
+async def approve(
+    request: Request, principal: PolicyPrincipal, storage: StorageDep, registry: RegistryDep
 ) -> dict[str, Any]:
     """Approve a version waiting for approval, where the registry has approvals."""
-    return _act("approve", body, principal, storage, registry)
+    return await _act("approve", request, principal, storage, registry)

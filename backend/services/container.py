@@ -18,7 +18,13 @@ from backend.policy.jobs import ClusterTrainer
 from backend.policy.loop import TrainingScheduler
 from backend.policy.registry import PolicyRegistry
 from backend.policy.settings import TrainerSettings
-from backend.ratelimit import Limiter, RateLimiter, SharedRateLimiter
+from backend.ratelimit import (
+    Limiter,
+    RateLimiter,
+    RequestRates,
+    RequestRateSettings,
+    SharedRateLimiter,
+)
 from backend.services.bodies import BodyLimits
 from backend.services.completions import CompletionService, RunnerLoader
 from backend.services.ingest import IngestLimits
@@ -50,6 +56,8 @@ class BackendServices:
     """Batches, refusals and client spools per tenant and minute, written every few seconds."""
     bodies: BodyLimits = field(default_factory=BodyLimits)
     """Depth and read-timeout bounds on every JSON request body."""
+    request_rates: RequestRates = field(default_factory=RequestRates)
+    """Per-tenant request rates of the statistics and registry-action routes."""
     trainer: TrainingScheduler | None = None
     """The scheduled trainer, when this process trains (one process of `--workers N` does)."""
     adapters: AdapterScheduler | None = None
@@ -90,6 +98,7 @@ class BackendServices:
         failover_s: float | None = None,
         shared_rate_limits: bool = False,
         adapters: AdapterSchedule | None = None,
+        request_rates: RequestRateSettings | None = None,
     ) -> BackendServices:
         """The services on `storage`.
 
@@ -132,6 +141,7 @@ class BackendServices:
             stats=StatsService(storage, registry),
             ingest_stats=IngestRecorder(storage),
             bodies=bodies or BodyLimits(),
+            request_rates=RequestRates(request_rates),
             trainer=(
                 TrainingScheduler(storage, trainer_settings, registry)
                 if train and not cluster

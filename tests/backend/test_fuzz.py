@@ -30,6 +30,7 @@ from schemathesis.checks import not_a_server_error
 
 from backend.deps import get_completion_service
 from backend.local import LocalBackend
+from backend.ratelimit import RequestRates, RequestRateSettings
 from backend.services.bodies import BodyLimits
 from backend.services.completions import CompletionService
 from completion.gate import builtin_policy
@@ -211,6 +212,56 @@ def test_a_body_shorter_than_its_content_length_is_answered_408_and_closed(
             assert headers.get("connection") == "close"
             assert _closed(sock)
         assert plain.stored_ids() == []
+
+
+@pytest.mark.parametrize("path", ["/v1/policy/promote", "/v1/policy/rollback"])
+def test_a_registry_action_reads_no_body_before_the_token_and_stalls_answer_408(
+    tmp_path: Path, path: str
+) -> None:
+    with LocalBackend(f"sqlite:///{tmp_path / 'plain.sqlite3'}") as plain:
+        plain.services.bodies = BodyLimits(read_timeout_s=0.5)
+        # 60 MiB announced, a few bytes sent, no token: refused at once, the body never read.
+        with _connect(plain) as sock:
+            request = _request(plain, path, b'{"version"', length=60 * 1024 * 1024)
+            sock.sendall(request.replace(f"Bearer {plain.token}".encode(), b"Bearer tl_wrong"))
+            status, _, _ = _response(sock)
+            assert status == 401
+        # With a token: over the action's cap unread, and a short body is 408.
+        with _connect(plain) as sock:
+            sock.sendall(_request(plain, path, b"{}", length=60 * 1024 * 1024))
+            assert _response(sock)[0] == 413
+        with _connect(plain) as sock:
+            sock.sendall(_request(plain, path, b'{"version":', length=1000))
+            status, headers, _ = _response(sock)
+            assert status == 408 and headers.get("connection") == "close"
+        # Nesting is bounded as on every JSON route.
+        with _connect(plain) as sock:
+            sock.sendall(_request(plain, path, b'{"reason": ' + b"[" * 100 + b"]" * 100 + b"}"))
+            status, _, body = _response(sock)
+            assert status == 400 and b"nested deeper" in body
+
+
+def test_statistics_and_registry_actions_are_rate_limited(served: BackendServer) -> None:
+    served.services.request_rates = RequestRates(
+        RequestRateSettings(stats_per_s=0.01, stats_burst=3, policy_per_s=0.01, policy_burst=2)
+    )
+    codes = [
+        httpx.get(f"{served.url}/v1/stats/overview", headers=_auth(served)).status_code
+        for _ in range(5)
+    ]
+    assert codes[:3] == [200] * 3 and codes[3:] == [429, 429], codes
+    refused = httpx.get(f"{served.url}/v1/stats/tenants", headers=_auth(served))
+    assert int(refused.headers["retry-after"]) >= 1
+    actions = [
+        httpx.post(
+            f"{served.url}/v1/policy/rollback", json={"version": "v1"}, headers=_auth(served)
+        ).status_code
+        for _ in range(4)
+    ]
+    assert actions[:2] == [409, 409] and actions[2:] == [429, 429], actions
+    # Another tenant's buckets are its own.
+    other = served.storage.create_token(f"other-{uuid.uuid4().hex[:6]}")
+    assert httpx.get(f"{served.url}/v1/stats/tenants", headers=_auth(served, other)).is_success
 
 
 def test_a_body_longer_than_its_content_length_is_cut_there(served: BackendServer) -> None:
