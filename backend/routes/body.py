@@ -2,7 +2,8 @@
 
 `read_body` reads the raw body against a size cap (gzip inflated incrementally, so a bomb is
 refused with 413 after at most the cap in memory) and answers 408 when the client stops sending
-before its `Content-Length` is reached. `read_json_body` adds the depth bound
+before its `Content-Length` is reached (a client that disconnects mid-body is counted, as
+`disconnected`, not logged as an error). `read_json_body` adds the depth bound
 (`backend.services.bodies`), checked on the raw bytes before any parser recurses into them, and
 `read_json` decodes. Inflating, scanning and decoding are CPU work on bodies of up to the cap
 (megabytes): beyond a small size they run in the thread pool, so other requests keep being
@@ -21,6 +22,7 @@ from typing import Any, ParamSpec, TypeVar
 from fastapi import HTTPException, Request
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from backend.deps import services_of
 from backend.services.bodies import exceeds_depth
@@ -70,6 +72,9 @@ async def read_body(request: Request, limit: int) -> bytes:
             # connection and a worker's memory forever.
             async with asyncio.timeout(timeout):
                 chunk = await anext(stream, None)
+        except ClientDisconnect:
+            # Nobody will read the answer: counted, and no traceback in the log.
+            raise _refuse(request, 400, "disconnected", "client disconnected mid-body") from None
         except TimeoutError:
             raise _refuse(
                 request,

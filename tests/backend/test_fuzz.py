@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import logging
 import socket
 import time
 import uuid
@@ -262,6 +263,41 @@ def test_statistics_and_registry_actions_are_rate_limited(served: BackendServer)
     # Another tenant's buckets are its own.
     other = served.storage.create_token(f"other-{uuid.uuid4().hex[:6]}")
     assert httpx.get(f"{served.url}/v1/stats/tenants", headers=_auth(served, other)).is_success
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("path", ["/v1/events", ROOT_PATH, "/v1/completions"])
+def test_a_client_that_disconnects_mid_body_is_counted_not_logged_as_an_error(
+    tmp_path: Path, path: str
+) -> None:
+    records = _Records()
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(records)
+    try:
+        with LocalBackend(f"sqlite:///{tmp_path / 'plain.sqlite3'}") as plain:
+            sock = _connect(plain)
+            sock.sendall(_request(plain, path, b'{"events": [', length=1000))
+            time.sleep(0.3)  # the route is reading the body
+            sock.close()
+            deadline = time.monotonic() + 10
+            metric = 'tabloop_events_rejected_total{reason="disconnected"} 1'
+            while metric not in httpx.get(f"{plain.url}/metrics").text:
+                assert time.monotonic() < deadline, "the disconnect was not counted"
+                time.sleep(0.1)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(records)
+    errors = [r.getMessage() for r in records.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
 
 
 def test_a_body_longer_than_its_content_length_is_cut_there(served: BackendServer) -> None:
