@@ -29,12 +29,9 @@ from typing import Any
 
 from lsp_server import config
 from training.examples import split_files, workspace_files
-from training.feedback import FeedbackStore
-from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
+from training.feedback import FEEDBACK_FILE, FeedbackStore
+from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
 from training.trainer import Budget, Progress, TrainSettings, parse_duration
-
-RUN_DIR = "runs/current"
-FEEDBACK_FILE = "training/feedback.sqlite"
 
 
 def _scope(parser: argparse.ArgumentParser, tenant: bool = True) -> None:

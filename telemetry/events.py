@@ -66,6 +66,8 @@ Chars = Annotated[int, Field(ge=0, le=MAX_CHARS)]
 # The probability the logging policy gave to the action it took: positive, since it was taken
 # (a propensity of 0 would make the action's importance weight infinite).
 Propensity = Annotated[float, Field(gt=0.0, le=1.0)]
+MIN_PROPENSITY = 1e-6
+"""The smallest propensity logged: a probability that rounded to 0 is logged as this."""
 FeatureValue = Annotated[
     float, Field(ge=-MAX_FEATURE_MAGNITUDE, le=MAX_FEATURE_MAGNITUDE, allow_inf_nan=False)
 ]

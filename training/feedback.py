@@ -19,14 +19,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from completion.types import CompletionRequest, Decision
-from telemetry.events import OutcomeEvent
+from telemetry.events import MIN_PROPENSITY, OutcomeEvent
 from training.examples import FimExample
 
+FEEDBACK_FILE = "training/feedback.sqlite"
+"""The store's place under the cache directory: the server keeps it, `tabloop train model` reads
+it."""
 DEFAULT_MAX_ROWS = 20_000
 MAX_TEXT_CHARS = 8_000  # of the prefix or suffix kept around one suggestion
-MIN_PROPENSITY = 0.05  # clips the inverse propensity weight at 20
-DISTRACTION_COST = 0.25
-"""Reward of an ignored or dismissed suggestion (λ of docs/learning.md); accepted earns 1."""
+MAX_INVERSE_PROPENSITY = 20.0
+"""The most an example's inverse propensity weight may be (a weight, 1 / probability)."""
+DISTRACTION_SHARE = 0.25
+"""What an ignored or dismissed suggestion costs the model, in shares of a suggestion: its reward
+is -0.25 where an accepted one earns 1. The gate's λ (`distraction_cost`) is in characters."""
 PENDING_KEPT = 512  # shown suggestions awaiting their outcome
 
 _SCHEMA = """
@@ -148,7 +153,7 @@ def feedback_reward(
     """The reward a suggestion's outcome earns as a training example, the same on this machine
     and in the backend: accepted 1, partially accepted the accepted share, each times the share
     of the accepted characters still in the document at the retention checkpoint (the backend
-    knows it; locally it is not awaited: 1); ignored or dismissed -`DISTRACTION_COST`; None for
+    knows it; locally it is not awaited: 1); ignored or dismissed -`DISTRACTION_SHARE`; None for
     outcomes that judge nothing (superseded, not viewed)."""
     kept = min(max(retained_share, 0.0), 1.0)
     if kind == "accepted":
@@ -156,7 +161,7 @@ def feedback_reward(
     if kind == "partial":
         return min(1.0, (accepted_chars or 0) / max(len(suggestion), 1)) * kept
     if kind in ("ignored", "dismissed"):
-        return -DISTRACTION_COST
+        return -DISTRACTION_SHARE
     return None
 
 
@@ -179,7 +184,7 @@ class FeedbackRecorder:
             request.suffix,
             "",
             0.0,
-            max(min(decision.propensity, 1.0), 1e-6),
+            max(min(decision.propensity, 1.0), MIN_PROPENSITY),
         )
         while len(self._pending) > self.kept:
             self._pending.popitem(last=False)
@@ -213,7 +218,7 @@ def as_example(item: Feedback, baseline: float, scale: float) -> FimExample:
         item.suffix,
         "feedback",
         advantage=(item.reward - baseline) / scale,
-        weight=1.0 / max(item.propensity, MIN_PROPENSITY),
+        weight=1.0 / max(item.propensity, 1.0 / MAX_INVERSE_PROPENSITY),
         source="feedback",
     )
 

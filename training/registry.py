@@ -28,6 +28,9 @@ from typing import Any
 from completion.adapters import AdapterError, verify_adapter
 
 REGISTRY_FILE = "registry.json"
+RUN_DIR = "runs/current"
+"""Where the run in progress keeps its checkpoints, under a registry's root (`tabloop train model`
+and the backend's tenant runs): a run started again there resumes."""
 DEFAULT_MARGIN = 0.005
 
 

@@ -19,10 +19,9 @@ from typing import Any
 
 from backend.adapters.dataset import TenantExamples, newest_event_row
 from backend.storage import Storage
-from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
+from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
 from training.trainer import Budget, Progress, TrainSettings
 
-RUN_DIR = "runs/current"
 MARK_FILE = "events-upto"
 DEFAULT_MIN_EXAMPLES = 50
 

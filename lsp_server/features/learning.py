@@ -16,11 +16,9 @@ from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
-from training.feedback import FeedbackRecorder, FeedbackStore
+from training.feedback import FEEDBACK_FILE, FeedbackRecorder, FeedbackStore
 
 log = logging.getLogger(__name__)
-
-FEEDBACK_FILE = "training/feedback.sqlite"
 
 
 class LearningFeature:

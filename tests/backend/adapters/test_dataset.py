@@ -19,7 +19,7 @@ from backend.adapters.dataset import (
 from backend.policy.settings import RewardSettings
 from tests.backend.adapters.events import Logged, logged, post, retention
 from tests.support.backend_server import BackendServer
-from training.feedback import DISTRACTION_COST, MIN_PROPENSITY
+from training.feedback import DISTRACTION_SHARE, MAX_INVERSE_PROPENSITY
 
 
 def _examples(backend: BackendServer, **kwargs: int) -> TenantExamples:
@@ -35,7 +35,7 @@ def _reward(item: Logged) -> float:
         return 1.0
     if item.outcome == "partial":
         return 3 / len(item.suggestion)
-    return -DISTRACTION_COST
+    return -DISTRACTION_SHARE
 
 
 def test_labels_weights_and_the_split_by_time(backend: BackendServer) -> None:
@@ -57,7 +57,7 @@ def test_labels_weights_and_the_split_by_time(backend: BackendServer) -> None:
     for example, item, reward in zip(training, train_items, expected, strict=True):
         assert example.source == "feedback" and example.suffix == ""
         assert example.prefix == item.prompt and example.path == "untitled.py"
-        assert example.weight == pytest.approx(1 / max(item.propensity, MIN_PROPENSITY))
+        assert example.weight == pytest.approx(min(1 / item.propensity, MAX_INVERSE_PROPENSITY))
         # The advantage: the reward less the training examples' mean reward, scaled to [-1, 1].
         assert example.advantage == pytest.approx((reward - baseline) / data.scale)
         assert -1.0 <= example.advantage <= 1.0
@@ -140,5 +140,5 @@ def test_accepted_code_counts_by_the_share_still_there_at_the_checkpoint(
     assert rewards[partial.suggestion] == 0.0
     assert rewards[kept.suggestion] == 1.0
     assert rewards[other_checkpoint.suggestion] == 1.0
-    assert rewards[ignored.suggestion] == -DISTRACTION_COST
+    assert rewards[ignored.suggestion] == -DISTRACTION_SHARE
     assert RewardSettings().retention_after_s == RETENTION_AFTER_S

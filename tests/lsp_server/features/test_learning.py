@@ -11,7 +11,7 @@ from completion.types import CompletionRequest, Decision
 from lsp_server.features.learning import LearningFeature
 from telemetry.events import OutcomeEvent
 from tests.support.feature_server import feature_server
-from training.feedback import DISTRACTION_COST, FeedbackRecorder
+from training.feedback import DISTRACTION_SHARE, FeedbackRecorder
 
 
 def _outcome(kind: str, decision_id: str = "d1", chars: int | None = None) -> OutcomeEvent:
@@ -23,8 +23,8 @@ def _outcome(kind: str, decision_id: str = "d1", chars: int | None = None) -> Ou
     [
         pytest.param(_outcome("accepted", chars=10), 1.0, id="accepted"),
         pytest.param(_outcome("partial", chars=5), 0.5, id="partial"),
-        pytest.param(_outcome("ignored"), -DISTRACTION_COST, id="ignored"),
-        pytest.param(_outcome("dismissed"), -DISTRACTION_COST, id="dismissed"),
+        pytest.param(_outcome("ignored"), -DISTRACTION_SHARE, id="ignored"),
+        pytest.param(_outcome("dismissed"), -DISTRACTION_SHARE, id="dismissed"),
         pytest.param(_outcome("superseded"), None, id="superseded"),
         pytest.param(_outcome("not_viewed"), None, id="not-viewed"),
     ],
