@@ -61,9 +61,10 @@ test-vscode:
 
 test: lint typecheck pytest test-vscode
 
-# Every benchmark with its defaults (minutes on a CPU; `complete`, `engines` and `dtype` run
-# the bundled model); each prints JSON, kept under bench/results/.
-BENCHES := lsp complete engines index telemetry sync dtype
+# The benchmarks marked for it in tabloop/cli.py's one list, with their defaults (minutes on a
+# CPU; `complete`, `engines` and `dtype` run the bundled model); each prints JSON, kept under
+# bench/results/.
+BENCHES = $(shell $(VENV)/bin/tabloop bench --list make)
 
 bench: $(STAMP)
 	mkdir -p bench/results

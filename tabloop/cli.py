@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from lsp_server import __version__
@@ -96,79 +97,139 @@ def _eval_replay(argv: list[str]) -> int:
 EVALUATIONS: dict[str, Command] = {"holes": _eval_holes, "replay": _eval_replay}
 
 
+@dataclass(frozen=True)
+class Benchmark:
+    """One `tabloop bench NAME` (evaluation/bench/NAME.py): its `main`, imported when it runs."""
+
+    load: Callable[[], Command]
+    make: bool = False
+    """`make bench` runs it with its defaults (minutes on a CPU)."""
+
+
+def _bench_lsp() -> Command:
+    from evaluation.bench import lsp
+
+    return lsp.main
+
+
+def _bench_complete() -> Command:
+    from evaluation.bench import complete
+
+    return complete.main
+
+
+def _bench_engines() -> Command:
+    from evaluation.bench import engines
+
+    return engines.main
+
+
+def _bench_reuse() -> Command:
+    from evaluation.bench import reuse
+
+    return reuse.main
+
+
+def _bench_index() -> Command:
+    from evaluation.bench import index
+
+    return index.main
+
+
+def _bench_telemetry() -> Command:
+    from evaluation.bench import telemetry
+
+    return telemetry.main
+
+
+def _bench_sync() -> Command:
+    from evaluation.bench import sync
+
+    return sync.main
+
+
+def _bench_dtype() -> Command:
+    from evaluation.bench import dtype
+
+    return dtype.main
+
+
+def _bench_threads() -> Command:
+    from evaluation.bench import threads
+
+    return threads.main
+
+
+def _bench_gate() -> Command:
+    from evaluation.bench import gate
+
+    return gate.main
+
+
+def _bench_edits() -> Command:
+    from evaluation.bench import edits
+
+    return edits.main
+
+
+def _bench_speculative() -> Command:
+    from evaluation.bench import speculative
+
+    return speculative.main
+
+
+def _bench_adapters() -> Command:
+    from evaluation.bench import adapters
+
+    return adapters.main
+
+
+def _bench_dashboard() -> Command:
+    from evaluation.bench import dashboard
+
+    return dashboard.main
+
+
+def _bench_scale() -> Command:
+    from evaluation.bench import scale
+
+    return scale.main
+
+
+def _bench_syntax() -> Command:
+    from evaluation.bench import syntax
+
+    return syntax.main
+
+
+# The one list of benchmarks: `tabloop bench`, its help and `make bench` read it.
+BENCHMARKS: dict[str, Benchmark] = {
+    "lsp": Benchmark(_bench_lsp, make=True),
+    "complete": Benchmark(_bench_complete, make=True),
+    "engines": Benchmark(_bench_engines, make=True),
+    "reuse": Benchmark(_bench_reuse),
+    "index": Benchmark(_bench_index, make=True),
+    "telemetry": Benchmark(_bench_telemetry, make=True),
+    "sync": Benchmark(_bench_sync, make=True),
+    "dtype": Benchmark(_bench_dtype, make=True),
+    "threads": Benchmark(_bench_threads),
+    "gate": Benchmark(_bench_gate),
+    "edits": Benchmark(_bench_edits),
+    "speculative": Benchmark(_bench_speculative),
+    "adapters": Benchmark(_bench_adapters),
+    "dashboard": Benchmark(_bench_dashboard),
+    "scale": Benchmark(_bench_scale),
+    "syntax": Benchmark(_bench_syntax),
+}
+
+
 def _bench(name: str) -> Command:
-    """The `main` of benchmark `name` (evaluation/bench/NAME.py)."""
-    if name == "lsp":
-        from evaluation.bench import lsp
-
-        return lsp.main
-    if name == "complete":
-        from evaluation.bench import complete
-
-        return complete.main
-    if name == "index":
-        from evaluation.bench import index
-
-        return index.main
-    if name == "telemetry":
-        from evaluation.bench import telemetry
-
-        return telemetry.main
-    if name == "sync":
-        from evaluation.bench import sync
-
-        return sync.main
-    if name == "engines":
-        from evaluation.bench import engines
-
-        return engines.main
-    if name == "reuse":
-        from evaluation.bench import reuse
-
-        return reuse.main
-    if name == "dtype":
-        from evaluation.bench import dtype
-
-        return dtype.main
-    if name == "threads":
-        from evaluation.bench import threads
-
-        return threads.main
-    if name == "gate":
-        from evaluation.bench import gate
-
-        return gate.main
-    if name == "adapters":
-        from evaluation.bench import adapters
-
-        return adapters.main
-    if name == "edits":
-        from evaluation.bench import edits
-
-        return edits.main
-    if name == "speculative":
-        from evaluation.bench import speculative
-
-        return speculative.main
-    if name == "dashboard":
-        from evaluation.bench import dashboard
-
-        return dashboard.main
-    if name == "scale":
-        from evaluation.bench import scale
-
-        return scale.main
-    if name == "syntax":
-        from evaluation.bench import syntax
-
-        return syntax.main
-    raise SystemExit(f"tabloop bench: unknown benchmark {name!r}; choose one of {BENCHES}")
-
-
-BENCHES = (
-    "lsp, complete, engines, reuse, index, telemetry, sync, dtype, threads, gate, edits, "
-    "speculative, adapters, dashboard, scale, syntax"
-)
+    """The `main` of benchmark `name`."""
+    if name not in BENCHMARKS:
+        raise SystemExit(
+            f"tabloop bench: unknown benchmark {name!r}; choose one of {', '.join(BENCHMARKS)}"
+        )
+    return BENCHMARKS[name].load()
 
 
 def complete(args: argparse.Namespace) -> int:
@@ -207,6 +268,11 @@ def show_config(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
+    if args.list is not None:  # the names, one a line (`make bench` reads the `make` ones)
+        print("\n".join(n for n, b in BENCHMARKS.items() if args.list == "all" or b.make))
+        return 0
+    if args.name is None:
+        raise SystemExit(f"tabloop bench: name a benchmark: {', '.join(BENCHMARKS)}")
     return _bench(args.name)(list(args.rest))
 
 
@@ -249,7 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=show_config)
 
     p = sub.add_parser("bench", help="benchmarks; each prints JSON", add_help=False)
-    p.add_argument("name", help=BENCHES)
+    p.add_argument("name", nargs="?", help=", ".join(BENCHMARKS))
+    p.add_argument(
+        "--list",
+        nargs="?",
+        const="all",
+        choices=("all", "make"),
+        help="print the benchmarks' names (make: those `make bench` runs)",
+    )
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=bench)
 
