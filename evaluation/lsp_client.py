@@ -12,6 +12,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.lsp.client import LanguageClient
 
+from common.languages import lsp_id_for_path
 from lsp_server.main import LISTENING_MESSAGE
 from lsp_server.protocol import STATUS_REQUEST
 
@@ -144,13 +145,18 @@ class TabloopClient(LanguageClient):
                 return status
             await asyncio.sleep(0.2)
 
-    def open(self, path: Path, text: str, language: str = "python") -> str:
+    def open(self, path: Path, text: str, language: str | None = None) -> str:
+        """Open `path` with `text`, as an editor would: with the LSP id of its extension unless
+        `language` names one."""
         uri = path.as_uri()
         self._versions[uri] = 1
         self.text_document_did_open(
             types.DidOpenTextDocumentParams(
                 text_document=types.TextDocumentItem(
-                    uri=uri, language_id=language, version=1, text=text
+                    uri=uri,
+                    language_id=language or lsp_id_for_path(str(path)),
+                    version=1,
+                    text=text,
                 )
             )
         )
