@@ -125,7 +125,9 @@ EXTENSIONS: dict[str, str] = {
 
 
 def language_of(path: str) -> str:
-    """The language name for a path: a grammar name, else the extension (or `text`)."""
+    """The chunker's name for a path's language: a grammar name, else the extension (or `text`).
+
+    Not a request's language, which is an LSP id (`common.languages.request_language`)."""
     suffix = PurePosixPath(path).suffix.lower()
     return EXTENSIONS.get(suffix, suffix[1:] or "text")
 
