@@ -34,7 +34,7 @@ from lsp_server.rpc import TabloopProtocol
 
 if TYPE_CHECKING:
     from completion.engine import Engine
-    from telemetry.events import OutcomeEvent
+    from telemetry.events import OutcomeEvent, RetentionEvent
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ class Hooks:
     decision: list[Callable[[Decision, CompletionRequest], None]] = field(default_factory=list)
     accept: list[Callable[[str, list[Any]], None]] = field(default_factory=list)
     outcome: list[Callable[[OutcomeEvent], None]] = field(default_factory=list)
+    retention: list[Callable[[RetentionEvent], None]] = field(default_factory=list)
     documents: list[DocumentListener] = field(default_factory=list)
     settings: list[Callable[[config.Settings], None]] = field(default_factory=list)
     ready: list[Callable[[], None]] = field(default_factory=list)

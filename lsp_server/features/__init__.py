@@ -17,6 +17,7 @@ from lsp_server.features import (
     policy,
     prefetch,
     retrieval,
+    session,
     telemetry,
 )
 from lsp_server.server import TabloopServer
@@ -32,6 +33,7 @@ def create_server() -> TabloopServer:
     inline.register(server)
     commands.register(server)
     telemetry.register(server)
+    session.register(server)  # after telemetry: a decision's event before its outcomes
     retrieval.register(server)
     index.register(server)
     learning.register(server)

@@ -14,11 +14,10 @@ from lsprotocol import types
 from pygls.uris import to_fs_path
 
 from common.languages import request_language
-from completion.latency import edit_kind, likely_pause_ms
-from completion.session import SessionSignals
 from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
-from lsp_server.documents import Document, DocumentChange, DocumentListener, open_document
+from lsp_server.documents import Document, open_document
 from lsp_server.features.prefetch import PrefetchFeature
+from lsp_server.features.session import SessionFeature, TypingTracker
 from lsp_server.protocol import ACCEPT_COMMAND, RequestOutcome, RequestTiming
 from lsp_server.server import TabloopServer
 
@@ -26,32 +25,6 @@ if TYPE_CHECKING:
     from completion import gate
 
 log = logging.getLogger(__name__)
-
-
-class TypingTracker(DocumentListener):
-    """Feeds the session's signals (`completion.session`) from document events."""
-
-    def __init__(self, session: SessionSignals) -> None:
-        self.session = session
-
-    def did_open(self, uri: str) -> None:
-        self.session.opened(uri)
-
-    def did_change(self, change: DocumentChange) -> None:
-        edits = [edit for edit in change.edits if not edit.whole]
-        typed = sum(len(edit.text) for edit in edits)
-        kind = edit_kind(edits[-1].text) if edits else "other"
-        self.session.typed(change.uri, typed, kind=kind)
-
-    def did_close(self, uri: str) -> None:
-        self.session.closed(uri)
-
-    def likely_pause_ms(self, uri: str) -> float | None:
-        """How long the user will probably pause after their latest edit (None: unknown)."""
-        edits = self.session.edits(uri)
-        return likely_pause_ms(
-            [at for at, _ in edits], self.session.clock(), [kind for _, kind in edits]
-        )
 
 
 def language_of(document: Document) -> str:
@@ -282,10 +255,10 @@ def accept_command(decision: Decision) -> types.Command:
 
 
 def register(server: TabloopServer) -> None:
-    typing = TypingTracker(
-        server.find_feature(SessionSignals) or server.add_feature(SessionSignals())
-    )
-    server.hooks.documents.append(typing)
+    def typing_of(ls: TabloopServer) -> TypingTracker:
+        # The session feature registers after telemetry (its outcomes follow the decision's
+        # event), so it is found per request.
+        return ls.feature_of(SessionFeature).typing
 
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(
@@ -297,7 +270,9 @@ def register(server: TabloopServer) -> None:
             else "automatic"
         )
         try:
-            answer = await decide(ls, params.text_document.uri, params.position, trigger, typing)
+            answer = await decide(
+                ls, params.text_document.uri, params.position, trigger, typing_of(ls)
+            )
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -336,7 +311,7 @@ def register(server: TabloopServer) -> None:
                 params.text_document.uri,
                 params.position,
                 "invoked" if invoked else "automatic",
-                typing,
+                typing_of(ls),
             )
         except asyncio.CancelledError:
             raise

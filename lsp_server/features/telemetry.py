@@ -1,16 +1,14 @@
-"""Telemetry wiring: decisions and inferred outcomes go to the telemetry client.
+"""Telemetry: decisions and the outcomes the session feature infers go to the telemetry client.
 
 Everything here runs on the event loop and only enqueues: the client's `record()` costs
-microseconds and its threads do the disk and network work. The outcome tracker is told about
-decisions (decision hook), document edits (document listener: the document store's changes in
-code points), the accept command (accept hook) and the optional
-`tabloop/didShow`, `tabloop/didDismiss` and `tabloop/telemetryEnabled` notifications; its
-timers run with `loop.call_later`.
+microseconds and its threads do the disk and network work. Decision events come from the decision
+hook; outcome and retention events from `server.hooks.outcome` and `server.hooks.retention`
+(`lsp_server.features.session` infers them); the editor's own telemetry switch arrives as
+`tabloop/telemetryEnabled`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import re
@@ -20,16 +18,10 @@ from typing import Any
 from lsprotocol import types
 from pydantic import ValidationError
 
-from completion.session import SessionSignals
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
-from lsp_server.documents import DocumentChange, DocumentListener, open_document
-from lsp_server.outcomes import OutcomeTracker
 from lsp_server.protocol import (
-    DID_DISMISS_NOTIFICATION,
-    DID_SHOW_NOTIFICATION,
     TELEMETRY_ENABLED_NOTIFICATION,
-    DecisionParams,
     TelemetryEnabledParams,
     read_params,
 )
@@ -139,15 +131,12 @@ def _millis(value: float) -> float:
     return value if math.isfinite(value) and 0 <= value <= 86_400_000 else 0.0
 
 
-class TelemetryFeature(DocumentListener):
-    """Owns the telemetry client and the outcome tracker."""
+class TelemetryFeature:
+    """Owns the telemetry client; only sends."""
 
     def __init__(self, server: TabloopServer) -> None:
         self.server = server
         self.client: TelemetryClient | None = None
-        self.tracker = OutcomeTracker(self.record, text_of=self._text_of)
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
         self._invalid_reported = False
 
     # -- settings and lifecycle ---------------------------------------------------------------
@@ -155,8 +144,6 @@ class TelemetryFeature(DocumentListener):
     def on_settings(self, settings: Settings) -> None:
         """Create the client on first configuration; follow later changes."""
         wanted = settings.telemetry
-        self.tracker.ignore_after_s = wanted.ignore_after_s
-        self.tracker.retention_time_scale = wanted.retention_time_scale
         client = self.client
         if client is not None and _client_fields(client.settings) == _client_fields(wanted):
             if client.settings.client_enabled != wanted.client_enabled:
@@ -183,8 +170,6 @@ class TelemetryFeature(DocumentListener):
 
     def on_shutdown(self) -> None:
         """Commit what is queued now; send for the configured time in the background."""
-        if self._timer is not None:
-            self._timer.cancel()
         if self.client is not None:
             self.client.flush_to_spool(1.0)
             self._retire(self.client)
@@ -203,19 +188,10 @@ class TelemetryFeature(DocumentListener):
 
     # -- recording --------------------------------------------------------------------------
 
-    def record(self, event: OutcomeEvent | RetentionEvent | DecisionEvent) -> None:
-        if isinstance(event, OutcomeEvent):
-            session = self.server.find_feature(SessionSignals)
-            if session is not None:
-                session.outcome(event.kind)
+    def record(self, event: OutcomeEvent | RetentionEvent) -> None:
+        """An outcome or retention measure the session feature inferred: sent as it is."""
         if self.client is not None:
             self.client.record(event)
-        if isinstance(event, OutcomeEvent):
-            for hook in self.server.hooks.outcome:
-                try:
-                    hook(event)
-                except Exception:
-                    log.exception("outcome hook failed")
 
     def on_decision(self, decision: Decision, request: CompletionRequest) -> None:
         client = self.client
@@ -238,68 +214,6 @@ class TelemetryFeature(DocumentListener):
                         log.warning("a decision could not be made into an event: %s", exc)
                 else:
                     client.record(event)
-        self.tracker.decision(
-            decision.decision_id,
-            request.uri,
-            len(request.prefix),
-            decision.text,
-            shown=decision.shown,
-            alternatives=[(c.decision_id, c.text) for c in candidates[1:]],
-        )
-        self._schedule()
-
-    def on_accept(self, decision_id: str, _arguments: list[Any]) -> None:
-        self.tracker.accepted(decision_id)
-        self._schedule()
-
-    def on_show(self, decision_id: str) -> None:
-        self.tracker.shown(decision_id)
-        self._schedule()
-
-    def on_dismiss(self, decision_id: str) -> None:
-        self.tracker.dismissed(decision_id)
-        self._schedule()
-
-    # -- documents (a DocumentListener) ---------------------------------------------------
-
-    def _text_of(self, uri: str) -> str | None:
-        document = open_document(self.server.workspace, uri)
-        return document.source if document is not None else None
-
-    def did_open(self, uri: str) -> None:
-        self.tracker.opened(uri)
-
-    def did_change(self, change: DocumentChange) -> None:
-        self.tracker.changed(change.uri, change.edits)
-        self._schedule()
-
-    def did_close(self, uri: str) -> None:
-        self.tracker.closed(uri)
-        self._schedule()
-
-    # -- timers -----------------------------------------------------------------------------
-
-    def _schedule(self) -> None:
-        deadline = self.tracker.next_deadline()
-        if deadline is None or deadline >= self._timer_at:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop (direct use): the caller ticks
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = deadline
-        delay = max(0.0, deadline - self.tracker.clock())
-        self._timer = loop.call_later(delay, self._tick)
-
-    def _tick(self) -> None:
-        self._timer, self._timer_at = None, math.inf
-        try:
-            self.tracker.tick()
-        except Exception:
-            log.exception("outcome tracker failed")
-        self._schedule()
 
 
 def _client_fields(settings: TelemetrySettings) -> tuple[Any, ...]:
@@ -310,23 +224,9 @@ def register(server: TabloopServer) -> None:
     feature = server.add_feature(TelemetryFeature(server))
     server.hooks.settings.append(feature.on_settings)
     server.hooks.decision.append(feature.on_decision)
-    server.hooks.accept.append(feature.on_accept)
-    server.hooks.documents.append(feature)
+    server.hooks.outcome.append(feature.record)
+    server.hooks.retention.append(feature.record)
     server.hooks.shutdown.append(feature.on_shutdown)
-
-    @server.feature(DID_SHOW_NOTIFICATION)
-    def did_show(ls: TabloopServer, params: Any) -> None:
-        """The client displayed a suggestion."""
-        shown = read_params(params, DecisionParams)
-        if shown is not None:
-            feature.on_show(shown.decision_id)
-
-    @server.feature(DID_DISMISS_NOTIFICATION)
-    def did_dismiss(ls: TabloopServer, params: Any) -> None:
-        """The user dismissed a suggestion."""
-        dismissed = read_params(params, DecisionParams)
-        if dismissed is not None:
-            feature.on_dismiss(dismissed.decision_id)
 
     @server.feature(TELEMETRY_ENABLED_NOTIFICATION)
     def telemetry_enabled(ls: TabloopServer, params: Any) -> None:

@@ -198,7 +198,7 @@ def test_the_prediction_counts_only_what_the_runner_will_read() -> None:
 def test_the_server_tells_the_session_what_each_edit_was() -> None:
     from completion.session import SessionSignals
     from lsp_server.documents import DocumentChange, TextChange
-    from lsp_server.features.inline import TypingTracker
+    from lsp_server.features.session import TypingTracker
 
     clock = iter(range(100, 200))
     session = SessionSignals(clock=lambda: float(next(clock)))

@@ -1,7 +1,7 @@
 """One definition of the session: a scripted session played by the replay and told to the server.
 
-The replay's `EditingSession` and the language server's own objects (the inline feature's
-`TypingTracker`, the telemetry feature with its outcome tracker and `decision_event`) are given
+The replay's `EditingSession` and the language server's own objects (the session feature with its
+`TypingTracker` and outcome tracker, the telemetry feature with `decision_event`) are given
 the same session: the same keystrokes at the same (simulated) times, the same suggestions, the
 same user reactions. The gate must see identical feature vectors, and the backend must receive
 identical events, from both, in every language: the server names it by the editor's id (or, when
@@ -18,13 +18,13 @@ from lsprotocol import types
 
 from completion import gate
 from completion.engine import Engine
-from completion.session import SessionSignals
 from completion.settings import CompletionSettings
 from completion.types import Decision
 from evaluation.editing import SECONDS_PER_CHAR, SETTLE_S, EditingSession
 from evaluation.simulation import Position, UserResponse, simulated_user
 from lsp_server.documents import adopt, open_document
-from lsp_server.features.inline import TypingTracker, build_request
+from lsp_server.features.inline import build_request
+from lsp_server.features.session import SessionFeature
 from lsp_server.features.telemetry import TelemetryFeature
 from lsp_server.outcomes import TextChange
 from lsp_server.server import TabloopServer
@@ -108,19 +108,20 @@ class ServerSide:
             ),
             None,
         )
-        self.session = self.ls.add_feature(SessionSignals(clock=lambda: self.now))
-        self.typing = TypingTracker(self.session)
+        self.outcomes = SessionFeature(self.ls, clock=lambda: self.now)
+        self.typing = self.outcomes.typing
         self.telemetry = TelemetryFeature(self.ls)
-        self.telemetry.tracker.clock = lambda: self.now
         self.client = Recorder()
         self.telemetry.client = self.client  # type: ignore[assignment]
+        # What `register` wires: the session feature's outcomes go to telemetry.
+        self.ls.hooks.outcome.append(self.telemetry.record)
+        self.ls.hooks.retention.append(self.telemetry.record)
         self.version = 1
         self.text = ""
         item = types.TextDocumentItem(uri=self.uri, language_id=editor_id, version=1, text="")
         self.ls.workspace.put_text_document(item)
         adopt(self.ls.workspace, item)
-        self.typing.did_open(self.uri)
-        self.telemetry.did_open(self.uri)
+        self.outcomes.did_open(self.uri)
 
     def _apply(self, change: types.TextDocumentContentChangeEvent, text: str) -> None:
         self.version += 1
@@ -130,9 +131,7 @@ class ServerSide:
         self.text = text
         document = open_document(self.ls.workspace, self.uri)
         assert document is not None
-        taken = document.take_change()  # what the document feature hands every listener
-        self.typing.did_change(taken)
-        self.telemetry.did_change(taken)
+        self.outcomes.did_change(document.take_change())  # what every listener is handed
 
     def replace_all(self, text: str) -> None:
         self._apply(types.TextDocumentContentChangeWholeDocument(text=text), text)
@@ -176,28 +175,29 @@ def play_server(
     request = build_request(document, cursor_at, "automatic")
     decision = model.complete(request, signals=side.signals())
     side.telemetry.on_decision(decision, request)
+    side.outcomes.on_decision(decision, request)
     if not decision.shown:
         return decision, None
     response = simulated_user(decision.text, position.hole)
     cursor = len(position.prefix)
     now = side.now
     if response.kind == "accepted":
-        side.telemetry.on_accept(decision.decision_id, [])
+        side.outcomes.on_accept(decision.decision_id, [])
         side.edit(TextChange(cursor, cursor, decision.text))
         if response.retained_chars < len(decision.text):
             end = cursor + len(decision.text)
             side.edit(TextChange(cursor + response.retained_chars, end, ""))
     elif response.kind == "partial":
         side.edit(TextChange(cursor, cursor, decision.text[: response.accepted_chars]))
-        side.telemetry.on_dismiss(decision.decision_id)
+        side.outcomes.on_dismiss(decision.decision_id)
     else:
         at = cursor
         for ch in position.hole:
             side.edit(TextChange(at, at, ch))
             at += 1
-            if side.telemetry.tracker.pending.get(side.uri) is None:
+            if side.outcomes.tracker.pending.get(side.uri) is None:
                 break
-    side.telemetry.tracker.tick(now + SETTLE_S)
+    side.outcomes.tracker.tick(now + SETTLE_S)
     return decision, response
 
 

@@ -21,7 +21,8 @@ from completion.session import SessionSignals
 from completion.settings import CompletionSettings
 from completion.types import CancelToken, Generation, StopRule
 from lsp_server.documents import adopt
-from lsp_server.features.inline import TypingTracker, decide
+from lsp_server.features.inline import decide
+from lsp_server.features.session import TypingTracker
 from lsp_server.server import TabloopServer
 from tests.support.scripted_model import ScriptedModel
 
