@@ -89,7 +89,7 @@ def tenant_name_problem(name: str) -> str | None:
 
 def token_label_problem(label: str) -> str | None:
     """Why `label` cannot label a token, or None (the same rule as tenant names, 64 chars)."""
-    if len(label) > 64:
+    if not label or len(label) > 64:
         return "a token label is 1 to 64 characters"
     problem = tenant_name_problem(label)
     return problem.replace("tenant name", "token label") if problem else None
@@ -154,11 +154,15 @@ class Principal:
     tenant: str
     label: str | None = None
     admin: bool = False
+    token_id: int | None = None
 
     @property
     def actor(self) -> str:
-        """How the history names this token's holder: its label, else its tenant."""
-        return f"token:{self.label}" if self.label else f"token@{self.tenant}"
+        """How the history names this token's holder: its label, else its tenant, and the
+        token's id, since labels are not unique (another tenant's token may carry an admin's
+        label): `token:alice#12`, `token#13@acme`."""
+        token = "" if self.token_id is None else f"#{self.token_id}"
+        return f"token:{self.label}{token}" if self.label else f"token{token}@{self.tenant}"
 
 
 class Storage:
@@ -284,11 +288,11 @@ class Storage:
         now = time.monotonic()
         with self.sessions() as session:
             row = session.execute(
-                select(Tenant.id, Tenant.name, ApiToken.label, ApiToken.admin)
+                select(Tenant.id, Tenant.name, ApiToken.label, ApiToken.admin, ApiToken.id)
                 .join(ApiToken, ApiToken.tenant_id == Tenant.id)
                 .where(ApiToken.token_hash == key, ApiToken.revoked_at.is_(None))
             ).first()
-        principal = Principal(row[0], row[1], row[2], bool(row[3])) if row else None
+        principal = Principal(row[0], row[1], row[2], bool(row[3]), row[4]) if row else None
         if principal is not None:  # unknown tokens are not cached: they may be created next
             if len(self._principals) >= TOKEN_CACHE_MAX:
                 self._principals.clear()

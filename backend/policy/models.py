@@ -25,6 +25,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from backend.db.models import Base, BigId
 
+ACTOR_MAX_CHARS = 200
+"""Who acted, as the history records it: `token:` + a 64-character label + `#` + the token's
+id fits with room to spare; a longer `--actor` is refused, never cut."""
+
 JsonDocument = JSON().with_variant(JSONB(), "postgresql")
 
 
@@ -59,7 +63,7 @@ class PolicyPromotionRow(Base):
     tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     version: Mapped[str | None] = mapped_column(String(64), default=None)
     action: Mapped[str] = mapped_column(String(16))
-    actor: Mapped[str] = mapped_column(String(64))
+    actor: Mapped[str] = mapped_column(String(ACTOR_MAX_CHARS))
     reason: Mapped[str] = mapped_column(String(512))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     # What the change was judged on (a canary's live gain and its standard error, ...).

@@ -34,7 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend.db.models import Tenant
-from backend.policy.models import PolicyPromotionRow, PolicyVersionRow
+from backend.policy.models import ACTOR_MAX_CHARS, PolicyPromotionRow, PolicyVersionRow
 from backend.policy.settings import TrainerSettings
 from backend.storage import Storage
 from completion.gate import (
@@ -586,12 +586,14 @@ class PolicyRegistry:
         reason: str,
         figures: dict[str, Any] | None,
     ) -> None:
+        if actor is not None and len(actor) > ACTOR_MAX_CHARS:
+            raise RegistryError(f"who acted is at most {ACTOR_MAX_CHARS} characters")
         session.add(
             PolicyPromotionRow(
                 tenant_id=tenant_id,
                 version=None if version in (None, BUILTIN_VERSION) else version,
                 action=action,
-                actor=(actor or OPERATOR)[:64],
+                actor=actor or OPERATOR,
                 reason=reason[:512],
                 created_at=datetime.now(UTC),
                 figures=finite_json(figures) if figures is not None else None,

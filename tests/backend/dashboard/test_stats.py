@@ -19,6 +19,7 @@ from backend.policy.registry import PolicyRegistry
 from backend.services import stats as stats_module
 from backend.services.ingest import IngestLimits
 from backend.services.stats import StatsService
+from completion.gate import builtin_policy
 from tabloop.cli import main as tabloop_main
 from telemetry.events import parse_event
 from tests.support import dashboard_history
@@ -193,10 +194,12 @@ def test_registry_actions_change_the_registry_and_record_who_acted(
         f"{server.url}/v1/policy/promote", json={"version": v3}, headers=headers, timeout=10
     )
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"tenant": server.tenant, "serving": v3, "actor": "token:dana"}
+    dana = answer.json()["actor"]
+    assert dana.startswith("token:dana#")
+    assert answer.json() == {"tenant": server.tenant, "serving": v3, "actor": dana}
     registry = PolicyRegistry(server.storage)
     assert registry.serving_version(server.tenant_id) == v3
-    assert registry.history(server.tenant_id)[-1]["actor"] == "token:dana"
+    assert registry.history(server.tenant_id)[-1]["actor"] == dana
     back = httpx.post(
         f"{server.url}/v1/policy/rollback", json={"version": v3}, headers=headers, timeout=10
     )
@@ -223,7 +226,7 @@ def test_registry_actions_change_the_registry_and_record_who_acted(
     )
     assert approved.status_code == 200, approved.text
     last = registry.history(server.tenant_id)[-1]
-    assert last["version"] == v3 and last["actor"] == "token:dana"
+    assert last["version"] == v3 and last["actor"] == dana
     again = httpx.post(
         f"{server.url}/v1/policy/approve", json={"version": v3}, headers=headers, timeout=10
     )
@@ -306,3 +309,33 @@ def _copy(body: dict[str, Any]) -> dict[str, Any]:
 
 def _ids(server: BackendServer, tenant_id: int) -> list[int]:
     return [row_id for row_id, _ in server.storage.events(tenant_id, limit=100_000)]
+
+
+def test_who_acted_names_the_token_whole_and_unambiguously(backend: BackendServer) -> None:
+    storage = backend.storage
+    registry = PolicyRegistry(storage)
+    versions = [
+        registry.add(backend.tenant_id, builtin_policy().derive, {}).version for _ in range(4)
+    ]
+    ops = f"ops-{uuid.uuid4().hex[:6]}"
+    # An admin's label, reused by a tenant token; two labels of 64 that differ in the last one.
+    tokens = [
+        storage.create_token(ops, label="admin-ops", admin=True),
+        storage.create_token(backend.tenant, label="admin-ops"),
+        storage.create_token(backend.tenant, label="a" * 63 + "b"),
+        storage.create_token(backend.tenant, label="a" * 63 + "c"),
+    ]
+    for token, version in zip(tokens, versions, strict=True):
+        answer = httpx.post(
+            f"{backend.url}/v1/policy/promote",
+            json={"tenant": backend.tenant, "version": version},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        assert answer.status_code == 200, answer.text
+    actors = [row["actor"] for row in registry.history(backend.tenant_id)[-4:]]
+    assert len(set(actors)) == 4, actors
+    assert actors[2].startswith("token:" + "a" * 63 + "b#")
+    assert actors[3].startswith("token:" + "a" * 63 + "c#")
+    with pytest.raises(ValueError, match="1 to 64"):
+        storage.create_token(backend.tenant, label="")
