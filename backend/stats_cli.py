@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from backend.policy.loop import tenant_ids
 from backend.policy.registry import PolicyRegistry
@@ -33,7 +37,8 @@ def _ms(value: float | None) -> str:
 def overview_table(doc: dict[str, Any]) -> Table:
     """The Overview's summary as a rich table."""
     s = doc["summary"]
-    table = Table(title=f"{doc['tenant']}, last {doc['window']} (serving {doc['serving']})")
+    # Names come from the database: shown as plain text, never read as Rich markup.
+    table = Table(title=Text(f"{doc['tenant']}, last {doc['window']} (serving {doc['serving']})"))
     table.add_column("figure")
     table.add_column("value", justify="right")
     silences = s["silences"]
@@ -53,7 +58,7 @@ def overview_table(doc: dict[str, Any]) -> Table:
         ("promotions and rollbacks", str(len(doc["markers"]))),
     ]
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(Text(name), Text(value))
     return table
 
 
@@ -73,6 +78,22 @@ def _tenant(storage: Storage, name: str | None) -> tuple[int, str]:
     return ids[0], dict(storage.tenants())[ids[0]]
 
 
+def _open(url: str) -> Storage:
+    """The backend's database at `url`; exits with the reason when there is none there (a
+    report never creates a database, nor the directory of one) or the URL names no database."""
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            path = Path(parsed.database or "").expanduser()
+            if not parsed.database or parsed.database == ":memory:" or not path.is_file():
+                raise SystemExit(f"tabloop stats: no database at {path} (give one with --db)")
+        return Storage(url)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise SystemExit(f"tabloop stats: not a database URL ({exc})") from None
+    except SQLAlchemyError as exc:
+        raise SystemExit(f"tabloop stats: cannot open the database: {exc}") from None
+
+
 def stats_main(argv: list[str]) -> int:
     """Entry point of `tabloop stats`."""
     parser = argparse.ArgumentParser(
@@ -83,11 +104,13 @@ def stats_main(argv: list[str]) -> int:
     parser.add_argument("--window", default="24h", choices=list(WINDOWS))
     parser.add_argument("--json", action="store_true", help="print the overview as JSON")
     args = parser.parse_args(argv)
-    storage = Storage(args.db or default_db_url())
+    storage = _open(args.db or default_db_url())
     try:
         tenant_id, name = _tenant(storage, args.tenant)
         stats = StatsService(storage, PolicyRegistry(storage))
         doc = {"tenant": name, **stats.overview(tenant_id, args.window)}
+    except SQLAlchemyError as exc:
+        raise SystemExit(f"tabloop stats: cannot read the database: {exc}") from None
     finally:
         storage.close()
     if args.json:
@@ -96,7 +119,7 @@ def stats_main(argv: list[str]) -> int:
         console = Console()
         console.print(overview_table(doc))
         if doc["empty"]:
-            console.print(f"no events in the last {args.window}")
+            console.print(Text(f"no events in the last {args.window}"))
     return 0
 
 
