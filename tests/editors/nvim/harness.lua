@@ -98,6 +98,9 @@ end
 
 --- Loads the plugin from the checkout, opens the file, waits for the client; `opts` go to setup().
 function M.start(opts)
+  -- Neovim's LSP log: the server's stderr lands there as ERROR, window/logMessage by its type.
+  vim.lsp.log.set_level(M.cfg.lsp_log_level or 'WARN')
+  M.report.lsp_log = vim.lsp.log.get_filename()
   vim.opt.runtimepath:prepend(M.cfg.plugin)
   vim.cmd.runtime('plugin/tabloop.lua')
   require('tabloop').setup(vim.tbl_extend('force', {
