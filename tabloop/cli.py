@@ -2,7 +2,8 @@
 
 `serve` runs the language server; everything else is for people: debugging one completion,
 diagnosing a setup, indexing, the backend, benchmarks and evaluations. Under `serve`, stdout
-carries JSON-RPC only; logs go to stderr or `--log-file`.
+carries JSON-RPC only, the log goes to the client (`window/logMessage`) and `--log-file`, and
+stderr gets warnings and errors (`lsp_server.main`).
 """
 
 from __future__ import annotations
