@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from backend.deps import MetricsDep, StorageDep
@@ -45,3 +45,13 @@ async def require_principal(
 
 CurrentPrincipal = Annotated[Principal, Depends(require_principal)]
 """Annotate a route parameter with this to require a token and get its tenant."""
+
+
+async def not_stored(response: Response) -> None:
+    """FastAPI dependency: the answer is a tenant's data, which no cache may keep
+    (`Cache-Control: no-store`); routes that answer with entity tags set their own."""
+    response.headers["Cache-Control"] = "no-store"
+
+
+NotStored = Depends(not_stored)
+"""Put in a router's or route's `dependencies` to mark its answers `no-store`."""

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from backend.auth import CurrentPrincipal
+from backend.auth import CurrentPrincipal, NotStored
 from backend.deps import RegistryDep
 
 router = APIRouter()
@@ -41,7 +41,7 @@ def get_policy(principal: CurrentPrincipal, registry: RegistryDep, request: Requ
     return Response(served.artifact, media_type="application/json", headers=headers)
 
 
-@router.get("/v1/policy/versions")
+@router.get("/v1/policy/versions", dependencies=[NotStored])
 def list_versions(principal: CurrentPrincipal, registry: RegistryDep) -> dict[str, Any]:
     """Every policy version of the tenant, and the promotion history."""
     return {

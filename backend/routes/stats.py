@@ -24,6 +24,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from backend.auth import NotStored
 from backend.deps import IngestStatsDep, RegistryDep, StatsDep, StorageDep
 from backend.policy.registry import RegistryError
 from backend.routes.body import json_body_openapi, read_json_body
@@ -32,7 +33,8 @@ from backend.routes.throttle import PolicyPrincipal, StatsPrincipal
 from backend.services.stats import DIMENSIONS, WINDOWS
 from backend.storage import Principal, Storage
 
-router = APIRouter()
+# Every answer is a tenant's figures or a registry change: nothing here may be cached.
+router = APIRouter(dependencies=[NotStored])
 
 WINDOW_PATTERN = "^(" + "|".join(WINDOWS) + ")$"
 DIMENSION_PATTERN = "^(" + "|".join(DIMENSIONS) + ")$"

@@ -265,6 +265,23 @@ def test_statistics_and_registry_actions_are_rate_limited(served: BackendServer)
     assert httpx.get(f"{served.url}/v1/stats/tenants", headers=_auth(served, other)).is_success
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/stats/tenants",
+        "/v1/stats/overview",
+        "/v1/stats/by/language",
+        "/v1/stats/policies",
+        "/v1/stats/ingestion",
+        "/v1/policy/versions",
+    ],
+)
+def test_a_tenants_json_is_never_stored_by_a_cache(served: BackendServer, path: str) -> None:
+    answer = httpx.get(f"{served.url}{path}", headers=_auth(served), timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["cache-control"] == "no-store"
+
+
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
