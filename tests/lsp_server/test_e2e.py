@@ -212,6 +212,7 @@ async def test_cancelled_request_then_the_next_one_works(
     # that the cancellation arrives while the model is generating.
     uri = open_document(client, server_workspace / "totals.py", SLOW_SOURCE)
     scripted_model.token_delay_s = 0.2
+    asked = len(scripted_model.prompts)
     try:
         msg_id = f"cancel-me-{uri}"
         # A task, so that the request is sent now rather than when it is awaited.
@@ -222,7 +223,13 @@ async def test_cancelled_request_then_the_next_one_works(
                 msg_id=msg_id,
             )
         )
-        await asyncio.sleep(0.3)  # the request has reached the model, which needs seconds
+        deadline = time.monotonic() + 60
+        while not any(  # the request has reached the model, which needs seconds
+            scripted_model.answer_for(prompt) == SLOW_SUGGESTION
+            for prompt in scripted_model.prompts[asked:]
+        ):
+            assert time.monotonic() < deadline, "the request never reached the model"
+            await asyncio.sleep(0.01)
         client.protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=msg_id))
         with pytest.raises(JsonRpcRequestCancelled):
             await pending
