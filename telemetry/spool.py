@@ -16,7 +16,8 @@ Every loss is counted, in the spool itself (see `SpoolStats`):
   to the caller and counts its events in `dropped_events`. The count is held in memory until a
   later transaction can store it, so a full disk is counted even while nothing can be written.
 - A spool that SQLite cannot read is moved aside (`spool.sqlite3.corrupt-<time>-<pid>`) and a new
-  one is started, so a damaged file costs its own contents and nothing after. The events it held
+  one is started, so a damaged file costs its own contents and nothing after. The rows that can
+  still be read from it are spooled again (`salvaged_events`); the events it held beyond them
   are counted in `corrupt_events` when the moved file can still be read at all, else its size
   goes to `unknown_loss_bytes`.
 - A damaged WAL would make SQLite's recovery drop every transaction committed after the damage,
@@ -63,7 +64,7 @@ INSERT OR IGNORE INTO counters VALUES
     ('events', 0), ('bytes', 0), ('dropped_events', 0), ('quarantined_events', 0),
     ('quarantine_dropped', 0), ('invalid_events', 0), ('corrupt_files', 0),
     ('corrupt_events', 0), ('unknown_loss_bytes', 0), ('wal_damage', 0),
-    ('wal_lost_commits', 0), ('wal_damage_mark', 0);
+    ('wal_lost_commits', 0), ('wal_damage_mark', 0), ('salvaged_events', 0);
 -- Triggers keep the totals exact whatever path inserts or deletes.
 CREATE TRIGGER IF NOT EXISTS events_in AFTER INSERT ON events BEGIN
     UPDATE counters SET value = value + 1 WHERE name = 'events';
@@ -100,6 +101,7 @@ class SpoolStats:
     unknown_loss_bytes: int = 0  # uncountable losses: unreadable files, lost WAL frames
     wal_damage: int = 0  # damaged WALs found at open
     wal_lost_commits: int = 0  # committed transactions those WALs lost
+    salvaged_events: int = 0  # events read back from moved files into the new spool
     write_errors: int = 0  # failed writes in this process
     last_write_error: str = ""
 
@@ -215,10 +217,39 @@ class Spool:
         except sqlite3.OperationalError:
             raise  # locked or unwritable: not corruption, do not destroy anything
         except (sqlite3.DatabaseError, SpoolCorrupt) as exc:
-            self._move_aside(exc)
-            return self._connect()
+            salvaged = self._move_aside(exc)
+            conn = self._connect()
+            self._restore(conn, salvaged)
+            return conn
 
-    def _move_aside(self, exc: BaseException) -> None:
+    def _restore(self, conn: sqlite3.Connection, salvaged: list[tuple[str, bytes]]) -> None:
+        """Spool again the events read back from a moved file (the new spool is empty)."""
+        if not salvaged:
+            return
+        fitting = [(i, b, len(b)) for i, b in salvaged if len(b) <= self.max_bytes]
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "INSERT OR IGNORE INTO events (event_id, body, bytes) VALUES (?, ?, ?)", fitting
+            )
+            conn.execute(
+                "UPDATE counters SET value = value + ? WHERE name = 'salvaged_events'",
+                (len(fitting),),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            # Not spooled again after all: they count as the moved file's losses.
+            self._unsaved["corrupt_events"] += len(salvaged)
+            log.warning("telemetry spool: %d salvaged events lost", len(salvaged), exc_info=True)
+            return
+        self._unsaved["corrupt_events"] += len(salvaged) - len(fitting)
+        log.warning("telemetry spool %s: %d events salvaged", self.path, len(fitting))
+
+    def _move_aside(self, exc: BaseException) -> list[tuple[str, bytes]]:
+        """Move the unreadable spool aside; returns the events that could still be read from
+        it (to spool again), having counted those that could not."""
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
         log.warning("telemetry spool %s is unreadable (%s); moved to %s", self.path, exc, target)
@@ -233,26 +264,30 @@ class Spool:
                 os.replace(side, target.with_name(target.name + suffix))
                 moved.append(target.with_name(target.name + suffix))
         if not moved:
-            return
+            return []
         held = events_held(target) if target in moved else None
+        salvaged = salvage_events(target) if target in moved else []
         self._unsaved["corrupt_files"] += 1
         if held is not None:
-            self._unsaved["corrupt_events"] += held
-        else:
+            self._unsaved["corrupt_events"] += max(0, held - len(salvaged))
+        elif not salvaged:
             self._unsaved["unknown_loss_bytes"] += sum(
                 path.stat().st_size for path in moved if not path.name.endswith("-shm")
             )
         log.warning(
-            "telemetry spool %s held %s events",
+            "telemetry spool %s held %s events; %d read back",
             target,
             "an unknown number of" if held is None else held,
+            len(salvaged),
         )
+        return salvaged
 
     def _recover(self, exc: sqlite3.DatabaseError) -> None:
         # Called with the lock held, when the file went bad while open.
         self._conn.close()
-        self._move_aside(exc)
+        salvaged = self._move_aside(exc)
         self._conn = self._connect()
+        self._restore(self._conn, salvaged)
         self._save_losses()
 
     @contextmanager
@@ -480,6 +515,7 @@ class Spool:
             unknown_loss_bytes=int(values["unknown_loss_bytes"]),
             wal_damage=int(values["wal_damage"]),
             wal_lost_commits=int(values["wal_lost_commits"]),
+            salvaged_events=int(values.get("salvaged_events", 0)),
             write_errors=self.write_errors,
             last_write_error=self.last_write_error,
         )
@@ -516,3 +552,69 @@ def events_held(path: Path) -> int | None:
         return None
     finally:
         conn.close()
+
+
+SALVAGE_QUERY = "SELECT seq, event_id, body FROM events WHERE seq > ? ORDER BY seq"
+
+
+def salvage_events(path: Path) -> list[tuple[str, bytes]]:
+    """The `(event_id, body)` rows of the damaged spool at `path` that SQLite can still read,
+    oldest first. Opened read-only.
+
+    A damaged page stops a scan of the table where it lies. The scan then starts again past it:
+    the smallest start, above the last row read, from which the b-tree can be descended again
+    is found by doubling a step and halving back (a page's rows are consecutive, so the rows
+    that can be read from a start on are those past the damage). Only the damaged pages' rows
+    are lost, as with SQLite's own recovery.
+    """
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return []
+    rows: list[tuple[str, bytes]] = []
+    try:
+        conn.execute("PRAGMA writable_schema = ON")  # as `events_held`: a truncated file too
+        last = 0
+        while True:
+            try:
+                for seq, event_id, body in conn.execute(SALVAGE_QUERY, (last,)):
+                    if isinstance(event_id, str) and isinstance(body, bytes):
+                        rows.append((event_id, body))
+                    last = seq
+                return rows
+            except sqlite3.Error:
+                resumed = _resume_after(conn, last)
+                if resumed is None:
+                    return rows
+                last = resumed
+    except sqlite3.Error:
+        return rows
+    finally:
+        conn.close()
+
+
+def _readable_from(conn: sqlite3.Connection, start: int) -> bool:
+    try:
+        conn.execute(
+            "SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT 1", (start,)
+        ).fetchall()
+    except sqlite3.Error:
+        return False
+    return True
+
+
+def _resume_after(conn: sqlite3.Connection, failed: int) -> int | None:
+    """The smallest start above `failed` from which the table reads again, or None."""
+    step = 1
+    while not _readable_from(conn, failed + step):
+        step *= 2
+        if failed + step > 2**62:
+            return None
+    low, high = failed + step // 2, failed + step  # low fails (or is `failed`), high reads
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _readable_from(conn, middle):
+            high = middle
+        else:
+            low = middle
+    return high
