@@ -27,6 +27,7 @@ from pygls.lsp.server import LanguageServer
 
 from completion.types import CancelToken, CompletionRequest, Decision
 from lsp_server import __version__, config
+from lsp_server.capabilities import ResolvedClientCapabilities
 from lsp_server.documents import DocumentListener
 from lsp_server.framing import CHUNK_BYTES, ChunkSource, serve_frames
 from lsp_server.protocol import RequestTiming, ServerStatus
@@ -95,6 +96,8 @@ class TabloopServer(LanguageServer):
         self.init_options: Any = None
         # The editor's name and version from `initialize` (`clientInfo`), put on decision events.
         self.client_info: types.ClientInfo | None = None
+        # What the client can do, resolved once at `initialize`.
+        self.client = ResolvedClientCapabilities()
         self.client_config: Any = None
         self.engine: Engine | None = None
         self._import_lock = threading.Lock()
@@ -108,7 +111,6 @@ class TabloopServer(LanguageServer):
         self.counters = Counters()
         # Per answered request: wall time in the handler and in the model, the action and why.
         self.request_timings: deque[RequestTiming] = deque(maxlen=TIMINGS_KEPT)
-        self.last_accept_at = 0.0
         self.engine_ready = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reported_problems: set[str] = set()

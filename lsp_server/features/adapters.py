@@ -16,15 +16,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-from lsprotocol import types
 
 from completion.adapter_client import AdapterFetcher, AdapterFetchError
 from completion.runners.base import PreparedModel, PreparingAdapterRunner, RunnerCapabilities
 from lsp_server.config import Settings
+from lsp_server.progress import WorkDoneProgress
 from lsp_server.protocol import ADAPTER_PROGRESS_TITLE, ADAPTER_PROGRESS_TOKEN_PREFIX
 from lsp_server.server import TabloopServer
 from training.registry import REGISTRY_FILE, AdapterRegistry, AdapterRegistryError, scope_dir
@@ -210,16 +208,15 @@ class AdapterFeature:
         """`runner.prepare_adapter(target)` on the preparing thread, its steps logged and sent
         as `$/progress`."""
         loop = asyncio.get_running_loop()
-        progress = await self._begin_progress(target)
+        progress = WorkDoneProgress(
+            self.server, ADAPTER_PROGRESS_TOKEN_PREFIX, ADAPTER_PROGRESS_TITLE
+        )
+        what = "the base model" if target is None else f"adapter {target.name}"
+        await progress.begin(f"preparing {what}")
 
         def report(message: str) -> None:
             log.info("%s", message)
-            if progress is not None:
-                loop.call_soon_threadsafe(
-                    self.server.work_done_progress.report,
-                    progress,
-                    types.WorkDoneProgressReport(message=message),
-                )
+            progress.report_from_thread(loop, message)
 
         def run() -> PreparedModel:
             if target is not None:  # merging needs transformers, imported one thread at a time
@@ -232,31 +229,7 @@ class AdapterFeature:
             outcome = f"adapter ready: {prepared.model_id}"
             return prepared
         finally:
-            if progress is not None:
-                self.server.work_done_progress.end(
-                    progress, types.WorkDoneProgressEnd(message=outcome)
-                )
-
-    async def _begin_progress(self, target: Path | None) -> str | None:
-        """A `$/progress` token for preparing `target`, or None when the editor takes none."""
-        capabilities = getattr(self.server, "client_capabilities", None)
-        window = getattr(capabilities, "window", None)
-        if not (window and window.work_done_progress):
-            return None
-        token = f"{ADAPTER_PROGRESS_TOKEN_PREFIX}{uuid.uuid4().hex[:8]}"
-        what = "the base model" if target is None else f"adapter {target.name}"
-        try:
-            await self.server.work_done_progress.create_async(token)
-            self.server.work_done_progress.begin(
-                token,
-                types.WorkDoneProgressBegin(
-                    title=ADAPTER_PROGRESS_TITLE, message=f"preparing {what}"
-                ),
-            )
-        except Exception:
-            log.debug("client refused work-done progress", exc_info=True)
-            return None
-        return token
+            progress.end(outcome)
 
     def on_ready(self) -> None:
         """The model (re)loaded: serve the registry's adapter on it."""

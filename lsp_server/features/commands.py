@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from lsp_server.protocol import (
@@ -30,7 +29,6 @@ def register(server: TabloopServer) -> None:
             log.warning("accept for an unknown decision %r", decision_id)
             return
         ls.counters.accepted += 1
-        ls.last_accept_at = time.monotonic()
         log.info(
             "accepted %s (%d chars, policy %s)",
             decision_id,

@@ -14,7 +14,6 @@ import asyncio
 import logging
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from indexer.types import SearchHit as IndexHit
 from indexer.types import SymbolHit
 from lsp_server.config import Settings
 from lsp_server.documents import DocumentChange, DocumentListener, open_document
+from lsp_server.progress import WorkDoneProgress
 from lsp_server.protocol import (
     INDEX_PROGRESS_TITLE,
     INDEX_PROGRESS_TOKEN_PREFIX,
@@ -69,7 +69,7 @@ class IndexFeature(DocumentListener):
         self.syncer: IndexSyncer | None = None
         self._key: tuple[Any, ...] | None = None
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._token: str | None = None
+        self._progress: WorkDoneProgress | None = None
         self._last_report = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -142,40 +142,26 @@ class IndexFeature(DocumentListener):
     # -- progress ----------------------------------------------------------------------------
 
     def _on_progress(self, index: WorkspaceIndex, stage: str, done: int, total: int) -> None:
-        if index is not self.index or not _supports_progress(self.server):
+        if index is not self.index or not self.server.client.work_done_progress:
             return
         if stage == "ready":
-            if self._token is not None:
-                token, self._token = self._token, None
-                message = f"{done} files indexed"
-                self.server.work_done_progress.end(
-                    token, types.WorkDoneProgressEnd(message=message)
-                )
+            if self._progress is not None:
+                progress, self._progress = self._progress, None
+                progress.end(f"{done} files indexed")
             return
         now = time.monotonic()
-        if self._token is not None and now - self._last_report < PROGRESS_INTERVAL_S:
+        if self._progress is not None and now - self._last_report < PROGRESS_INTERVAL_S:
             return
         self._last_report = now
         message = "scanning" if stage == "scan" else f"indexing {done}/{total} files"
         percentage = int(100 * done / total) if stage == "index" and total else None
-        if self._token is None:
-            self._token = f"{INDEX_PROGRESS_TOKEN_PREFIX}{uuid.uuid4().hex[:8]}"
-            self.server.run_task(self._begin(self._token, message), "index-progress")
-        else:
-            self.server.work_done_progress.report(
-                self._token, types.WorkDoneProgressReport(message=message, percentage=percentage)
+        if self._progress is None:
+            self._progress = WorkDoneProgress(
+                self.server, INDEX_PROGRESS_TOKEN_PREFIX, INDEX_PROGRESS_TITLE
             )
-
-    async def _begin(self, token: str, message: str) -> None:
-        try:
-            await self.server.work_done_progress.create_async(token)
-        except Exception:
-            log.debug("client refused work-done progress", exc_info=True)
-            return
-        begin = types.WorkDoneProgressBegin(
-            title=INDEX_PROGRESS_TITLE, message=message, percentage=0
-        )
-        self.server.work_done_progress.begin(token, begin)
+            self.server.run_task(self._progress.begin(message, percentage=0), "index-progress")
+        else:
+            self._progress.report(message, percentage)
 
     # -- documents (a `DocumentListener`) ----------------------------------------------------
 
@@ -233,11 +219,6 @@ class IndexFeature(DocumentListener):
         index = self.index
         root = index.root if index is not None else Path(".")
         return from_fs_path(str(root / rel)) or ""
-
-
-def _supports_progress(server: TabloopServer) -> bool:
-    window = server.client_capabilities.window
-    return bool(window and window.work_done_progress)
 
 
 def _path(uri: str) -> Path | None:

@@ -298,7 +298,7 @@ def register(server: TabloopServer) -> None:
     async def completion(
         ls: TabloopServer, params: types.CompletionParams
     ) -> types.CompletionList | None:
-        if _has_inline_completion(ls):
+        if ls.client.inline_completion:
             # The client shows ghost text already; a popup item would say the same twice.
             return types.CompletionList(is_incomplete=True, items=[])
         invoked = (
@@ -344,8 +344,3 @@ def register(server: TabloopServer) -> None:
                 )
             ],
         )
-
-
-def _has_inline_completion(ls: TabloopServer) -> bool:
-    document = ls.client_capabilities.text_document
-    return bool(document and document.inline_completion)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
 from pygls.uris import to_fs_path
 
+from lsp_server.capabilities import ResolvedClientCapabilities
 from lsp_server.features.policy import PolicyFeature
+from lsp_server.progress import WorkDoneProgress
 from lsp_server.protocol import (
     CONFIGURATION_SECTION,
     MODEL_PROGRESS_TITLE,
@@ -54,11 +55,6 @@ def workspace_root(params: types.InitializeParams) -> Path | None:
     return None
 
 
-def supports_work_done_progress(server: TabloopServer) -> bool:
-    window = server.client_capabilities.window
-    return bool(window and window.work_done_progress)
-
-
 async def load_engine(server: TabloopServer) -> None:
     """Load the model (importing torch only if its engine needs it) on the model thread."""
     from completion.engine import Engine  # heavy imports (torch) stay off `initialize`
@@ -70,20 +66,8 @@ async def load_engine(server: TabloopServer) -> None:
         return
     server.model_state = "loading"
     server.engine_ready.clear()
-    token = f"{MODEL_PROGRESS_TOKEN_PREFIX}{uuid.uuid4().hex[:8]}"
-    progress = supports_work_done_progress(server)
-    if progress:
-        try:
-            await server.work_done_progress.create_async(token)
-            server.work_done_progress.begin(
-                token,
-                types.WorkDoneProgressBegin(
-                    title=MODEL_PROGRESS_TITLE, message=f"loading {settings.completion.model}"
-                ),
-            )
-        except Exception:
-            log.debug("client refused work-done progress", exc_info=True)
-            progress = False
+    progress = WorkDoneProgress(server, MODEL_PROGRESS_TOKEN_PREFIX, MODEL_PROGRESS_TITLE)
+    await progress.begin(f"loading {settings.completion.model}")
     started = time.perf_counter()
     log.info("loading completion model %s", settings.completion.model)
     loop = asyncio.get_running_loop()
@@ -93,12 +77,7 @@ async def load_engine(server: TabloopServer) -> None:
     def report(message: str) -> None:
         """A step of a first use (the fast engine's conversion), from the model thread."""
         log.info("%s", message)
-        if progress:
-            loop.call_soon_threadsafe(
-                server.work_done_progress.report,
-                token,
-                types.WorkDoneProgressReport(message=message),
-            )
+        progress.report_from_thread(loop, message)
 
     def build() -> Engine:
         if needs_transformers(settings.completion, settings.cache_path()):
@@ -133,14 +112,12 @@ async def load_engine(server: TabloopServer) -> None:
         log.info("%s: %s", message, engine.model_id)
         for hook in server.hooks.ready:
             hook()
-    if progress:
-        server.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+    progress.end(message)
 
 
 async def pull_configuration(server: TabloopServer) -> None:
     """Fetch the `tabloop` section with `workspace/configuration`, when the client has it."""
-    workspace = server.client_capabilities.workspace
-    if not (workspace and workspace.configuration):
+    if not server.client.workspace_configuration:
         return
     try:
         result = await server.workspace_configuration_async(
@@ -166,6 +143,7 @@ def register(server: TabloopServer) -> None:
         ls.workspace_root = workspace_root(params)
         ls.init_options = params.initialization_options
         ls.client_info = params.client_info
+        ls.client = ResolvedClientCapabilities.resolve(params.capabilities)
         ls.protocol.trace = params.trace or types.TraceValue.Off  # pygls reads only $/setTrace
         ls.resolve_settings()
 

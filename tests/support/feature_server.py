@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from lsp_server.capabilities import ResolvedClientCapabilities
 from lsp_server.config import Settings
 from lsp_server.server import TabloopServer
 
@@ -30,4 +31,5 @@ def feature_server(tmp_path: Path, rows: int = 100, engine: Any = None) -> Featu
         workspace_root=tmp_path / "ws",
         engine=engine,
         model_executor=ThreadPoolExecutor(1),
+        client=ResolvedClientCapabilities(),
     )
