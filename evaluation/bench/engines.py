@@ -381,7 +381,7 @@ def loaded_weights(runner: Any) -> dict[str, Any]:
         "weights": "torch " + "+".join(dtypes),
         "weights_mb": round(size / 2**20, 1),
         "threads": int(torch.get_num_threads()),
-        "path": str(runner.source),
+        "path": runner.model_id,
     }
 
 
