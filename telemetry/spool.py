@@ -23,6 +23,9 @@ Every loss is counted, in the spool itself (see `SpoolStats`):
 - A damaged WAL would make SQLite's recovery drop every transaction committed after the damage,
   silently. It is checked at open (`telemetry/wal.py`); the transactions lost are counted in
   `wal_lost_commits` and their bytes in `unknown_loss_bytes` (a WAL frame holds pages, not events).
+- A WAL deleted after a crash takes its commits with it, silently too. A commit mark kept beside
+  the spool (`<spool>.commits`, written after each commit) is then ahead of the database's own
+  commit counter at open: counted in `wal_missing` and `wal_missing_events`.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import struct
 import threading
 import time
 from collections import Counter
@@ -64,7 +68,12 @@ INSERT OR IGNORE INTO counters VALUES
     ('events', 0), ('bytes', 0), ('dropped_events', 0), ('quarantined_events', 0),
     ('quarantine_dropped', 0), ('invalid_events', 0), ('corrupt_files', 0),
     ('corrupt_events', 0), ('unknown_loss_bytes', 0), ('wal_damage', 0),
-    ('wal_lost_commits', 0), ('wal_damage_mark', 0), ('salvaged_events', 0);
+    ('wal_lost_commits', 0), ('wal_damage_mark', 0), ('salvaged_events', 0),
+    ('commits', 0), ('appended', 0), ('wal_missing', 0), ('wal_missing_events', 0);
+-- Every event ever spooled, for the commit mark (`Spool._check_commits`).
+CREATE TRIGGER IF NOT EXISTS events_appended AFTER INSERT ON events BEGIN
+    UPDATE counters SET value = value + 1 WHERE name = 'appended';
+END;
 -- Triggers keep the totals exact whatever path inserts or deletes.
 CREATE TRIGGER IF NOT EXISTS events_in AFTER INSERT ON events BEGIN
     UPDATE counters SET value = value + 1 WHERE name = 'events';
@@ -102,6 +111,8 @@ class SpoolStats:
     wal_damage: int = 0  # damaged WALs found at open
     wal_lost_commits: int = 0  # committed transactions those WALs lost
     salvaged_events: int = 0  # events read back from moved files into the new spool
+    wal_missing: int = 0  # WALs found missing after a crash (the commit mark was ahead)
+    wal_missing_events: int = 0  # events spooled in the commits they took (at most lost)
     write_errors: int = 0  # failed writes in this process
     last_write_error: str = ""
 
@@ -115,7 +126,12 @@ LOSS_COUNTERS = (
     "unknown_loss_bytes",
     "wal_damage",
     "wal_lost_commits",
+    "wal_missing",
+    "wal_missing_events",
 )
+COMMIT_MARK = struct.Struct("<QQ")
+"""The commit mark beside a spool (`<spool>.commits`): its `commits` and `appended` counters as
+of its last commit, written after each commit, outside SQLite's files."""
 # What a failed write looks like: a full disk or file size limit surfaces as SQLITE_FULL or
 # SQLITE_IOERR (both OperationalError), or as OSError from layers around SQLite.
 WRITE_ERRORS = (sqlite3.OperationalError, OSError)
@@ -153,7 +169,63 @@ class Spool:
 
     # -- opening and recovery -------------------------------------------------------------
 
+    @property
+    def _mark_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".commits")
+
+    def _write_mark(self, commits: int, appended: int) -> None:
+        # No fsync: the mark must survive a killed process, which the page cache does; after a
+        # power loss it can only be older than the database, never ahead of it.
+        try:
+            fd = os.open(self._mark_path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(fd, COMMIT_MARK.pack(commits, appended), 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            log.debug("telemetry spool: commit mark not written", exc_info=True)
+
+    def _read_mark(self) -> tuple[int, int] | None:
+        try:
+            data = self._mark_path.read_bytes()
+        except OSError:
+            return None
+        if len(data) != COMMIT_MARK.size:
+            return None
+        commits, appended = COMMIT_MARK.unpack(data)
+        return int(commits), int(appended)
+
+    def _check_commits(self, conn: sqlite3.Connection, existed: bool) -> None:
+        """Count the commits of a WAL that was deleted after a crash: SQLite opens without it
+        and without a word, the database as of its last checkpoint. The commit mark, written
+        outside SQLite's files after each commit, is then ahead of the database's counter."""
+        # Under the write lock: no other process commits between the two reads, and a mark is
+        # only ever written after its commit, so without a loss it is never ahead.
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            stored = dict(
+                conn.execute(
+                    "SELECT name, value FROM counters WHERE name IN ('commits', 'appended')"
+                ).fetchall()
+            )
+            mark = self._read_mark() if existed else None
+        finally:
+            conn.execute("COMMIT")
+        commits, appended = int(stored["commits"]), int(stored["appended"])
+        if mark is not None and mark[0] > commits:
+            lost_events = max(0, mark[1] - appended)
+            log.warning(
+                "telemetry spool %s: WAL missing: %d commits (%d events spooled in them) lost",
+                self.path,
+                mark[0] - commits,
+                lost_events,
+            )
+            self._unsaved.update(wal_missing=1, wal_missing_events=lost_events)
+        if mark != (commits, appended):
+            self._write_mark(commits, appended)
+
     def _connect(self) -> sqlite3.Connection:
+        existed = self.path.exists()
         conn = sqlite3.connect(
             self.path,
             timeout=self.busy_timeout_s,
@@ -171,6 +243,7 @@ class Spool:
             conn.executescript(_SCHEMA)
             if damage is not None:
                 self._note_wal_damage(conn, damage)
+            self._check_commits(conn, existed)
         except (sqlite3.DatabaseError, SpoolCorrupt):
             conn.close()
             raise
@@ -263,6 +336,8 @@ class Spool:
             if side.exists():
                 os.replace(side, target.with_name(target.name + suffix))
                 moved.append(target.with_name(target.name + suffix))
+        if self._mark_path.exists():  # the new spool starts its own count
+            os.replace(self._mark_path, target.with_name(target.name + ".commits"))
         if not moved:
             return []
         held = events_held(target) if target in moved else None
@@ -302,6 +377,12 @@ class Spool:
             yield conn
             for name, value in saving.items():
                 conn.execute("UPDATE counters SET value = value + ? WHERE name = ?", (value, name))
+            conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'commits'")
+            mark = dict(
+                conn.execute(
+                    "SELECT name, value FROM counters WHERE name IN ('commits', 'appended')"
+                ).fetchall()
+            )
             conn.execute("COMMIT")
         except BaseException:
             # A failed COMMIT (disk full) may leave the transaction open, or SQLite may have
@@ -313,6 +394,7 @@ class Spool:
                     log.debug("rollback failed", exc_info=True)
             raise
         self._unsaved -= saving
+        self._write_mark(int(mark["commits"]), int(mark["appended"]))
 
     def _save_losses(self) -> None:
         # Called with the lock held. When the disk still refuses, the counts stay in memory
@@ -516,6 +598,8 @@ class Spool:
             wal_damage=int(values["wal_damage"]),
             wal_lost_commits=int(values["wal_lost_commits"]),
             salvaged_events=int(values.get("salvaged_events", 0)),
+            wal_missing=int(values.get("wal_missing", 0)),
+            wal_missing_events=int(values.get("wal_missing_events", 0)),
             write_errors=self.write_errors,
             last_write_error=self.last_write_error,
         )

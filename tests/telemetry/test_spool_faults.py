@@ -262,3 +262,60 @@ def test_one_corrupt_page_loses_only_its_rows(tmp_path: Path) -> None:
     ids = {e.event_id for e in fresh.peek(300)}
     assert "e0" in ids and "e299" in ids and "e150" not in ids
     fresh.close()
+
+
+KILLED_AFTER_APPENDS = """
+import os, sys
+from pathlib import Path
+from telemetry.spool import Spool
+spool = Spool(Path(sys.argv[1]))
+for start in range(0, 300, 50):
+    spool.append([(f"k{i}", b"z" * 100) for i in range(start, start + 50)])
+os._exit(0)  # as kill -9: no close, so no checkpoint; the events are in the WAL only
+"""
+
+
+@pytest.mark.parametrize("wal_deleted", [True, False], ids=["wal-deleted", "wal-kept"])
+def test_a_wal_deleted_after_a_crash_is_counted(tmp_path: Path, wal_deleted: bool) -> None:
+    path = tmp_path / "s.sqlite3"
+    Spool(path).close()  # the file exists, its events table empty
+    subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_APPENDS, str(path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+        timeout=60,
+    )
+    wal = path.with_name("s.sqlite3-wal")
+    assert wal.stat().st_size > 0
+    if wal_deleted:
+        wal.unlink()
+        path.with_name("s.sqlite3-shm").unlink(missing_ok=True)
+    spool = Spool(path)
+    stats = spool.stats()
+    if wal_deleted:
+        assert stats.events == 0
+        assert (stats.wal_missing, stats.wal_missing_events) == (1, 300)
+    else:
+        assert stats.events == 300
+        assert (stats.wal_missing, stats.wal_missing_events) == (0, 0)
+    spool.append(rows(3))
+    spool.close()
+    again = Spool(path).stats()  # counted once, and stored
+    assert (again.wal_missing, again.wal_missing_events) == (
+        stats.wal_missing,
+        stats.wal_missing_events,
+    )
+
+
+def test_spools_sharing_a_file_never_count_a_missing_wal(tmp_path: Path) -> None:
+    path = tmp_path / "s.sqlite3"
+    first, second = Spool(path), Spool(path)
+    for i in range(20):
+        (first if i % 2 else second).append(rows(5, prefix=f"p{i}-"))
+    third = Spool(path)  # opened while both write
+    first.close()
+    assert third.stats().wal_missing == 0
+    second.close()
+    third.close()
+    assert Spool(path).stats().wal_missing == 0
