@@ -189,19 +189,24 @@ os._exit(0)  # no close: the log stays as it is
 """
 
 
+def run_and_die(script: str, path: Path) -> None:
+    """Run `script` on the spool at `path` in a process that ends without closing it."""
+    subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+        timeout=60,
+    )
+
+
 def test_damaged_wal_is_counted_once_across_a_crash(tmp_path: Path) -> None:
     path = spool_with_wal(tmp_path)
     wal = path.with_name("s.sqlite3-wal")
     damage_frame(wal, 40)  # past some commits: the log goes on, not over
     damage = scan_wal(wal)
     assert damage is not None
-    subprocess.run(
-        [sys.executable, "-c", CRASH_AFTER_OPEN, str(path)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-        timeout=60,
-    )
+    run_and_die(CRASH_AFTER_OPEN, path)
     # The new commits overwrote the damaged frame; the frames past it are still in the file,
     # behind the new ones, and look like the same damage.
     assert scan_wal(wal) is not None
@@ -279,13 +284,7 @@ os._exit(0)  # as kill -9: no close, so no checkpoint; the events are in the WAL
 def test_a_wal_deleted_after_a_crash_is_counted(tmp_path: Path, wal_deleted: bool) -> None:
     path = tmp_path / "s.sqlite3"
     Spool(path).close()  # the file exists, its events table empty
-    subprocess.run(
-        [sys.executable, "-c", KILLED_AFTER_APPENDS, str(path)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        check=True,
-        timeout=60,
-    )
+    run_and_die(KILLED_AFTER_APPENDS, path)
     wal = path.with_name("s.sqlite3-wal")
     assert wal.stat().st_size > 0
     if wal_deleted:
