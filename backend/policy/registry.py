@@ -254,14 +254,19 @@ class PolicyRegistry:
 
         Every action that changes what serves reads the state it acts on and writes its row in
         one such transaction, so two actions on a tenant never interleave: on PostgreSQL the
-        tenant's row is locked (`SELECT … FOR UPDATE`; other tenants' actions go on), on SQLite
-        the transaction takes the database's write lock at its start (`BEGIN IMMEDIATE`).
+        tenant's row is locked (`SELECT … FOR NO KEY UPDATE`; other tenants' actions and the
+        tenant's ingestion go on), on SQLite the transaction takes the database's write lock at
+        its start (`BEGIN IMMEDIATE`).
         """
         with self.storage.session() as session:
             if self.storage.dialect == "sqlite":
                 session.execute(text("BEGIN IMMEDIATE"))
             else:
-                session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+                # NO KEY UPDATE: exclusive among registry actions, yet no wait for the key-share
+                # locks that inserting the tenant's events takes on its row.
+                session.execute(
+                    select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True)
+                )
             yield session
 
     def serving_version(self, tenant_id: int) -> str:
