@@ -23,6 +23,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from backend.policy.loop import tenant_ids
 from backend.policy.registry import PolicyRegistry
 from backend.services.stats import WINDOWS, StatsService
+from backend.services.stats_rollup import StatsRollup
 from backend.storage import Storage, default_db_url
 
 
@@ -107,7 +108,7 @@ def stats_main(argv: list[str]) -> int:
     storage = _open(args.db or default_db_url())
     try:
         tenant_id, name = _tenant(storage, args.tenant)
-        stats = StatsService(storage, PolicyRegistry(storage))
+        stats = StatsService(storage, PolicyRegistry(storage), StatsRollup(storage))
         doc = {"tenant": name, **stats.overview(tenant_id, args.window)}
     except SQLAlchemyError as exc:
         raise SystemExit(f"tabloop stats: cannot read the database: {exc}") from None

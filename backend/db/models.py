@@ -138,7 +138,7 @@ def _rollup_table(name: str) -> Table:
     """Event counts of a tenant per bucket of event time (its start in Unix seconds, so windows
     are integer ranges on both databases), split by the serving policy version, the language
     and the editor of the decision each event belongs to. Filled by SQL aggregation
-    (`backend/services/stats.py`)."""
+    (`backend/services/stats_rollup.py`)."""
     return Table(
         name,
         Base.metadata,

@@ -31,6 +31,7 @@ from backend.services.ingest import IngestLimits
 from backend.services.ingest_stats import IngestRecorder
 from backend.services.served_adapters import ServedAdapters
 from backend.services.stats import StatsService
+from backend.services.stats_rollup import StatsRollup
 from backend.storage import Storage
 from backend.sync.store import IndexSyncStore
 from common.paths import default_cache_dir
@@ -138,7 +139,7 @@ class BackendServices:
                 completion or CompletionSettings(), cache_dir or default_cache_dir(), runner_loader
             ),
             index_sync=IndexSyncStore(storage),
-            stats=StatsService(storage, registry),
+            stats=StatsService(storage, registry, StatsRollup(storage)),
             ingest_stats=IngestRecorder(storage),
             bodies=bodies or BodyLimits(),
             request_rates=RequestRates(request_rates),

@@ -12,7 +12,7 @@ again after it, as one bulk-loads). Then:
   event of the window aggregated at query time), one run: what the query costs without the
   rollup. The 30-day one (`baseline_30d_s`) only up to `--baseline-30d-max` events: at 10
   million it aggregates all of them and takes minutes.
-- `rollup_build_s`: folding every event into the rollup (`StatsService.refresh`, once; later
+- `rollup_build_s`: folding every event into the rollup (`StatsRollup.refresh`, once; later
   refreshes fold only new events).
 - `overview_24h_s` / `overview_30d_s`: the Overview (`StatsService.overview`, the code behind
   `GET /v1/stats/overview`) after one warm-up run, p50 (and max) of `--runs` runs. The goal is
@@ -39,6 +39,7 @@ from sqlalchemy.engine import make_url
 
 from backend.policy.registry import PolicyRegistry
 from backend.services.stats import StatsService
+from backend.services.stats_rollup import StatsRollup
 from backend.storage import Storage
 
 DAYS = 30
@@ -209,12 +210,13 @@ def measure(
         load_s = seed(url, tenant_id, events, seed_value)
         registry = PolicyRegistry(storage)
         # Never rolls up: every query aggregates the raw events of its window.
-        raw = StatsService(storage, registry, settle_s=1e12)
+        raw = StatsService(storage, registry, StatsRollup(storage, settle_s=1e12))
         baseline = {"24h": _timed(lambda: raw.overview(tenant_id, "24h"))}
         if events <= baseline_30d_max:
             baseline["30d"] = _timed(lambda: raw.overview(tenant_id, "30d"))
-        stats = StatsService(storage, registry, settle_s=0)
-        build_s = _timed(lambda: stats.refresh(tenant_id))
+        rollup = StatsRollup(storage, settle_s=0)
+        stats = StatsService(storage, registry, rollup)
+        build_s = _timed(lambda: rollup.refresh(tenant_id))
         with storage.engine.connect() as connection:
             connection.execute(text("ANALYZE stats_rollup"))
             rollup_rows = connection.execute(text("SELECT count(*) FROM stats_rollup")).scalar()

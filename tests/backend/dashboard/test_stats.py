@@ -16,9 +16,10 @@ import pytest
 
 from backend.cli import backend_main
 from backend.policy.registry import PolicyRegistry
-from backend.services import stats as stats_module
+from backend.services import stats_rollup as rollup_module
 from backend.services.ingest import IngestLimits
 from backend.services.stats import StatsService
+from backend.services.stats_rollup import StatsRollup
 from completion.gate import builtin_policy
 from tabloop.cli import main as tabloop_main
 from telemetry.events import parse_event
@@ -101,19 +102,20 @@ def test_the_rollup_and_the_live_tail_agree_wherever_they_split(
     rows = server.storage.events(tenant, limit=100_000)
     copies = [_copy(body) for _, body in rows]
     server.storage.insert_events(other, [parse_event(c) for c in copies])
-    never = StatsService(server.storage, registry, settle_s=1e9)  # reads the tail only
-    at_once = StatsService(server.storage, registry, settle_s=0)
+    never_rolled = StatsRollup(server.storage, settle_s=1e9)
+    never = StatsService(server.storage, registry, never_rolled)  # reads the tail only
+    at_once = StatsRollup(server.storage, settle_s=0)
     # 24 h reads 5-minute rows, 7 and 30 days hourly ones, the split by editor all of them.
     windows = ("24h", "7d", "30d")
     now = time.time()  # one window for every read (some retention events lie ahead of now)
     live = {w: never.overview(other, w, now=now) for w in windows}
     live_split = never.split(other, "30d", "editor", now=now)
-    assert never.watermark(other) == 0
-    monkeypatch.setattr(stats_module, "REFRESH_CHUNK", 97)  # an odd split, mid-decision
+    assert never_rolled.watermark(other) == 0
+    monkeypatch.setattr(rollup_module, "REFRESH_CHUNK", 97)  # an odd split, mid-decision
     at_once.refresh(other, max_events=300)
-    assert 0 < never.watermark(other) < max(_ids(server, other))
+    assert 0 < never_rolled.watermark(other) < max(_ids(server, other))
     split = {w: never.overview(other, w, now=now) for w in windows}
-    monkeypatch.setattr(stats_module, "REFRESH_CHUNK", 500_000)
+    monkeypatch.setattr(rollup_module, "REFRESH_CHUNK", 500_000)
     at_once.refresh(other)
     rolled = {w: never.overview(other, w, now=now) for w in windows}
     for w in windows:
@@ -129,23 +131,23 @@ def test_concurrent_refreshes_count_each_event_once(db_url: str) -> None:
         history = dashboard_history.generate(server.storage, server.tenant_id, requests_per_hour=5)
         dashboard_history.post(server.url, server.token, history.events)
         registry = PolicyRegistry(server.storage)
-        services = [StatsService(server.storage, registry, settle_s=0) for _ in range(4)]
-        barrier = threading.Barrier(len(services))
+        rollups = [StatsRollup(server.storage, settle_s=0) for _ in range(4)]
+        barrier = threading.Barrier(len(rollups))
 
-        def refresh(service: StatsService) -> None:
+        def refresh(rollup: StatsRollup) -> None:
             barrier.wait()
-            service.refresh(server.tenant_id)
+            rollup.refresh(server.tenant_id)
 
-        threads = [threading.Thread(target=refresh, args=(s,)) for s in services]
+        threads = [threading.Thread(target=refresh, args=(r,)) for r in rollups]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(60)
-        doc = services[0].overview(server.tenant_id, "24h")
+        doc = StatsService(server.storage, registry, rollups[0]).overview(server.tenant_id, "24h")
         expected = dashboard_history.expected_summary(history.events, doc["start"], doc["end"])
         assert doc["summary"]["requests"] == expected["requests"]
         assert doc["summary"]["accepted_chars"] == expected["accepted_chars"]
-        assert services[0].watermark(server.tenant_id) == max(_ids(server, server.tenant_id))
+        assert rollups[0].watermark(server.tenant_id) == max(_ids(server, server.tenant_id))
 
 
 def test_an_empty_tenant_answers_empty_figures(backend: BackendServer) -> None:
