@@ -449,7 +449,7 @@ def _trainer(argv: list[str]) -> int:
     import signal
     import threading
 
-    from backend.policy.jobs import ClusterTrainer
+    from backend.scheduler import ClusterTrainer
 
     args = _trainer_parser().parse_args(argv)
     db_url = args.db or default_db_url()

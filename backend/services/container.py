@@ -14,7 +14,6 @@ from typing import IO
 
 from backend.adapters.scheduler import AdapterSchedule, AdapterScheduler
 from backend.metrics import Metrics
-from backend.policy.jobs import ClusterTrainer
 from backend.policy.loop import TrainingScheduler
 from backend.policy.registry import PolicyRegistry
 from backend.policy.settings import TrainerSettings
@@ -25,6 +24,7 @@ from backend.ratelimit import (
     RequestRateSettings,
     SharedRateLimiter,
 )
+from backend.scheduler import ClusterTrainer
 from backend.services.bodies import BodyLimits
 from backend.services.completions import CompletionService, RunnerLoader
 from backend.services.ingest import IngestLimits
@@ -76,7 +76,7 @@ class BackendServices:
     """The lock file that makes this worker the training one, held open while it runs."""
     cluster: ClusterTrainer | None = None
     """On a shared PostgreSQL database: this instance's part in the trainer election and the
-    training jobs (`backend/policy/jobs.py`), instead of `trainer`."""
+    training jobs (`backend/scheduler.py`), instead of `trainer`."""
 
     def __post_init__(self) -> None:
         self.served_adapters = ServedAdapters(self.cache_dir)

@@ -26,10 +26,10 @@ from sqlalchemy import func, select
 from backend.cluster import TRAINER_LEASE, JobQueue, Lease, LeaseLost, lease_state, pid_of_holder
 from backend.db.models import StoredEvent
 from backend.local import bind_loopback, wait_until_healthy
-from backend.policy.jobs import ClusterTrainer
 from backend.policy.registry import PolicyRegistry
 from backend.policy.settings import TrainerSettings
 from backend.ratelimit import SharedRateLimiter
+from backend.scheduler import ClusterTrainer
 from backend.storage import Storage
 from completion.gate import builtin_policy
 from telemetry.events import OutcomeEvent, parse_event

@@ -17,8 +17,8 @@ import pytest
 
 from backend.adapters.scheduler import AdapterSchedule, AdapterScheduler, adapter_due
 from backend.cli import _serve_parser, _trainer_parser, adapter_schedule
-from backend.policy.jobs import ClusterTrainer
 from backend.policy.settings import TrainerSettings
+from backend.scheduler import ClusterTrainer
 from backend.services.container import BackendServices
 from backend.storage import Storage
 from tests.backend.adapters.events import logged, post

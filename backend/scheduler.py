@@ -1,4 +1,5 @@
-"""Training on a shared PostgreSQL database: one elected scheduler, trainers anywhere.
+"""The job scheduler on a shared PostgreSQL database: one elected scheduler of policy and adapter
+training jobs, trainers anywhere.
 
 `ClusterTrainer` is one process's part:
 
