@@ -3,7 +3,15 @@
 - `embed_only_chunks_per_s` (baseline) and `index_chunks_per_s`: the bundled model embedding the
   corpus's chunks alone, and the whole pipeline (scan, hash, chunk, embed, SQLite, FAISS, save)
   on the same corpus from an empty cache; `pipeline_overhead` is their ratio minus one. Each is
-  the best of `--repeats` runs, alternated, so a busy machine hurts both alike.
+  the best of `--repeats` runs, alternated, so a busy machine hurts both alike. The best pipeline
+  run is split into `pipeline_model_s` (inside the model's calls) and `pipeline_outside_model_s`
+  (scan, read, secret check, hash, chunk, SQLite, FAISS, save): `outside_model_overhead` is the
+  second over the first, what the pipeline adds to embedding whatever the machine's load does to
+  the model; `model_calls_overhead` compares the pipeline's model time with the embed-only run's
+  (its calls of one commit's chunks against one call of everything). `..._cpu_s` are the
+  process's CPU times of the same best runs, `..._busy_threads_all` how many threads did a tenth
+  of each run's CPU work (the model's threads). `load_average_1m` (before and after), `cpus`,
+  `torch_threads`, `commit` and `command` say where and how the figures were taken.
 - `restart_ms`: reopening the up-to-date index until it is ready (nothing embedded).
 - `edit_to_searchable_ms_p50/_p95`: a new function appended to one file (on disk, then
   `update_document`) until its chunk and vector are in the index, excluding the watcher's
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import random
 import resource
 import shutil
@@ -31,13 +40,16 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from indexer.embed import SentenceTransformerEmbedder
+from indexer.embed import QUERY_TEXTS, SentenceTransformerEmbedder
 from indexer.pipeline import chunker_for
 from indexer.scan import FileStat, Scanner, StatCache, read_file
 from indexer.service import WorkspaceIndex
@@ -89,25 +101,138 @@ def corpus_chunks(root: Path, embedder: SentenceTransformerEmbedder) -> list[Chu
     return list(chunks.values())
 
 
-def embed_only(embedder: SentenceTransformerEmbedder, chunks: list[Chunk]) -> float:
+class TimedEmbedder:
+    """The bench's embedder with a clock on its model calls: how much of a pipeline run the
+    model took, and what it was given."""
+
+    def __init__(self, embedder: SentenceTransformerEmbedder) -> None:
+        self.embedder = embedder
+        self.model_id = embedder.model_id
+        self.dimension = embedder.dimension
+        self.max_tokens = embedder.max_tokens
+        self.counter = embedder.counter
+        self.seconds = 0.0
+        self.calls: list[int] = []
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+        self.calls = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        started = time.perf_counter()
+        try:
+            return self.embedder.embed(texts)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.calls.append(len(texts))
+
+
+@dataclass
+class Run:
+    """One timed run: wall and CPU seconds, and for a pipeline what its model calls took."""
+
+    seconds: float
+    cpu_seconds: float
+    chunks: int
+    model_seconds: float = 0.0
+    model_calls: tuple[int, ...] = ()
+    busy_threads: int = 0
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of each of this process's threads, by thread id (Linux; else empty)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[str, float] = {}
+    try:
+        ids = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    for tid in ids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        found[tid] = (int(fields[11]) + int(fields[12])) / tick
+    return found
+
+
+def busy_threads(before: dict[str, float], after: dict[str, float], cpu_seconds: float) -> int:
+    """Threads that did a tenth of a run's CPU work: how many threads the model really ran on."""
+    return sum(1 for tid, t in after.items() if t - before.get(tid, 0.0) >= cpu_seconds / 10)
+
+
+def embed_only(embedder: SentenceTransformerEmbedder, chunks: list[Chunk]) -> Run:
     """All texts in one call: sentence-transformers sorts them by length and pads least, the
-    most favourable baseline for the pipeline to be compared with."""
-    started = time.perf_counter()
-    embedder.embed([c.text for c in chunks])
-    return time.perf_counter() - started
+    most favourable baseline for the pipeline to be compared with.
+
+    The call runs on a new thread, as the pipeline's model calls do on the index's worker: on
+    the 2-core development machine the same texts took 1.4-1.5 times the CPU on the main thread
+    (docs/indexer.md), which the comparison would otherwise count for or against the pipeline.
+    """
+    times: list[float] = []
+    threads_after: list[dict[str, float]] = []
+
+    def call() -> None:
+        started = time.perf_counter()
+        embedder.embed([c.text for c in chunks])
+        times.append(time.perf_counter() - started)
+        threads_after.append(thread_cpu())  # while this thread and its helpers are alive
+
+    cpu, threads = time.process_time(), thread_cpu()
+    worker = threading.Thread(target=call, name="bench-embed-only")
+    worker.start()
+    worker.join()
+    if not times:
+        raise RuntimeError("the embed-only run failed (see the thread's traceback above)")
+    cpu = time.process_time() - cpu
+    busy = busy_threads(threads, threads_after[0], cpu)
+    return Run(times[0], cpu, len(chunks), busy_threads=busy)
 
 
-def pipeline(
-    root: Path, cache: Path, embedder: SentenceTransformerEmbedder
-) -> tuple[float, int, WorkspaceIndex]:
+def pipeline(root: Path, cache: Path, embedder: TimedEmbedder) -> tuple[Run, WorkspaceIndex]:
     shutil.rmtree(cache, ignore_errors=True)
-    started = time.perf_counter()
+    embedder.reset()
+    started, cpu, threads = time.perf_counter(), time.process_time(), thread_cpu()
     index = WorkspaceIndex(root, settings_for_bench(), cache, embedder=embedder)
     index.start()
     index.wait_idle()
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     stats = index.last_stats
-    return elapsed, stats.chunks_embedded if stats else 0, index
+    embedded = stats.chunks_embedded if stats else 0
+    busy = busy_threads(threads, thread_cpu(), cpu)
+    return Run(elapsed, cpu, embedded, embedder.seconds, tuple(embedder.calls), busy), index
+
+
+def pipeline_figures(embed_runs: list[Run], pipe_runs: list[Run]) -> dict[str, Any]:
+    """Throughputs of the best runs of each kind, and where the best pipeline run's time went."""
+    best_embed = min(embed_runs, key=lambda r: r.seconds)
+    best_pipe = min(pipe_runs, key=lambda r: r.seconds)
+    embed_rate = best_embed.chunks / best_embed.seconds
+    index_rate = best_pipe.chunks / best_pipe.seconds
+    outside = best_pipe.seconds - best_pipe.model_seconds
+    # Per chunk, in case the pipeline embeds other chunks than the corpus's (`--path` trees
+    # with files other than Python).
+    model_rate = best_pipe.chunks / best_pipe.model_seconds if best_pipe.model_seconds else 0.0
+    return {
+        "chunks_embedded": best_pipe.chunks,
+        "embed_only_chunks_per_s": round(embed_rate, 2),
+        "index_chunks_per_s": round(index_rate, 2),
+        "pipeline_overhead": round(embed_rate / index_rate - 1, 3),
+        "embed_only_s": round(best_embed.seconds, 3),
+        "pipeline_s": round(best_pipe.seconds, 3),
+        "pipeline_model_s": round(best_pipe.model_seconds, 3),
+        "pipeline_outside_model_s": round(outside, 3),
+        "outside_model_overhead": round(outside / max(best_pipe.model_seconds, 1e-9), 3),
+        "model_calls_overhead": round(embed_rate / model_rate - 1, 3) if model_rate else None,
+        "pipeline_model_calls": list(best_pipe.model_calls),
+        "embed_only_cpu_s": round(best_embed.cpu_seconds, 3),
+        "pipeline_cpu_s": round(best_pipe.cpu_seconds, 3),
+        "embed_only_s_all": [round(r.seconds, 3) for r in embed_runs],
+        "pipeline_s_all": [round(r.seconds, 3) for r in pipe_runs],
+        "embed_only_busy_threads_all": [r.busy_threads for r in embed_runs],
+        "pipeline_busy_threads_all": [r.busy_threads for r in pipe_runs],
+    }
 
 
 def measure_edits(index: WorkspaceIndex, root: Path, edits: int, seed: int) -> list[float]:
@@ -252,25 +377,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name in CORPUS:
                 shutil.copy(stdlib / name, root / name)
             result["corpus"] = "stdlib: " + ", ".join(CORPUS)
-        embedder = SentenceTransformerEmbedder(batch_size=settings_for_bench().embed_batch_size)
-        embedder.embed(["warm up the model"])
-        chunks = corpus_chunks(root, embedder)
+        model = SentenceTransformerEmbedder(batch_size=settings_for_bench().embed_batch_size)
+        # More texts than a query: a query's call switches torch to one thread and back, which
+        # the runs below need not follow.
+        model.embed([f"warm up the model {n}" for n in range(QUERY_TEXTS + 1)])
+        embedder = TimedEmbedder(model)
+        chunks = corpus_chunks(root, model)
         result["corpus_chunks"] = len(chunks)
-        embed_times, pipe_times = [], []
+        embed_runs: list[Run] = []
+        pipe_runs: list[Run] = []
         index: WorkspaceIndex | None = None
         for repeat in range(args.repeats):
-            embed_times.append(embed_only(embedder, chunks))
+            embed_runs.append(embed_only(model, chunks))
             if index is not None:
                 index.close()
-            elapsed, embedded, index = pipeline(root, workdir / f"cache{repeat}", embedder)
-            pipe_times.append(elapsed)
-            result["chunks_embedded"] = embedded
+            pipe_run, index = pipeline(root, workdir / f"cache{repeat}", embedder)
+            pipe_runs.append(pipe_run)
         assert index is not None
-        embed_rate = len(chunks) / min(embed_times)
-        index_rate = result["chunks_embedded"] / min(pipe_times)
-        result["embed_only_chunks_per_s"] = round(embed_rate, 2)
-        result["index_chunks_per_s"] = round(index_rate, 2)
-        result["pipeline_overhead"] = round(embed_rate / index_rate - 1, 3)
+        result.update(pipeline_figures(embed_runs, pipe_runs))
         cache = Path(index.cache_dir)
         index.close()
         started = time.perf_counter()
@@ -303,7 +427,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tabloop bench index", description=__doc__)
     parser.add_argument("--path", type=Path, help="corpus to embed (copied; default: stdlib part)")
     parser.add_argument("--scan-path", type=Path, help="tree for the scan figures")
-    parser.add_argument("--repeats", type=int, default=2, help="embedding runs of each kind")
+    parser.add_argument("--repeats", type=int, default=3, help="embedding runs of each kind")
     parser.add_argument("--edits", type=int, default=20)
     parser.add_argument("--searches", type=int, default=50)
     parser.add_argument("--memory-chunks", type=int, default=20_000)
@@ -311,5 +435,48 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args), indent=2))
+    print(json.dumps({**conditions(argv), **run(args), **after()}, indent=2))
     return 0
+
+
+def conditions(argv: list[str]) -> dict[str, Any]:
+    """The command, the code and the machine the figures come from."""
+    import torch
+
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO_ROOT),
+                "status",
+                "--porcelain",
+                "--",
+                "indexer",
+                "evaluation/bench/index.py",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        commit += " (indexer or the bench modified)" if dirty else ""
+    except (OSError, subprocess.CalledProcessError):
+        commit = ""
+    return {
+        "command": " ".join(["tabloop bench index", *argv]),
+        "commit": commit,
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+
+
+def after() -> dict[str, Any]:
+    return {"load_average_1m_after": round(os.getloadavg()[0], 2)}
