@@ -1,7 +1,8 @@
 """`tabloop train model` and `tabloop model list|promote V|rollback|evaluate V`.
 
 tabloop train model [--workspace DIR | --tenant T --db URL]
-                    [--budget 20m | --samples N | --tokens N] [--promote] [--fresh] [--json]
+                    [--budget 20m | --samples N | --tokens N] [--replay-share 0.25]
+                    [--held-out-share 0.2] [--promote] [--fresh] [--json]
 tabloop model list [--workspace DIR | --tenant T] [--json]
 tabloop model promote V [--force] [--margin M] [--workspace DIR | --tenant T]
 tabloop model rollback [--workspace DIR | --tenant T]
@@ -9,8 +10,11 @@ tabloop model evaluate V [--n 50] [--workspace DIR]
 
 A workspace's run lives in its adapter directory under the cache (`runs/current`): killed, it
 resumes from its last checkpoint when the same command runs again; finished, its adapter becomes
-a new candidate version, evaluated against the serving one on the held-out files. A promoted
-version reaches a running server without a restart (it follows the registry).
+a new candidate version, evaluated against the serving one on the held-out files. A run starts
+from the serving adapter's weights when they fit (else fresh, and the report says why) and
+trains on the workspace's feedback since the serving version's mark, newest first, with a
+replayed share of older feedback (`training.window`); the report's `window` gives the counts.
+A promoted version reaches a running server without a restart (it follows the registry).
 
 With `--tenant T --db URL` the adapter is a backend tenant's, trained from the tenant's events
 that carry text (telemetry level `full`; `backend/adapters/`) and kept in the tenant's registry
@@ -32,6 +36,7 @@ from training.examples import split_files, workspace_files
 from training.feedback import FEEDBACK_FILE, FeedbackStore
 from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
 from training.trainer import Budget, Progress, TrainSettings, parse_duration
+from training.window import DEFAULT_HELD_OUT_SHARE, DEFAULT_REPLAY_SHARE, WindowSettings
 
 
 def _scope(parser: argparse.ArgumentParser, tenant: bool = True) -> None:
@@ -106,6 +111,19 @@ def train_model_main(argv: list[str]) -> int:
     parser.add_argument("--max-prompt-tokens", type=int, default=384)
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
     parser.add_argument("--eval-n", type=int, default=50, help="held-out cursors; 0 skips")
+    parser.add_argument(
+        "--replay-share",
+        type=float,
+        default=DEFAULT_REPLAY_SHARE,
+        help="share of the feedback trained on that replays outcomes older than the serving "
+        "version's mark",
+    )
+    parser.add_argument(
+        "--held-out-share",
+        type=float,
+        default=DEFAULT_HELD_OUT_SHARE,
+        help="share of the new outcomes, the newest, held out to judge the version",
+    )
     parser.add_argument("--promote", action="store_true", help="promote if the evaluation allows")
     parser.add_argument("--fresh", action="store_true", help="discard an unfinished run")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
@@ -119,6 +137,7 @@ def train_model_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         budget = _budget(args)
+        window = WindowSettings(args.replay_share, args.held_out_share)
     except ValueError as exc:
         parser.error(str(exc))
     from training.lora import LoraShape
@@ -133,7 +152,7 @@ def train_model_main(argv: list[str]) -> int:
         lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
     )
     if args.tenant:
-        return _train_tenant(args, parser, budget, train_settings)
+        return _train_tenant(args, parser, budget, train_settings, window)
     if args.db:
         parser.error("--db goes with --tenant")
     from training.workspace import train_workspace
@@ -143,7 +162,7 @@ def train_model_main(argv: list[str]) -> int:
     run_dir = registry.root / RUN_DIR
     if args.fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
-    feedback = FeedbackStore(cache_dir / FEEDBACK_FILE)
+    feedback = FeedbackStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
     bar = _Bar(enabled=not args.json)
     model = args.model or settings.completion.model
     try:
@@ -158,6 +177,8 @@ def train_model_main(argv: list[str]) -> int:
             exclude=settings.index.exclude,
             on_progress=bar,
             device=args.device,
+            registry=registry,
+            window=window,
         )
     except ValueError as exc:
         raise SystemExit(f"tabloop train model: {exc}") from None
@@ -168,7 +189,14 @@ def train_model_main(argv: list[str]) -> int:
     manifest = read_manifest(Path(result.adapter))
     record = registry.add(Path(result.adapter), manifest["base_model"], asdict(result))
     shutil.rmtree(run_dir, ignore_errors=True)  # finished: the next run starts fresh
-    report: dict[str, Any] = {"version": record.name, "training": asdict(result)}
+    report: dict[str, Any] = {
+        "version": record.name,
+        "window": result.window,
+        "warm_start": result.warm_start,
+        "training": asdict(result),
+    }
+    if unattributed := feedback.unattributed():
+        report["feedback_without_workspace"] = unattributed
     if args.eval_n > 0 and held_out:
         report["evaluation"] = _evaluate(
             registry,
@@ -196,6 +224,7 @@ def _train_tenant(
     parser: argparse.ArgumentParser,
     budget: Budget,
     train_settings: TrainSettings,
+    window: WindowSettings,
 ) -> int:
     """`tabloop train model --tenant T --db URL`: the tenant's adapter, from its events."""
     from backend.adapters.run import TenantRunOptions, TenantTrainingError, train_tenant
@@ -217,6 +246,7 @@ def _train_tenant(
         promote=args.promote,
         fresh=args.fresh,
         device=args.device,
+        window=window,
     )
     storage = Storage(args.db or default_db_url())
     bar = _Bar(enabled=not args.json)
@@ -249,7 +279,7 @@ def _evaluate(
     from training.evaluate import accepted_examples, compare, held_out_cursors
 
     cursors = held_out_cursors(workspace, held_out, n, seed=0)
-    accepted = accepted_examples(feedback, limit=n)
+    accepted = accepted_examples(feedback, registry.get(version).train, limit=n)
     completion = settings.completion.model_copy(
         update={"model": model, "adapter": "", "context_timeout_ms": 60_000}
     )
@@ -320,7 +350,7 @@ def model_main(argv: list[str]) -> int:
             _train, held_out = split_files(workspace_files(workspace, settings.index.exclude))
             registry.get(version)  # an unknown version fails before the model loads
             model = settings.completion.model
-            feedback = FeedbackStore(cache_dir / FEEDBACK_FILE)
+            feedback = FeedbackStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
             report = _evaluate(
                 registry,
                 version,

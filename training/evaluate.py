@@ -25,6 +25,7 @@ from completion.settings import CompletionSettings
 from completion.types import CompletionRequest
 from training.examples import FimExample, cut_examples, read_text
 from training.feedback import FeedbackStore
+from training.window import mark_of
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -151,9 +152,23 @@ def compare(
     return report
 
 
-def accepted_examples(store: FeedbackStore | None, limit: int) -> list[FimExample]:
-    """The newest accepted suggestions in the store, as cursors to replay."""
-    if store is None:
+def accepted_examples(
+    store: FeedbackStore | None, train: dict[str, Any], limit: int
+) -> list[FimExample]:
+    """Up to `limit` of the newest accepted suggestions in the store (the workspace's) that the
+    version whose training record is `train` never trained on: those after its mark, which are
+    the held-out newest of its window and what came after (`training.window`); oldest first.
+    None for a version trained before records held a window (what it saw is not known)."""
+    if store is None or "window" not in train or limit <= 0:
         return []
-    rows = [r for r in store.rows(store.last_id()) if r.outcome == "accepted"][-limit:]
-    return [FimExample(r.path, r.prefix, r.suggestion, r.suffix, "line") for r in rows]
+    mark = mark_of(train)
+    unseen = sorted(
+        (k for k, _ in store.keys(store.last_id()) if mark is None or k > mark), reverse=True
+    )
+    kept: list[FimExample] = []
+    for row in store.rows_by_id(key[1] for key in unseen):
+        if row.outcome == "accepted":
+            kept.append(FimExample(row.path, row.prefix, row.suggestion, row.suffix, "line"))
+            if len(kept) == limit:
+                break
+    return kept[::-1]

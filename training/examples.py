@@ -123,7 +123,8 @@ def cut_examples(path: str, text: str, count: int, rng: random.Random) -> list[F
     return examples
 
 
-def _rng(seed: int, *parts: object) -> random.Random:
+def seeded_random(seed: int, *parts: object) -> random.Random:
+    """A random generator that is a pure function of the seed and `parts`."""
     key = "\x00".join(str(part) for part in (seed, *parts)).encode()
     return random.Random(int.from_bytes(hashlib.sha256(key).digest()[:8], "big"))
 
@@ -139,13 +140,13 @@ def stream_code_examples(
     epoch = 0
     while True:
         order = list(files)
-        _rng(seed, "order", epoch).shuffle(order)
+        seeded_random(seed, "order", epoch).shuffle(order)
         produced = 0
         for rel in order:
             text = read_text(root, rel)
             if text is None:
                 continue
-            for example in cut_examples(rel, text, per_file, _rng(seed, epoch, rel)):
+            for example in cut_examples(rel, text, per_file, seeded_random(seed, epoch, rel)):
                 produced += 1
                 yield example
         if produced == 0:

@@ -2,25 +2,34 @@
 
 Locally, the server records each suggestion whose outcome is known (accepted and retained,
 partially accepted, ignored, dismissed) with the text around it, its reward and the propensity
-with which the gate showed it. The store is a SQLite file in the cache directory, bounded in rows
-(the oldest go first), and is never sent anywhere: telemetry decides separately what leaves the
-machine. In the backend the same examples come from events that carry text (telemetry level
-`full`).
+with which the gate showed it. The store is a SQLite file in the cache directory, shared by the
+workspaces of this machine; every row carries the workspace it was made in (its root's real
+path, `training.registry.workspace_key`), and a `FeedbackStore` is one workspace's view of the
+file: it writes rows of that workspace and reads only them, so nothing from one workspace trains
+or judges another's adapter. Rows kept before rows had a workspace have none and are read by no
+workspace. Each workspace's rows are bounded (the oldest go first). Nothing here is sent
+anywhere: telemetry decides separately what leaves the machine. In the backend the same examples
+come from events that carry text (telemetry level `full`).
 """
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
+import statistics
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from completion.types import CompletionRequest, Decision
 from telemetry.events import MIN_PROPENSITY, OutcomeEvent
 from training.examples import FimExample
+from training.registry import workspace_key
+from training.window import OutcomeKey, TrainingWindow
 
 FEEDBACK_FILE = "training/feedback.sqlite"
 """The store's place under the cache directory: the server keeps it, `tabloop train model` reads
@@ -44,9 +53,11 @@ CREATE TABLE IF NOT EXISTS feedback (
     suffix TEXT NOT NULL,
     outcome TEXT NOT NULL,
     reward REAL NOT NULL,
-    propensity REAL NOT NULL
+    propensity REAL NOT NULL,
+    workspace TEXT
 )
 """
+_INDEX = "CREATE INDEX IF NOT EXISTS feedback_workspace ON feedback (workspace, id)"
 
 
 @dataclass(frozen=True)
@@ -63,22 +74,29 @@ class Feedback:
 
 
 class FeedbackStore:
-    """A bounded on-disk store of `Feedback`, safe to use from several threads."""
+    """One workspace's view of the on-disk feedback store (bounded, safe to use from several
+    threads): it records rows of `workspace` and reads only those. Without a workspace (a
+    store of its own, such as the replay's) it records and reads rows that have none."""
 
-    def __init__(self, path: Path, max_rows: int = DEFAULT_MAX_ROWS) -> None:
+    def __init__(
+        self, path: Path, max_rows: int = DEFAULT_MAX_ROWS, *, workspace: Path | str | None = None
+    ) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.max_rows = max_rows
+        self.workspace = workspace_key(workspace) if workspace is not None else None
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False)
         with self._lock, self._db:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(_SCHEMA)
+            _add_workspace_column(self._db)
+            self._db.execute(_INDEX)
 
     def record(self, item: Feedback) -> None:
-        """Keep one example; the oldest are dropped beyond `max_rows`."""
+        """Keep one example of this workspace; its oldest rows go beyond `max_rows`."""
         if not item.suggestion:
             return
         if not 0.0 < item.propensity <= 1.0:
@@ -86,7 +104,7 @@ class FeedbackStore:
         with self._lock, self._db:
             self._db.execute(
                 "INSERT INTO feedback (created, path, prefix, suggestion, suffix, outcome, reward,"
-                " propensity) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " propensity, workspace) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     time.time(),
                     item.path,
@@ -96,35 +114,51 @@ class FeedbackStore:
                     item.outcome,
                     float(item.reward),
                     float(item.propensity),
+                    self.workspace,
                 ),
             )
             self._db.execute(
-                "DELETE FROM feedback WHERE id <= (SELECT MAX(id) FROM feedback) - ?",
-                (self.max_rows,),
+                "DELETE FROM feedback WHERE workspace IS ? AND id <= (SELECT id FROM feedback"
+                " WHERE workspace IS ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                (self.workspace, self.workspace, self.max_rows),
             )
 
-    def count(self) -> int:
+    def _scalar(self, query: str, *parameters: object) -> Any:
+        """One value of a query over this workspace's rows (`?` first stands for it)."""
         with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM feedback").fetchone()[0])
+            return self._db.execute(query, (self.workspace, *parameters)).fetchone()[0]
+
+    def count(self) -> int:
+        return int(self._scalar("SELECT COUNT(*) FROM feedback WHERE workspace IS ?"))
+
+    def unattributed(self) -> int:
+        """Rows of no workspace (kept before rows carried one): never read by a workspace."""
+        with self._lock:
+            found = self._db.execute("SELECT COUNT(*) FROM feedback WHERE workspace IS NULL")
+            return int(found.fetchone()[0])
 
     def outcome_counts(self) -> dict[str, int]:
         with self._lock:
             found = self._db.execute(
-                "SELECT outcome, COUNT(*) FROM feedback GROUP BY outcome ORDER BY outcome"
+                "SELECT outcome, COUNT(*) FROM feedback WHERE workspace IS ? GROUP BY outcome"
+                " ORDER BY outcome",
+                (self.workspace,),
             ).fetchall()
         return {str(outcome): int(count) for outcome, count in found}
 
     def last_id(self) -> int:
-        """The newest row's id (0 when empty): a run trains on rows up to the id it started at."""
-        with self._lock:
-            return int(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM feedback").fetchone()[0])
+        """The newest row's id (0 when none): a run trains on rows up to the id it started at."""
+        return int(self._scalar("SELECT COALESCE(MAX(id), 0) FROM feedback WHERE workspace IS ?"))
 
-    def mean_reward(self, upto_id: int) -> float:
+    def keys(self, upto_id: int) -> list[tuple[OutcomeKey, float]]:
+        """((time, row), reward) of every row up to `upto_id`: what places a training window
+        (`training.window`), without the text."""
         with self._lock:
-            row = self._db.execute(
-                "SELECT COALESCE(AVG(reward), 0) FROM feedback WHERE id <= ?", (upto_id,)
-            ).fetchone()
-        return float(row[0])
+            found = self._db.execute(
+                "SELECT created, id, reward FROM feedback WHERE workspace IS ? AND id <= ?",
+                (self.workspace, upto_id),
+            ).fetchall()
+        return [((float(created), int(row)), float(reward)) for created, row, reward in found]
 
     def rows(self, upto_id: int, batch: int = 256) -> Iterator[Feedback]:
         """Rows with id <= `upto_id`, oldest first, read `batch` at a time."""
@@ -133,8 +167,9 @@ class FeedbackStore:
             with self._lock:
                 page = self._db.execute(
                     "SELECT id, path, prefix, suggestion, suffix, outcome, reward, propensity "
-                    "FROM feedback WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
-                    (after, upto_id, batch),
+                    "FROM feedback WHERE workspace IS ? AND id > ? AND id <= ? ORDER BY id "
+                    "LIMIT ?",
+                    (self.workspace, after, upto_id, batch),
                 ).fetchall()
             if not page:
                 return
@@ -142,9 +177,37 @@ class FeedbackStore:
                 after = row[0]
                 yield Feedback(*row[1:])
 
+    def rows_by_id(self, ids: Iterable[int], batch: int = 256) -> Iterator[Feedback]:
+        """This workspace's rows of `ids`, in that order, read `batch` at a time (an id that is
+        gone, or another workspace's, is skipped)."""
+        wanted = list(ids)
+        for start in range(0, len(wanted), batch):
+            chunk = wanted[start : start + batch]
+            marks = ",".join("?" * len(chunk))
+            with self._lock:
+                found = self._db.execute(
+                    "SELECT id, path, prefix, suggestion, suffix, outcome, reward, propensity "
+                    f"FROM feedback WHERE workspace IS ? AND id IN ({marks})",
+                    (self.workspace, *chunk),
+                ).fetchall()
+            by_id = {row[0]: Feedback(*row[1:]) for row in found}
+            yield from (by_id[i] for i in chunk if i in by_id)
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _add_workspace_column(db: sqlite3.Connection) -> None:
+    """Migrate a store from before rows carried their workspace: the old rows keep none."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(feedback)")}
+    if "workspace" in columns:
+        return
+    try:
+        db.execute("ALTER TABLE feedback ADD COLUMN workspace TEXT")
+    except sqlite3.OperationalError as exc:  # another process migrated it meanwhile
+        if "duplicate column" not in str(exc):
+            raise
 
 
 def feedback_reward(
@@ -223,14 +286,27 @@ def as_example(item: Feedback, baseline: float, scale: float) -> FimExample:
     )
 
 
-def stream_feedback_examples(store: FeedbackStore, upto_id: int) -> Iterator[FimExample]:
-    """Every row up to `upto_id` once per epoch, epoch after epoch (ends if there are none)."""
-    baseline = store.mean_reward(upto_id)
-    scale = advantage_scale((item.reward for item in store.rows(upto_id)), baseline)
-    while True:
-        produced = 0
-        for item in store.rows(upto_id):
-            produced += 1
-            yield as_example(item, baseline, scale)
-        if produced == 0:
+def stream_feedback_examples(
+    store: FeedbackStore, window: TrainingWindow, rewards: Mapping[OutcomeKey, float], seed: int
+) -> Iterator[FimExample]:
+    """The window's training rows, epoch after epoch (`TrainingWindow.epoch`: the new rows
+    newest first, the replayed older ones among them), their advantage against the mean reward
+    of the rows the window may train on (`rewards`: by key); ends at once when there are none.
+    Held-out rows are never produced."""
+    baseline, scale = window_baseline(window, rewards)
+    for number in itertools.count():
+        order = window.epoch(seed, number)
+        if not order:
             return
+        for item in store.rows_by_id(key[1] for key in order):
+            yield as_example(item, baseline, scale)
+
+
+def window_baseline(
+    window: TrainingWindow, rewards: Mapping[OutcomeKey, float]
+) -> tuple[float, float]:
+    """(baseline, scale) of the advantages: the mean reward of the outcomes the window may
+    train on (never the held-out ones), and the largest distance from it (at least 1)."""
+    trainable = [rewards[key] for key in window.trainable if key in rewards]
+    baseline = statistics.fmean(trainable) if trainable else 0.0
+    return baseline, advantage_scale(trainable, baseline)

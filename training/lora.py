@@ -1,11 +1,13 @@
-"""A fresh LoRA adapter (peft) on the completion model, for training."""
+"""LoRA adapters (peft) on the completion model, for training: fresh, or warm from a version."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from completion.adapters import AdapterError
+from completion.adapters import CONFIG, AdapterError
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -18,19 +20,56 @@ class LoraShape:
     targets: tuple[str, ...] = DEFAULT_TARGETS
 
 
-def attach_lora(model: Any, shape: LoraShape) -> Any:
-    """`model` wrapped by peft with fresh LoRA weights; only they are trainable."""
-    from peft import LoraConfig, get_peft_model
+def lora_config(model: Any, shape: LoraShape) -> Any:
+    """peft's `LoraConfig` of `shape` on `model`: its targets are those the model has."""
+    from peft import LoraConfig
 
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     targets = [t for t in shape.targets if t in names]
     if not targets:
         raise AdapterError(f"the model has none of the LoRA target modules {shape.targets}")
-    config = LoraConfig(
+    return LoraConfig(
         r=shape.rank,
         lora_alpha=shape.alpha,
         lora_dropout=shape.dropout,
         target_modules=targets,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+
+
+def attach_lora(model: Any, shape: LoraShape) -> Any:
+    """`model` wrapped by peft with fresh LoRA weights; only they are trainable."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, lora_config(model, shape))
+
+
+def lora_mismatch(adapter: Path, config: Any) -> str | None:
+    """How the LoRA configuration of the adapter in `adapter` differs from `config` (rank,
+    alpha, dropout, target modules), or None when a run of `config` can start from it."""
+    try:
+        saved = json.loads((adapter / CONFIG).read_text())
+    except (OSError, ValueError) as exc:
+        return f"its {CONFIG} cannot be read ({exc})"
+    wanted = {
+        "r": config.r,
+        "lora_alpha": config.lora_alpha,
+        "lora_dropout": config.lora_dropout,
+        "target_modules": sorted(config.target_modules),
+    }
+    found = {name: saved.get(name) for name in wanted}
+    if isinstance(found["target_modules"], list):
+        found["target_modules"] = sorted(found["target_modules"])
+    differ = [
+        f"{name} {found[name]} (this run: {wanted[name]})"
+        for name in wanted
+        if found[name] != wanted[name]
+    ]
+    return "its LoRA shape differs: " + ", ".join(differ) if differ else None
+
+
+def load_lora(model: Any, adapter: Path) -> Any:
+    """`model` wrapped by peft with the weights of the adapter in `adapter`, trainable."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)

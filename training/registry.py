@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from completion.adapters import AdapterError, verify_adapter
+from training.window import window_problem
 
 REGISTRY_FILE = "registry.json"
 RUN_DIR = "runs/current"
@@ -52,12 +53,18 @@ class AdapterVersion:
         return f"v{self.version:04d}"
 
 
+def workspace_key(root: Path | str) -> str:
+    """A workspace's identity: its root's real path (absolute, normalised, links resolved). Its
+    adapters' directory and its feedback rows (`training.feedback`) are keyed by it."""
+    return os.path.realpath(root)
+
+
 def scope_dir(cache_dir: Path, *, workspace: Path | None = None, tenant: str | None = None) -> Path:
     """Where a workspace's (by its real path) or a tenant's adapters are kept."""
     if (workspace is None) == (tenant is None):
         raise ValueError("an adapter scope is a workspace or a tenant")
     if workspace is not None:
-        key = hashlib.sha256(os.path.realpath(workspace).encode()).hexdigest()[:16]
+        key = hashlib.sha256(workspace_key(workspace).encode()).hexdigest()[:16]
         return cache_dir / "adapters" / f"workspace-{key}"
     assert tenant is not None
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", tenant):
@@ -257,6 +264,8 @@ def _state_problem(state: Any) -> str | None:
             return "a version's time or status has the wrong type"
         if not isinstance(entry.get("train", {}), dict):
             return "a version's training record is not an object"
+        if problem := window_problem(entry.get("train", {})):
+            return problem
         if not isinstance(entry.get("evaluation"), dict | None):
             return "a version's evaluation is not an object"
         numbers.add(entry["version"])

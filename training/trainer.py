@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from completion.adapters import save_adapter
 from completion.fim import FimTemplate
@@ -38,6 +38,7 @@ from training.examples import FimExample
 from training.lora import LoraShape
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 KILL_AT_STEP_ENV = "TABLOOP_TRAIN_KILL_AT_STEP"
 """Fault injection for the resume test: the process SIGKILLs itself part-way into this step."""
@@ -153,6 +154,10 @@ class TrainResult:
     peak_rss_mb: float
     adapter: str
     stream_ended: bool
+    # Set by the caller that chose the data (`training.workspace`, `backend.adapters.run`): the
+    # training window's counts and marks, and what the weights started from.
+    window: dict[str, Any] | None = None
+    warm_start: dict[str, Any] | None = None
 
 
 @dataclass
@@ -198,10 +203,11 @@ def encode(
 
 
 def mixed_stream(
-    code: Iterator[FimExample], feedback: Iterator[FimExample] | None, feedback_share: float
-) -> Iterator[FimExample]:
-    """Code and feedback examples interleaved in a fixed pattern (`feedback_share` of them from
-    feedback while there is any); when one source ends the other goes on."""
+    code: Iterator[T], feedback: Iterator[T] | None, feedback_share: float
+) -> Iterator[T]:
+    """Two streams interleaved in a fixed pattern, `feedback_share` of the items from the second
+    while there is any (code and feedback examples; new and replayed outcomes); when one ends
+    the other goes on."""
     code_done = False
     feedback_done = feedback is None
     for k in itertools.count():

@@ -1,46 +1,162 @@
-"""Training an adapter for one workspace: its code (less held-out files) and its local feedback."""
+"""Training an adapter for one workspace: its code (less held-out files) and its local feedback.
+
+What a version starts from is shared with the backend's tenant runs (`backend.adapters.run`):
+`RunPlan` fixes, when a run first starts, the newest row it reads, the serving version's mark
+(`training.window`) and the version whose weights it warm-starts from, so a resumed run sees the
+same; `load_trainable` starts the LoRA from the serving adapter when it fits the run (same base
+model, same LoRA shape), else fresh, and says why.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from completion.adapters import AdapterError, verify_adapter
 from completion.fim import detect_family, template_for
 from completion.runners.loading import load_model, resolve_source
 from training.examples import FimExample, split_files, stream_code_examples, workspace_files
 from training.feedback import FeedbackStore, stream_feedback_examples
-from training.lora import attach_lora
+from training.lora import attach_lora, load_lora, lora_config, lora_mismatch
+from training.registry import AdapterRegistry, AdapterRegistryError
 from training.trainer import Budget, Progress, Trainer, TrainResult, TrainSettings, mixed_stream
+from training.window import (
+    OutcomeKey,
+    TrainingWindow,
+    WindowSettings,
+    mark_of,
+    select_window,
+)
 
 FEEDBACK_SHARE = 0.5
+PLAN_FILE = "plan.json"
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Where a run's LoRA weights start: a version's adapter (`version`), or fresh, and why."""
+
+    version: int | None
+    reason: str
+
+    def summary(self) -> dict[str, Any]:
+        name = f"v{self.version:04d}" if self.version is not None else None
+        return {"from": name, "fresh": self.version is None, "reason": self.reason}
 
 
 @dataclass
 class TrainableModel:
-    """The base model wrapped with a fresh LoRA adapter, and what the trainer needs around it."""
+    """The base model wrapped with LoRA layers, and what the trainer needs around it."""
 
     tokenizer: Any
     model: Any
     base_model_id: str
     family: str
+    warm_start: WarmStart
 
 
-def load_trainable(model: str, cache_dir: Path, settings: TrainSettings) -> TrainableModel:
-    """`model` (a `completion.model` value) in float32 with LoRA layers on it; the base model's
-    identity is the one the local runner serves it under, so the adapter fits it."""
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run trains from, fixed at its first start (a resumed run must see the same)."""
+
+    upto: int  # the newest row it reads
+    mark: OutcomeKey | None  # what the version serving then was trained up to
+    serving: int | None  # the version serving then: the run warm-starts from its adapter
+
+    @classmethod
+    def new(cls, registry: AdapterRegistry | None, upto: int) -> RunPlan:
+        serving = registry.serving() if registry is not None else None
+        if registry is None or serving is None:
+            return cls(upto, None, None)
+        return cls(upto, mark_of(registry.get(serving).train), serving)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunPlan | None:
+        """The plan of the run in `run_dir` (None: no run was started there)."""
+        try:
+            data = json.loads((run_dir / PLAN_FILE).read_text())
+            mark = data["mark"]
+            serving = data["serving"]
+            return cls(
+                int(data["upto"]),
+                (float(mark[0]), int(mark[1])) if mark is not None else None,
+                int(serving) if serving is not None else None,
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise ValueError(
+                f"{run_dir / PLAN_FILE} is damaged ({exc}): start the run with --fresh"
+            ) from None
+
+    def save(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        work = run_dir / f".{PLAN_FILE}.tmp"
+        mark = list(self.mark) if self.mark is not None else None
+        work.write_text(json.dumps({"upto": self.upto, "mark": mark, "serving": self.serving}))
+        os.replace(work, run_dir / PLAN_FILE)
+
+    def warm_source(self, registry: AdapterRegistry | None) -> tuple[int, Path] | WarmStart:
+        """The adapter to start from, or why the run starts fresh."""
+        if registry is None:
+            return WarmStart(None, "no adapter registry")
+        if self.serving is None:
+            return WarmStart(None, "no adapter serves: the base model")
+        try:
+            return self.serving, registry.path(self.serving)
+        except AdapterRegistryError as exc:
+            return WarmStart(None, str(exc))
+
+
+def load_trainable(
+    model: str,
+    cache_dir: Path,
+    settings: TrainSettings,
+    warm_from: tuple[int, Path] | WarmStart | None = None,
+) -> TrainableModel:
+    """`model` (a `completion.model` value) in float32 with LoRA layers on it: the weights of
+    the adapter `warm_from` names (version, directory) when it fits this run (trained on this
+    base model, with this LoRA shape, and intact), else fresh ones from the seed; the base
+    model's identity is the one the local runner serves it under, so the adapter fits it."""
     import torch
 
     source = resolve_source(model, cache_dir)
     tokenizer, base = load_model(source, "float32", cache_dir)
-    torch.manual_seed(settings.seed)  # the adapter's initial weights come from the seed
+    base_model_id = f"{source.name}@{source.revision}"
+    torch.manual_seed(settings.seed)  # a fresh adapter's initial weights come from the seed
     specials = list(getattr(tokenizer, "all_special_tokens", []))
     specials += list(tokenizer.get_added_vocab().keys())
     family = detect_family(specials, source.location + "/" + source.name)
-    return TrainableModel(
-        tokenizer, attach_lora(base, settings.lora), f"{source.name}@{source.revision}", family
-    )
+    if isinstance(warm_from, WarmStart):
+        warm = warm_from
+    elif warm_from is None:
+        warm = WarmStart(None, "not asked to warm-start")
+    else:
+        version, directory = warm_from
+        why = _unfit(directory, base_model_id, lora_config(base, settings.lora))
+        if why is None:
+            wrapped = load_lora(base, directory)
+            return TrainableModel(
+                tokenizer,
+                wrapped,
+                base_model_id,
+                family,
+                WarmStart(version, "the serving adapter fits this run"),
+            )
+        warm = WarmStart(None, f"v{version:04d} does not fit: {why}")
+    return TrainableModel(tokenizer, attach_lora(base, settings.lora), base_model_id, family, warm)
+
+
+def _unfit(directory: Path, base_model_id: str, config: Any) -> str | None:
+    try:
+        verify_adapter(directory, base_model_id)
+    except AdapterError as exc:
+        return str(exc)
+    return lora_mismatch(directory, config)
 
 
 def example_stream(
@@ -48,15 +164,16 @@ def example_stream(
     train_files: Sequence[str],
     seed: int,
     feedback: FeedbackStore | None,
-    feedback_upto: int,
+    window: TrainingWindow,
+    rewards: dict[OutcomeKey, float],
 ) -> Callable[[], Iterator[FimExample]]:
     """A factory of the run's example stream (the same sequence every time it is called)."""
 
     def make() -> Iterator[FimExample]:
         code = stream_code_examples(root, train_files, seed)
         notes = (
-            stream_feedback_examples(feedback, feedback_upto)
-            if feedback is not None and feedback_upto > 0
+            stream_feedback_examples(feedback, window, rewards, seed)
+            if feedback is not None and window.new
             else None
         )
         return mixed_stream(code, notes, FEEDBACK_SHARE)
@@ -77,16 +194,25 @@ def train_workspace(
     on_progress: Callable[[Progress], None] | None = None,
     device: str | None = None,
     code: bool = True,
+    registry: AdapterRegistry | None = None,
+    window: WindowSettings | None = None,
 ) -> tuple[TrainResult, list[str]]:
     """Train in `work_dir` (resuming there) on `root`'s training files (none with `code` off:
-    feedback alone) and `feedback`; (result, held-out files)."""
+    feedback alone) and the training window of `feedback` (the view of `root`'s rows), starting
+    from the adapter serving in `registry` when it fits; (result, held-out files). The result's
+    `window` and `warm_start` say what it trained on and started from."""
     train_files, held_out = split_files(workspace_files(root, exclude))
     if not code:
         train_files = []
     if not train_files and (feedback is None or feedback.count() == 0):
         raise ValueError(f"{root}: no code files to train on")
-    trainable = load_trainable(model, cache_dir, settings)
-    upto = _feedback_mark(work_dir, feedback)
+    plan = RunPlan.load(work_dir)
+    if plan is None:
+        plan = RunPlan.new(registry, feedback.last_id() if feedback is not None else 0)
+        plan.save(work_dir)
+    rewards = dict(feedback.keys(plan.upto)) if feedback is not None else {}
+    chosen = select_window(rewards, plan.mark, window or WindowSettings())
+    trainable = load_trainable(model, cache_dir, settings, plan.warm_source(registry))
     trainer = Trainer(
         trainable.model,
         trainable.tokenizer,
@@ -96,19 +222,8 @@ def train_workspace(
         work_dir,
         device=device,
     )
-    stream = example_stream(root, train_files, settings.seed, feedback, upto)
-    return trainer.run(stream, budget, on_progress), held_out
-
-
-def _feedback_mark(work_dir: Path, feedback: FeedbackStore | None) -> int:
-    """The newest feedback row this run trains on, fixed at its first start (a resumed run must
-    see the same rows)."""
-    if feedback is None:
-        return 0
-    mark = work_dir / "feedback-upto"
-    if mark.is_file():
-        return int(mark.read_text().strip() or 0)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    upto = feedback.last_id()
-    mark.write_text(f"{upto}\n")
-    return upto
+    stream = example_stream(root, train_files, settings.seed, feedback, chosen, rewards)
+    result = trainer.run(stream, budget, on_progress)
+    result.window = chosen.summary()
+    result.warm_start = trainable.warm_start.summary()
+    return result, held_out

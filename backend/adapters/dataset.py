@@ -8,34 +8,38 @@ same example a workspace's local feedback gives (`training.feedback`: the reward
 `feedback_reward`, the logged propensity, `as_example`), so one objective trains both. The
 logged prompt is the text before the cursor only: the examples have no suffix.
 
-The newest share (20%) of the examples, by the decision's time, is held out for evaluation and
-never trained on. Events are read in pages by row id (keyset pagination), never all at once; a
-run reads only rows up to the newest it saw when it first started, so a resumed run sees the
-same examples in the same order. Events skipped (silence, no text, no outcome yet, an outcome
-that judges nothing, a body the schema refuses) are counted by reason.
+Which examples a version trains on is the training window (`training.window`, the same rule
+as a workspace's): those after the serving version's mark by (decision time, row), newest
+first, less the newest share (20%) held out for evaluation and never trained on, with a replayed
+share of older ones among them. Events are read in pages by row id (keyset pagination), or by
+the rows a window names, never all at once; a run reads only rows up to the newest it saw when
+it first started, so a resumed run sees the same examples in the same order. Events skipped
+(silence, no text, no outcome yet, an outcome that judges nothing, a body the schema refuses) are
+counted by reason.
 """
 
 from __future__ import annotations
 
-import statistics
+import itertools
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from backend.db.models import StoredEvent
 from backend.storage import Storage
 from common.languages import BY_ID
 from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent, parse_event
 from training.examples import FimExample
-from training.feedback import Feedback, advantage_scale, as_example, feedback_reward
+from training.feedback import Feedback, as_example, feedback_reward, window_baseline
+from training.window import OutcomeKey, WindowSettings, select_window
 
 PAGE_ROWS = 500
-HELD_OUT_SHARE = 0.2
 # The checkpoint whose retained share scales an accepted suggestion's reward: the policy's
 # (`RewardSettings.retention_after_s`; `backend.policy` imports this package, so not from there).
 RETENTION_AFTER_S = 120
@@ -114,65 +118,105 @@ def logged_feedback(
             if not page:
                 return
             after = int(page[-1][0])
-            decisions: list[tuple[int, DecisionEvent]] = []
-            for row_id, body in page:
-                try:
-                    event = parse_event(body)
-                except ValidationError as exc:
-                    skipped[_skip_reason(body, exc)] += 1
-                    continue
-                if not isinstance(event, DecisionEvent):
-                    continue
-                if event.action != "show":
-                    skipped[SILENCE] += 1
-                elif not event.prompt or not event.suggestion:
-                    skipped[NO_TEXT] += 1
-                else:
-                    decisions.append((int(row_id), event))
-            outcomes: dict[str, OutcomeEvent] = {}
-            retained: dict[str, float] = {}
-            if decisions:
-                rows = session.execute(
-                    select(StoredEvent.body)
-                    .where(
-                        StoredEvent.tenant_id == tenant_id,
-                        StoredEvent.type.in_(("outcome", "retention")),
-                        StoredEvent.decision_id.in_([d.decision_id for _, d in decisions]),
-                        StoredEvent.id <= upto_row,
-                    )
-                    .order_by(StoredEvent.id)
-                ).scalars()
-                for body in rows:
-                    try:
-                        parsed = parse_event(body)
-                    except ValidationError as exc:
-                        skipped[_skip_reason(body, exc)] += 1
-                        continue
-                    if isinstance(parsed, OutcomeEvent):
-                        outcomes[parsed.decision_id] = parsed  # the newest wins
-                    elif (
-                        isinstance(parsed, RetentionEvent)
-                        and parsed.after_s == retention_after_s
-                        and parsed.accepted_chars > 0
-                    ):
-                        share = parsed.retained_chars / parsed.accepted_chars
-                        retained[parsed.decision_id] = share
-        for row_id, decision in decisions:
-            outcome = outcomes.get(decision.decision_id)
-            if outcome is None:
-                skipped[NO_OUTCOME] += 1
-                continue
-            assert decision.suggestion is not None and decision.prompt is not None
-            reward = feedback_reward(
-                outcome.kind,
-                outcome.accepted_chars,
-                decision.suggestion,
-                retained.get(decision.decision_id, 1.0),
+            judged = _judged(session, tenant_id, page, upto_row, skipped, retention_after_s)
+        yield from judged
+
+
+def logged_feedback_rows(
+    storage: Storage,
+    tenant_id: int,
+    upto_row: int,
+    rows: Iterable[int],
+    page_rows: int = PAGE_ROWS,
+) -> Iterator[LoggedFeedback]:
+    """As `logged_feedback`, for the decisions of `rows` in that order (a row that is not one
+    is skipped), read `page_rows` at a time."""
+    wanted = list(rows)
+    for start in range(0, len(wanted), page_rows):
+        chunk = wanted[start : start + page_rows]
+        with storage.session() as session:
+            page = session.execute(
+                select(StoredEvent.id, StoredEvent.body).where(
+                    StoredEvent.tenant_id == tenant_id,
+                    StoredEvent.type == "decision",
+                    StoredEvent.id.in_(chunk),
+                    StoredEvent.id <= upto_row,
+                )
+            ).all()
+            judged = _judged(session, tenant_id, page, upto_row, Counter(), RETENTION_AFTER_S)
+        by_row = {item.row_id: item for item in judged}
+        yield from (by_row[row] for row in chunk if row in by_row)
+
+
+def _judged(
+    session: Session,
+    tenant_id: int,
+    page: Sequence[Any],
+    upto_row: int,
+    skipped: Counter[str],
+    retention_after_s: int,
+) -> list[LoggedFeedback]:
+    """The decisions of one page of rows that make examples, with their rewards."""
+    decisions: list[tuple[int, DecisionEvent]] = []
+    for row_id, body in page:
+        try:
+            event = parse_event(body)
+        except ValidationError as exc:
+            skipped[_skip_reason(body, exc)] += 1
+            continue
+        if not isinstance(event, DecisionEvent):
+            continue
+        if event.action != "show":
+            skipped[SILENCE] += 1
+        elif not event.prompt or not event.suggestion:
+            skipped[NO_TEXT] += 1
+        else:
+            decisions.append((int(row_id), event))
+    outcomes: dict[str, OutcomeEvent] = {}
+    retained: dict[str, float] = {}
+    if decisions:
+        rows = session.execute(
+            select(StoredEvent.body)
+            .where(
+                StoredEvent.tenant_id == tenant_id,
+                StoredEvent.type.in_(("outcome", "retention")),
+                StoredEvent.decision_id.in_([d.decision_id for _, d in decisions]),
+                StoredEvent.id <= upto_row,
             )
-            if reward is None:
-                skipped[NO_JUDGEMENT] += 1
+            .order_by(StoredEvent.id)
+        ).scalars()
+        for body in rows:
+            try:
+                parsed = parse_event(body)
+            except ValidationError as exc:
+                skipped[_skip_reason(body, exc)] += 1
                 continue
-            yield LoggedFeedback(
+            if isinstance(parsed, OutcomeEvent):
+                outcomes[parsed.decision_id] = parsed  # the newest wins
+            elif (
+                isinstance(parsed, RetentionEvent)
+                and parsed.after_s == retention_after_s
+                and parsed.accepted_chars > 0
+            ):
+                retained[parsed.decision_id] = parsed.retained_chars / parsed.accepted_chars
+    judged = []
+    for row_id, decision in decisions:
+        outcome = outcomes.get(decision.decision_id)
+        if outcome is None:
+            skipped[NO_OUTCOME] += 1
+            continue
+        assert decision.suggestion is not None and decision.prompt is not None
+        reward = feedback_reward(
+            outcome.kind,
+            outcome.accepted_chars,
+            decision.suggestion,
+            retained.get(decision.decision_id, 1.0),
+        )
+        if reward is None:
+            skipped[NO_JUDGEMENT] += 1
+            continue
+        judged.append(
+            LoggedFeedback(
                 row_id,
                 _as_time(decision.time),
                 Feedback(
@@ -185,13 +229,15 @@ def logged_feedback(
                     decision.propensity,
                 ),
             )
+        )
+    return judged
 
 
 class TenantExamples:
-    """A tenant's examples up to one event row, split by time into training and held-out.
+    """A tenant's examples up to one event row, and the training window over them.
 
     Construction reads the events once, keeping only each example's time, row and reward (not
-    its text), to place the split and the reward baseline; the streams read them again.
+    its text), to place the window and the reward baseline; the streams read them again.
     """
 
     def __init__(
@@ -200,69 +246,51 @@ class TenantExamples:
         tenant_id: int,
         upto_row: int,
         *,
-        held_out_share: float = HELD_OUT_SHARE,
+        mark: OutcomeKey | None = None,
+        window: WindowSettings | None = None,
         page_rows: int = PAGE_ROWS,
     ) -> None:
-        if not 0.0 <= held_out_share < 1.0:
-            raise ValueError("held_out_share must be in [0, 1)")
         self.storage = storage
         self.tenant_id = tenant_id
         self.upto_row = upto_row
         self.page_rows = page_rows
         self.skipped: Counter[str] = Counter()
-        keys: list[tuple[float, int]] = []
-        rewards: list[float] = []
+        rewards: dict[OutcomeKey, float] = {}
         for item in logged_feedback(storage, tenant_id, upto_row, self.skipped, page_rows):
-            keys.append(item.key)
-            rewards.append(item.feedback.reward)
-        order = sorted(range(len(keys)), key=keys.__getitem__)
-        self.held_out_count = int(len(keys) * held_out_share)
-        self.train_count = len(keys) - self.held_out_count
-        # The first held-out example by (time, row): everything at or after it is held out.
-        self.threshold: tuple[float, int] | None = (
-            keys[order[self.train_count]] if self.held_out_count else None
-        )
-        train_rewards = [rewards[i] for i in order[: self.train_count]]
-        self.baseline = statistics.fmean(train_rewards) if train_rewards else 0.0
-        self.scale = advantage_scale(train_rewards, self.baseline)
+            rewards[item.key] = item.feedback.reward
+        self.window = select_window(rewards, mark, window or WindowSettings())
+        self.judged = len(rewards)
+        self.held_out_count = len(self.window.held_out)
+        self.train_count = len(self.window.new) + self.window.replayed  # one epoch
+        self.baseline, self.scale = window_baseline(self.window, rewards)
         # Positive (accepted, partially accepted) and negative (ignored, dismissed) examples.
         self.outcomes = Counter(
-            "positive" if r > 0 else "negative" if r < 0 else "neutral" for r in rewards
+            "positive" if r > 0 else "negative" if r < 0 else "neutral" for r in rewards.values()
         )
 
     @property
     def text_events(self) -> int:
         """Shown decisions that carried text, with or without a usable outcome."""
-        return (
-            self.train_count
-            + self.held_out_count
-            + self.skipped[NO_OUTCOME]
-            + self.skipped[NO_JUDGEMENT]
+        return self.judged + self.skipped[NO_OUTCOME] + self.skipped[NO_JUDGEMENT]
+
+    def _rows(self, keys: Iterable[OutcomeKey]) -> Iterator[LoggedFeedback]:
+        return logged_feedback_rows(
+            self.storage, self.tenant_id, self.upto_row, (k[1] for k in keys), self.page_rows
         )
 
-    def is_held_out(self, item: LoggedFeedback) -> bool:
-        return self.threshold is not None and item.key >= self.threshold
-
-    def _items(self, held_out: bool) -> Iterator[LoggedFeedback]:
-        for item in logged_feedback(
-            self.storage, self.tenant_id, self.upto_row, None, self.page_rows
-        ):
-            if self.is_held_out(item) == held_out:
-                yield item
-
-    def training_examples(self) -> Iterator[FimExample]:
-        """The training examples once, oldest row first."""
-        for item in self._items(held_out=False):
+    def training_examples(self, seed: int = 0, epoch: int = 0) -> Iterator[FimExample]:
+        """One epoch's training examples in the window's order (`TrainingWindow.epoch`)."""
+        for item in self._rows(self.window.epoch(seed, epoch)):
             yield as_example(item.feedback, self.baseline, self.scale)
 
-    def stream(self) -> Callable[[], Iterator[FimExample]]:
-        """A factory of the run's stream: the training examples epoch after epoch (the same
-        sequence every time it is called; it ends at once when there are none)."""
+    def stream(self, seed: int = 0) -> Callable[[], Iterator[FimExample]]:
+        """A factory of the run's stream: epoch after epoch (the same sequence every time it is
+        called; it ends at once when there is nothing to train on)."""
 
         def make() -> Iterator[FimExample]:
-            while True:
+            for epoch in itertools.count():
                 produced = 0
-                for example in self.training_examples():
+                for example in self.training_examples(seed, epoch):
                     produced += 1
                     yield example
                 if produced == 0:
@@ -271,8 +299,8 @@ class TenantExamples:
         return make
 
     def held_out(self) -> Iterator[LoggedFeedback]:
-        """The held-out examples, oldest row first."""
-        return self._items(held_out=True)
+        """The held-out examples, oldest first."""
+        return self._rows(reversed(self.window.held_out))
 
     def held_out_accepted(self, limit: int) -> list[FimExample]:
         """Up to `limit` held-out accepted suggestions as cursors to replay (the newest last),

@@ -1,9 +1,12 @@
 """One adapter training run for a tenant: its examples, the trainer, evaluation, the registry.
 
 The run lives in the tenant's adapter directory (`scope_dir(cache, tenant=T)/runs/current`):
-the newest event row it reads is fixed when it first starts (`events-upto`), and its checkpoints
-are written there, so a run killed at any point resumes from its last checkpoint with the same
-examples in the same order. Finished, its adapter becomes a candidate version of the tenant's
+the newest event row it reads, the serving version's mark and the version it warm-starts from
+are fixed when it first starts (`training.workspace.RunPlan`; `events-upto` beside it tells the
+scheduler a run is under way), and its checkpoints are written there, so a run killed at any
+point resumes from its last checkpoint with the same examples in the same order. It trains on the
+training window since the serving version's mark (`training.window`), starting from the serving
+adapter's weights when they fit. Finished, its adapter becomes a candidate version of the tenant's
 registry, evaluated against the serving version on the held-out events (does each reproduce
 the accepted suggestions in their logged prompts: exact-line match and edit similarity, paired),
 and promoted only by the registry's rule.
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,8 @@ from backend.adapters.dataset import TenantExamples, newest_event_row
 from backend.storage import Storage
 from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
 from training.trainer import Budget, Progress, TrainSettings
+from training.window import WindowSettings
+from training.workspace import RunPlan
 
 MARK_FILE = "events-upto"
 DEFAULT_MIN_EXAMPLES = 50
@@ -43,6 +48,7 @@ class TenantRunOptions:
     promote: bool = False
     fresh: bool = False
     device: str | None = None
+    window: WindowSettings = field(default_factory=WindowSettings)
 
 
 def tenant_registry(cache_dir: Path, tenant: str) -> AdapterRegistry:
@@ -54,13 +60,6 @@ def last_trained_event(registry: AdapterRegistry) -> int:
     """The newest event row the tenant's newest adapter version was trained up to (0: none)."""
     marks = [int(v.train.get("through_event_id", 0) or 0) for v in registry.versions()]
     return max(marks, default=0)
-
-
-def _mark(run_dir: Path, newest: int) -> int:
-    mark = run_dir / MARK_FILE
-    if mark.is_file():
-        return int(mark.read_text().strip() or 0)
-    return newest
 
 
 def train_tenant(
@@ -84,8 +83,9 @@ def train_tenant(
     run_dir = registry.root / RUN_DIR
     if options.fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
-    upto = _mark(run_dir, newest_event_row(storage, tenant_id))
-    data = TenantExamples(storage, tenant_id, upto)
+    plan = RunPlan.load(run_dir) or RunPlan.new(registry, newest_event_row(storage, tenant_id))
+    upto = plan.upto
+    data = TenantExamples(storage, tenant_id, upto, mark=plan.mark, window=options.window)
     if data.text_events == 0:
         raise TenantTrainingError(
             f"tenant {tenant!r} has no shown suggestions that carry text: editors send the "
@@ -98,7 +98,7 @@ def train_tenant(
             f"{data.held_out_count} held out; at least {options.min_examples} needed): "
             f"skipped {dict(data.skipped.most_common())}"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    plan.save(run_dir)  # only now: a run refused above leaves no run behind
     (run_dir / MARK_FILE).write_text(f"{upto}\n")
 
     from completion.adapters import read_manifest
@@ -106,7 +106,9 @@ def train_tenant(
     from training.trainer import Trainer
     from training.workspace import load_trainable
 
-    trainable = load_trainable(options.model, cache_dir, options.settings)
+    trainable = load_trainable(
+        options.model, cache_dir, options.settings, plan.warm_source(registry)
+    )
     trainer = Trainer(
         trainable.model,
         trainable.tokenizer,
@@ -116,7 +118,9 @@ def train_tenant(
         run_dir,
         device=options.device,
     )
-    result = trainer.run(data.stream(), options.budget, on_progress)
+    result = trainer.run(data.stream(options.settings.seed), options.budget, on_progress)
+    result.window = data.window.summary()
+    result.warm_start = trainable.warm_start.summary()
     del trainer, trainable  # the evaluation loads the model for serving
     manifest = read_manifest(Path(result.adapter))
     train = {**asdict(result), "tenant": tenant, "through_event_id": upto}
@@ -127,6 +131,8 @@ def train_tenant(
     report: dict[str, Any] = {
         "tenant": tenant,
         "version": record.name,
+        "window": result.window,
+        "warm_start": result.warm_start,
         "examples": train["examples"],
         "training": asdict(result),
     }

@@ -2,9 +2,11 @@
 
 Every shown suggestion whose outcome becomes known (accepted, partially accepted, ignored,
 dismissed) is kept with its context in the local feedback store (`training.feedback`: bounded,
-in the cache directory, never sent), where `tabloop train model` finds it. Superseded and unseen
-suggestions say nothing about the suggestion and are not kept. The adapters trained from it are
-served by `lsp_server.features.adapters`.
+in the cache directory, never sent), under the server's workspace, where `tabloop train model`
+for that workspace finds it. Superseded and unseen suggestions say nothing about the suggestion
+and are not kept; nor is anything when the server has no workspace root (no workspace's adapter
+could learn from it). The adapters trained from it are served by
+`lsp_server.features.adapters`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from lsp_server.config import Settings
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
 from training.feedback import FEEDBACK_FILE, FeedbackRecorder, FeedbackStore
+from training.registry import workspace_key
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +35,18 @@ class LearningFeature:
     def on_settings(self, settings: Settings) -> None:
         wanted = settings.completion.feedback_rows
         path = settings.cache_path() / FEEDBACK_FILE
-        if self.store is not None and (wanted == 0 or self.store.path != path):
+        root = self.server.workspace_root
+        workspace = workspace_key(root) if root is not None else None
+        if self.store is not None and (
+            wanted == 0 or self.store.path != path or self.store.workspace != workspace
+        ):
             self.store.close()
             self.store = None
-        if wanted > 0 and self.store is None:
+        if wanted > 0 and self.store is None and root is None:
+            log.info("not keeping feedback: the server has no workspace root")
+        elif wanted > 0 and self.store is None:
             try:
-                self.store = FeedbackStore(path, max_rows=wanted)
+                self.store = FeedbackStore(path, max_rows=wanted, workspace=root)
             except Exception:
                 log.warning("not keeping feedback: could not open %s", path, exc_info=True)
         elif self.store is not None:

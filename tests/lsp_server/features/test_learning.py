@@ -86,11 +86,51 @@ async def test_shown_suggestions_and_their_outcomes_are_kept(tmp_path: Path) -> 
     ]
     assert rows[0].prefix == "x = " and rows[0].path == "a.py"
     assert feature.store.path.is_relative_to(tmp_path / "cache")
+    assert feature.store.workspace == str((tmp_path / "ws").resolve())
     feature.on_shutdown()
+
+
+async def _kept(feature: LearningFeature, decision_id: str, text: str) -> None:
+    request = CompletionRequest(prefix="x = ", suffix="\n", language="python", path="a.py")
+    feature.on_decision(_decision(decision_id, text), request)
+    before = feature.store.count() if feature.store is not None else 0
+    feature.on_outcome(_outcome("accepted", decision_id, chars=len(text)))
+    for _ in range(100):  # the insert runs in a worker thread
+        if feature.store is not None and feature.store.count() > before:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("not kept")
+
+
+async def test_feedback_is_kept_under_the_servers_workspace(tmp_path: Path) -> None:
+    """Two servers (two workspaces) share the cache's store; each reads only its own rows."""
+    first, second = feature_server(tmp_path), feature_server(tmp_path)
+    second.workspace_root = tmp_path / "other"
+    features = [LearningFeature(server) for server in (first, second)]  # type: ignore[arg-type]
+    for feature, server in zip(features, (first, second), strict=True):
+        feature.on_settings(server.settings)
+    await _kept(features[0], "d1", "mine()")
+    await _kept(features[1], "d2", "theirs()")
+    await _kept(features[1], "d3", "theirs_too()")
+    stores = [feature.store for feature in features]
+    assert stores[0] is not None and stores[1] is not None
+    assert stores[0].path == stores[1].path
+    assert [r.suggestion for r in stores[0].rows(10**6)] == ["mine()"]
+    assert [r.suggestion for r in stores[1].rows(10**6)] == ["theirs()", "theirs_too()"]
+    for feature in features:
+        feature.on_shutdown()
 
 
 def test_no_store_when_turned_off(tmp_path: Path) -> None:
     server = feature_server(tmp_path, rows=0)
+    feature = LearningFeature(server)  # type: ignore[arg-type]
+    feature.on_settings(server.settings)
+    assert feature.store is None
+
+
+def test_no_store_without_a_workspace_root(tmp_path: Path) -> None:
+    server = feature_server(tmp_path)
+    server.workspace_root = None
     feature = LearningFeature(server)  # type: ignore[arg-type]
     feature.on_settings(server.settings)
     assert feature.store is None
