@@ -23,16 +23,16 @@ import sys
 import tempfile
 from typing import IO, TYPE_CHECKING, Any
 
-from backend.storage import PG_INGEST_PATHS, Storage, default_db_url
+from pydantic import ValidationError
 
-DEFAULT_FAILOVER_S = 30.0
+from backend.settings import DEFAULT_FAILOVER_S, DEFAULT_PORT
+from backend.storage import PG_INGEST_PATHS, Storage, default_db_url
 
 if TYPE_CHECKING:
     from backend.adapters.scheduler import AdapterSchedule
     from backend.app import BackendApp
     from backend.policy.settings import TrainerSettings
-
-DEFAULT_PORT = 8765
+    from backend.settings import BackendSettings
 # How `_serve` hands its options to worker processes, which uvicorn starts by import string.
 WORKER_ENV = "TABLOOP_BACKEND_WORKER_ARGS"
 TRAINING_LOCK_ENV = "TABLOOP_BACKEND_TRAINING_LOCK"
@@ -67,17 +67,20 @@ def _serve_parser() -> argparse.ArgumentParser:
         description="Run the training backend (migrates the database on start). "
         "`tabloop backend token ...` manages tenant tokens.",
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
+    parser.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=None, help=f"port to listen on (default {DEFAULT_PORT})"
+    )
     _db_argument(parser)
     parser.add_argument("--rate", type=float, default=None, help="events/s per tenant")
     parser.add_argument(
         "--workers",
         type=int,
-        default=1,
-        help="worker processes sharing the port (rate limits, metrics and caches are per worker)",
+        default=None,
+        help="worker processes sharing the port (default 1; rate limits, metrics and caches "
+        "are per worker)",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log requests")
+    parser.add_argument("-v", "--verbose", action="store_true", default=None, help="log requests")
     parser.add_argument(
         "--lambda",
         dest="distraction_cost",
@@ -97,12 +100,15 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="model served at /v1/completions: `bundled` (default), a hub id or a local path",
     )
     parser.add_argument(
-        "--preload-model", action="store_true", help="load the completion model at start"
+        "--preload-model",
+        action="store_true",
+        default=None,
+        help="load the completion model at start",
     )
     parser.add_argument(
         "--failover",
         type=_positive,
-        default=DEFAULT_FAILOVER_S,
+        default=None,
         help="PostgreSQL: seconds within which another instance takes the trainer over after "
         "the elected one dies (default 30)",
     )
@@ -116,7 +122,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pg-ingest",
         choices=PG_INGEST_PATHS,
-        default="array",
+        default=None,
         help="how events are inserted into PostgreSQL: array (one JSON array per batch, the "
         "default) or rows (multi-row VALUES, the earlier path; a benchmark baseline)",
     )
@@ -124,6 +130,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--metrics-tenant-labels",
         action="store_true",
+        default=None,
         help="label /metrics counters with tenant names (off: /metrics is served without a token)",
     )
     return parser
@@ -164,13 +171,13 @@ def _adapter_arguments(parser: argparse.ArgumentParser, *, trainer: bool = False
     group.add_argument(
         "--adapter-min-events",
         type=int,
-        default=200,
+        default=None,
         help="new shown, text-carrying decisions that make a tenant due (default 200)",
     )
     group.add_argument(
         "--adapter-budget",
         type=_duration,
-        default=1200.0,
+        default=None,
         help="wall-clock budget of one adapter run (default 20m)",
     )
     group.add_argument(
@@ -180,21 +187,13 @@ def _adapter_arguments(parser: argparse.ArgumentParser, *, trainer: bool = False
         help="also end an adapter run after this many training examples",
     )
     group.add_argument(
-        "--adapter-model", default="bundled", help="base model of the adapters (default: bundled)"
+        "--adapter-model", default=None, help="base model of the adapters (default: bundled)"
     )
 
 
 def adapter_schedule(args: argparse.Namespace) -> AdapterSchedule:
     """The adapter schedule the command line sets (off without --adapter-every)."""
-    from backend.adapters.scheduler import AdapterSchedule
-
-    return AdapterSchedule(
-        every_s=args.adapter_every,
-        min_new_events=args.adapter_min_events,
-        budget_s=args.adapter_budget,
-        budget_samples=args.adapter_samples,
-        model=args.adapter_model,
-    )
+    return backend_settings(args).adapters
 
 
 def _token_parser() -> argparse.ArgumentParser:
@@ -272,48 +271,82 @@ def _tokens(argv: list[str]) -> int:
 
 def trainer_settings(args: argparse.Namespace) -> TrainerSettings:
     """The scheduled trainer's settings: the defaults, with what the command line sets."""
-    from backend.policy.settings import TrainerSettings
+    return backend_settings(args).trainer
 
-    overrides: dict[str, Any] = {}
-    if args.distraction_cost is not None:
-        overrides["rewards"] = {"distraction_cost": args.distraction_cost}
-    if args.train_interval is not None:
-        overrides["interval_s"] = args.train_interval
-    return TrainerSettings.model_validate(overrides)
+
+# Flag (argparse dest) -> where it goes in `BackendSettings`.
+_FLAGS: dict[str, tuple[str, ...]] = {
+    "db": ("db_url",),
+    "host": ("host",),
+    "port": ("port",),
+    "workers": ("workers",),
+    "verbose": ("log_requests",),
+    "rate": ("limits", "rate_events_per_s"),
+    "distraction_cost": ("trainer", "rewards", "distraction_cost"),
+    "train_interval": ("trainer", "interval_s"),
+    "completion_model": ("completion", "model"),
+    "preload_model": ("preload_model",),
+    "failover": ("failover_s",),
+    "pg_ingest": ("pg_ingest",),
+    "metrics_tenant_labels": ("metrics_tenant_labels",),
+    "adapter_every": ("adapters", "every_s"),
+    "adapter_min_events": ("adapters", "min_new_events"),
+    "adapter_budget": ("adapters", "budget_s"),
+    "adapter_samples": ("adapters", "budget_samples"),
+    "adapter_model": ("adapters", "model"),
+}
+
+
+def backend_settings(args: argparse.Namespace) -> BackendSettings:
+    """The backend's settings: the defaults, then `TABLOOP_BACKEND_*`, then the flags given
+    (a flag left out keeps what the environment says)."""
+    from backend.settings import BackendSettings
+
+    flags: dict[str, Any] = {}
+    for dest, path in _FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        node = flags
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    rate_limits = getattr(args, "rate_limits", None)
+    if rate_limits is not None:
+        flags["shared_rate_limits"] = rate_limits == "shared"
+    try:
+        return BackendSettings(**flags)
+    except ValidationError as exc:
+        raise SystemExit(f"tabloop backend: {exc}") from None
+
+
+def serving_settings(args: argparse.Namespace, *, migrate: bool, train: bool) -> BackendSettings:
+    """The settings of a serving process: `backend_settings`, with the choices `tabloop backend`
+    makes for the database it is given."""
+    settings = backend_settings(args)
+    postgres = settings.postgres
+    if settings.shared_rate_limits and not postgres:
+        raise SystemExit("tabloop backend: --rate-limits shared needs PostgreSQL")
+    return settings.model_copy(
+        update={
+            "migrate": migrate,
+            "train": train,
+            # On PostgreSQL the trainer is elected in the database among every instance (and
+            # every worker); on SQLite one process trains, chosen by the file lock.
+            "failover_s": (settings.failover_s or DEFAULT_FAILOVER_S) if postgres else None,
+            # On PostgreSQL rate limits are shared across instances unless `--rate-limits local`.
+            "shared_rate_limits": postgres and settings.shared_rate_limits is not False,
+        }
+    )
 
 
 def _build_app(args: argparse.Namespace, *, migrate: bool, train: bool) -> BackendApp:
     from backend.app import create_app
-    from backend.services.ingest import IngestLimits
-    from common.config import configured_cache_dir
-    from completion.settings import CompletionSettings
 
-    limits = IngestLimits() if args.rate is None else IngestLimits(rate_events_per_s=args.rate)
-    db_url = args.db or default_db_url()
-    postgres = _is_postgres(db_url)
-    if args.rate_limits == "shared" and not postgres:
-        raise SystemExit("tabloop backend: --rate-limits shared needs PostgreSQL")
-    # Every worker gets the same trainer settings, so the built-in policy each serves until a
-    # version is promoted is the same; only the worker that `train`s runs the trainer.
-    return create_app(
-        db_url,
-        migrate=migrate,
-        limits=limits,
-        trainer=trainer_settings(args),
-        train=train,
-        completion=CompletionSettings(model=args.completion_model or "bundled"),
-        # Model weights live where every other command keeps them: `cacheDir` from the user's
-        # config.toml or $TABLOOP_CACHE_DIR (common.config), else the platform's cache.
-        cache_dir=configured_cache_dir(),
-        preload_model=args.preload_model,
-        metrics_tenant_labels=args.metrics_tenant_labels,
-        # On PostgreSQL the trainer is elected in the database among every instance (and every
-        # worker); on SQLite one process trains, chosen by the file lock.
-        failover_s=args.failover if postgres else None,
-        shared_rate_limits=postgres and args.rate_limits != "local",
-        pg_ingest=args.pg_ingest,
-        adapters=adapter_schedule(args),
-    )
+    # Every worker gets the same settings, so the built-in policy each serves until a version is
+    # promoted is the same; only the worker that `train`s runs the trainer. Model weights live
+    # where every other command keeps them (`BackendSettings.cache_dir`).
+    return create_app(serving_settings(args, migrate=migrate, train=train))
 
 
 def _is_postgres(url: str) -> bool:
@@ -361,7 +394,7 @@ def tune_gc_for_serving() -> None:
 def worker_app() -> BackendApp:
     """The app of one worker process under `--workers N` (uvicorn's factory)."""
     args = _serve_parser().parse_args(json.loads(os.environ[WORKER_ENV]))
-    if _is_postgres(args.db or default_db_url()):
+    if backend_settings(args).postgres:
         # Every worker stands in the election; the database picks one.
         app = _build_app(args, migrate=False, train=True)
     else:
@@ -379,42 +412,43 @@ def _serve(argv: list[str]) -> int:
     from backend.connections import server_options
 
     args = _serve_parser().parse_args(argv)
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         print("tabloop backend: --workers must be at least 1", file=sys.stderr)
         return 2
+    settings = backend_settings(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    db_url = args.db or default_db_url()
     print(
-        f"tabloop backend on http://{args.host}:{args.port} (database {db_url.split('@')[-1]}, "
-        f"{args.workers} worker{'s' if args.workers > 1 else ''})",
+        f"tabloop backend on http://{settings.host}:{settings.port} (database "
+        f"{settings.db_url.split('@')[-1]}, {settings.workers} "
+        f"worker{'s' if settings.workers > 1 else ''})",
         file=sys.stderr,
         flush=True,
     )
-    log_level = "info" if args.verbose else "warning"
-    if args.workers == 1:
+    log_level = "info" if settings.log_requests else "warning"
+    if settings.workers == 1:
         app = _build_app(args, migrate=True, train=True)
         tune_gc_for_serving()
         uvicorn.run(
             app,
-            host=args.host,
-            port=args.port,
+            host=settings.host,
+            port=settings.port,
             log_level=log_level,
-            access_log=args.verbose,
+            access_log=settings.log_requests,
             **server_options(),
         )
         return 0
-    Storage(db_url).close()  # migrate once, here, before any worker opens the database
+    Storage(settings.db_url).close()  # migrate once, here, before any worker opens the database
     with tempfile.TemporaryDirectory(prefix="tabloop-backend-") as tmp:
         os.environ[WORKER_ENV] = json.dumps(argv)
         os.environ[TRAINING_LOCK_ENV] = os.path.join(tmp, "training.lock")
         uvicorn.run(
             "backend.cli:worker_app",
             factory=True,
-            workers=args.workers,
-            host=args.host,
-            port=args.port,
+            workers=settings.workers,
+            host=settings.host,
+            port=settings.port,
             log_level=log_level,
-            access_log=args.verbose,
+            access_log=settings.log_requests,
             **server_options(),
         )
     return 0
@@ -430,7 +464,7 @@ def _trainer_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--failover",
         type=_positive,
-        default=DEFAULT_FAILOVER_S,
+        default=None,
         help="seconds after which a job of a trainer that died is claimed again (default 30)",
     )
     parser.add_argument(
@@ -452,21 +486,19 @@ def _trainer(argv: list[str]) -> int:
     from backend.scheduler import ClusterTrainer
 
     args = _trainer_parser().parse_args(argv)
-    db_url = args.db or default_db_url()
-    if not _is_postgres(db_url):
+    settings = backend_settings(args)
+    if not settings.postgres:
         print("tabloop backend trainer: needs a PostgreSQL --db", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    storage = Storage(db_url)
-    from common.config import configured_cache_dir
-
+    storage = Storage(settings.db_url)
     trainer = ClusterTrainer(
         storage,
-        trainer_settings(args),
-        failover_s=args.failover,
+        settings.trainer,
+        failover_s=settings.failover_s or DEFAULT_FAILOVER_S,
         elect=False,
-        adapters=adapter_schedule(args) if args.adapters else None,
-        cache_dir=configured_cache_dir(),
+        adapters=settings.adapters if args.adapters else None,
+        cache_dir=settings.cache_dir,
     )
     stopped = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

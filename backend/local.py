@@ -22,9 +22,8 @@ from fastapi import FastAPI
 
 from backend.app import BackendApp, create_app
 from backend.connections import server_options
-from backend.policy.settings import TrainerSettings
 from backend.services.container import BackendServices
-from backend.services.ingest import IngestLimits
+from backend.settings import BackendSettings
 from backend.storage import Principal, Storage
 
 
@@ -101,8 +100,9 @@ class LocalBackend:
 
     `stop_serving()` and `start_serving()` close and reopen the same port (an outage, for
     tests and benchmarks); `stop()` ends it for good. `asgi_wrapper` may wrap the app in
-    middleware (tests record bodies and script faults with it). With `trainer` settings it also
-    trains on their schedule while serving (`services.trainer`).
+    middleware (tests record bodies and script faults with it). The app is built from
+    `settings` (default: `BackendSettings()`) on this database; with `settings.train` it also
+    trains on the trainer's schedule while serving (`services.trainer`).
     """
 
     def __init__(
@@ -111,8 +111,7 @@ class LocalBackend:
         *,
         tenant: str = "local",
         port: int = 0,
-        limits: IngestLimits | None = None,
-        trainer: TrainerSettings | None = None,
+        settings: BackendSettings | None = None,
         asgi_wrapper: Callable[[FastAPI], Any] | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -126,9 +125,7 @@ class LocalBackend:
         principal = self.storage.principal_for_token(self.token)
         assert principal is not None
         self.principal: Principal = principal
-        self.app: BackendApp = create_app(
-            storage=self.storage, limits=limits, trainer=trainer, train=trainer is not None
-        )
+        self.app: BackendApp = create_app(settings, storage=self.storage)
         self._asgi: Any = asgi_wrapper(self.app) if asgi_wrapper else self.app
         self.port = port
         self._server: ServerThread | None = None

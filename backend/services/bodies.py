@@ -10,7 +10,6 @@ not count) without building anything.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,17 +20,6 @@ _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
 _STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _CHUNK = 1 << 20  # steps summed a mebibyte at a time: bounded scratch memory
-
-
-@dataclass(frozen=True)
-class BodyLimits:
-    """Bounds on a JSON request body beyond its size (each route sets its own size cap)."""
-
-    max_depth: int = 64
-    """Deepest nesting of arrays and objects; the sync and event schemas need fewer than ten."""
-    read_timeout_s: float = 10.0
-    """Longest wait for the next piece of a body: a client that sends less than its
-    `Content-Length` is answered 408 after this, not held forever."""
 
 
 def json_depth(raw: bytes) -> int:

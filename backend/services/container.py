@@ -12,30 +12,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from backend.adapters.scheduler import AdapterSchedule, AdapterScheduler
+from backend.adapters.scheduler import AdapterScheduler
 from backend.metrics import Metrics
 from backend.policy.loop import TrainingScheduler
 from backend.policy.registry import PolicyRegistry
-from backend.policy.settings import TrainerSettings
 from backend.ratelimit import (
     Limiter,
     RateLimiter,
     RequestRates,
-    RequestRateSettings,
     SharedRateLimiter,
 )
 from backend.scheduler import ClusterTrainer
-from backend.services.bodies import BodyLimits
 from backend.services.completions import CompletionService, RunnerLoader
-from backend.services.ingest import IngestLimits
 from backend.services.ingest_stats import IngestRecorder
 from backend.services.served_adapters import ServedAdapters
 from backend.services.stats import StatsService
 from backend.services.stats_rollup import StatsRollup
+from backend.settings import BackendSettings, BodyLimits, IngestLimits
 from backend.storage import Storage
 from backend.sync.store import IndexSyncStore
-from common.paths import default_cache_dir
-from completion.settings import CompletionSettings
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +40,12 @@ class BackendServices:
     """The backend's services; one of each per app."""
 
     storage: Storage
+    settings: BackendSettings
+    """The configuration the services were built from (`backend/settings.py`)."""
     limits: IngestLimits
+    """Bounds on ingestion requests and the per-tenant event rate (`settings.limits`)."""
+    bodies: BodyLimits
+    """Depth and read-timeout bounds on every JSON request body (`settings.bodies`)."""
     rate_limiter: Limiter
     metrics: Metrics
     registry: PolicyRegistry
@@ -55,8 +55,6 @@ class BackendServices:
     """Aggregates for the dashboard, `/v1/stats` and `tabloop stats`."""
     ingest_stats: IngestRecorder
     """Batches, refusals and client spools per tenant and minute, written every few seconds."""
-    bodies: BodyLimits = field(default_factory=BodyLimits)
-    """Depth and read-timeout bounds on every JSON request body."""
     request_rates: RequestRates = field(default_factory=RequestRates)
     """Per-tenant request rates of the statistics and registry-action routes."""
     trainer: TrainingScheduler | None = None
@@ -66,10 +64,6 @@ class BackendServices:
     is set (off by default)."""
     owns_storage: bool = False
     """Close the storage on stop (the app opened it)."""
-    preload_model: bool = False
-    """Start loading the completion model when the app starts."""
-    cache_dir: Path = field(default_factory=default_cache_dir)
-    """Where model weights and the tenants' adapter registries are kept."""
     served_adapters: ServedAdapters = field(init=False)
     """The tenants' serving adapters, verified before `/v1/model` serves them."""
     training_lock: IO[bytes] | None = None
@@ -78,98 +72,84 @@ class BackendServices:
     """On a shared PostgreSQL database: this instance's part in the trainer election and the
     training jobs (`backend/scheduler.py`), instead of `trainer`."""
 
+    @property
+    def cache_dir(self) -> Path:
+        """Where model weights and the tenants' adapter registries are kept."""
+        return self.settings.cache_dir
+
     def __post_init__(self) -> None:
         self.served_adapters = ServedAdapters(self.cache_dir)
 
     @classmethod
     def create(
         cls,
+        settings: BackendSettings,
         storage: Storage,
         *,
         owns_storage: bool = False,
-        limits: IngestLimits | None = None,
-        bodies: BodyLimits | None = None,
-        metrics_tenant_labels: bool = False,
-        trainer: TrainerSettings | None = None,
-        train: bool = False,
-        completion: CompletionSettings | None = None,
-        preload_model: bool = False,
-        cache_dir: Path | None = None,
         runner_loader: RunnerLoader | None = None,
-        failover_s: float | None = None,
-        shared_rate_limits: bool = False,
-        adapters: AdapterSchedule | None = None,
-        request_rates: RequestRateSettings | None = None,
     ) -> BackendServices:
-        """The services on `storage`.
+        """The services that `settings` describe, on `storage` (closed on stop when
+        `owns_storage`); `runner_loader` replaces how the completion model is loaded (tests).
 
-        `trainer` settings give the built-in policy's floor, served until a version is promoted
-        (the same in every worker, trained or not); with `train` this process also trains on
-        their schedule. `completion` chooses the model of `/v1/completions` (default: the
-        bundled one, loaded on first use; `preload_model` loads it at start). `bodies` bounds
-        request bodies; `metrics_tenant_labels` lets `/metrics` name tenants (off by default).
-
-        `failover_s` (PostgreSQL only) makes `train` stand in the trainer election instead of
-        training on its own: the elected instance schedules and trains the tenants' jobs, and
-        another takes over within `failover_s` of its death. `shared_rate_limits` (PostgreSQL
-        only) keeps the per-tenant buckets in the database, one limit across all instances.
-
-        `adapters` with `every_s` set makes the process that trains also train the tenants'
-        adapters on that period (`backend/adapters/scheduler.py`), under `cache_dir`.
+        `settings.trainer` gives the built-in policy's floor, served until a version is promoted
+        (the same in every worker, trained or not); with `settings.train` this process also
+        trains on its schedule. With `failover_s` (PostgreSQL only) it stands in the trainer
+        election instead of training on its own: the elected instance schedules and trains the
+        tenants' jobs (`backend/scheduler.py`), and another takes over within `failover_s` of
+        its death. `shared_rate_limits` (PostgreSQL only) keeps the per-tenant buckets in the
+        database, one limit across all instances. `settings.adapters` with `every_s` set makes
+        the process that trains also train the tenants' adapters on that period.
         """
-        limits = limits or IngestLimits()
-        trainer_settings = trainer or TrainerSettings.model_validate({})
-        registry = PolicyRegistry(storage, builtin_floor=trainer_settings.show_floor)
+        limits = settings.limits
+        registry = PolicyRegistry(storage, builtin_floor=settings.trainer.show_floor)
         # A batch larger than the burst must still pass when the bucket is full.
         burst = max(limits.burst_events, limits.max_batch_events)
         limiter: Limiter = (
             SharedRateLimiter(storage.url, limits.rate_events_per_s, burst)
-            if shared_rate_limits
+            if settings.shared_rate_limits
             else RateLimiter(limits.rate_events_per_s, burst)
         )
-        cluster = failover_s is not None and train
-        adapter_schedule = adapters if adapters is not None and adapters.enabled else None
+        failover_s = settings.failover_s if settings.train else None
+        adapter_schedule = settings.adapters if settings.adapters.enabled else None
         return cls(
             storage=storage,
+            settings=settings,
             limits=limits,
+            bodies=settings.bodies,
             rate_limiter=limiter,
-            metrics=Metrics(tenant_labels=metrics_tenant_labels),
+            metrics=Metrics(tenant_labels=settings.metrics_tenant_labels),
             registry=registry,
-            completions=CompletionService(
-                completion or CompletionSettings(), cache_dir or default_cache_dir(), runner_loader
-            ),
+            completions=CompletionService(settings.completion, settings.cache_dir, runner_loader),
             index_sync=IndexSyncStore(storage),
             stats=StatsService(storage, registry, StatsRollup(storage)),
             ingest_stats=IngestRecorder(storage),
-            bodies=bodies or BodyLimits(),
-            request_rates=RequestRates(request_rates),
+            request_rates=RequestRates(settings.request_rates),
             trainer=(
-                TrainingScheduler(storage, trainer_settings, registry)
-                if train and not cluster
+                TrainingScheduler(storage, settings.trainer, registry)
+                if settings.train and failover_s is None
                 else None
             ),
             cluster=(
                 ClusterTrainer(
                     storage,
-                    trainer_settings,
+                    settings.trainer,
                     registry,
                     failover_s=failover_s,
                     adapters=adapter_schedule,
-                    cache_dir=cache_dir or default_cache_dir(),
+                    cache_dir=settings.cache_dir,
                 )
-                if cluster and failover_s is not None
+                if failover_s is not None
                 else None
             ),
             # On one database without an election this process trains the adapters itself;
             # in a cluster the elected instance schedules them as jobs (`ClusterTrainer`).
             adapters=(
-                AdapterScheduler(storage, adapter_schedule, cache_dir or default_cache_dir())
-                if train and adapter_schedule is not None and not cluster
+                AdapterScheduler(storage, adapter_schedule, settings.cache_dir)
+                if settings.train and adapter_schedule is not None and failover_s is None
                 else None
             ),
             owns_storage=owns_storage,
-            preload_model=preload_model,
-            cache_dir=cache_dir or default_cache_dir(),
         )
 
     def start(self) -> None:
@@ -181,7 +161,7 @@ class BackendServices:
             self.cluster.start()
         if self.adapters is not None:
             self.adapters.start()
-        if self.preload_model:
+        if self.settings.preload_model:
             self.completions.preload()
 
     def stop(self) -> None:

@@ -22,25 +22,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from backend.ratelimit import Limiter
-from backend.services.bodies import BodyLimits, exceeds_depth
+from backend.services.bodies import exceeds_depth
+from backend.settings import BodyLimits, IngestLimits
 from backend.storage import AnyEvent, Principal, Storage
 from telemetry.events import BatchMeta, Event, IngestResponse, Rejection, parse_event
-
-
-@dataclass(frozen=True)
-class IngestLimits:
-    """Bounds on what one request may carry, and how fast a tenant may send."""
-
-    max_body_bytes: int = 8 * 1024 * 1024  # after decompression
-    max_batch_events: int = 1000
-    max_event_bytes: int = 128 * 1024
-    rate_events_per_s: float = 2000.0
-    burst_events: float = 20000.0
-    # The window around the server's clock an event's time must fall in. Back: a client spools
-    # events while offline and sends them later; forward: clocks drift. Anything outside is a
-    # broken clock or a forged event, and would sit at the wrong end of the trainer's holdout.
-    max_event_age_s: float = 30 * 86_400.0
-    max_event_lead_s: float = 86_400.0
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from backend.local import LocalBackend, bind_loopback, wait_until_healthy
-from backend.services.ingest import IngestLimits
+from backend.settings import BackendSettings, IngestLimits
 from backend.storage import Storage
 from completion.types import CompletionRequest, Decision, Timings
 from lsp_server.features.telemetry import decision_event
@@ -212,7 +212,7 @@ def _ingest_figures(
 
 def measure_outage(events: int, outage_s: float, directory: Path) -> dict[str, Any]:
     """Record through a backend outage; count what was lost or stored twice."""
-    with LocalBackend(tenant="outage", limits=UNLIMITED) as backend:
+    with LocalBackend(tenant="outage", settings=BackendSettings(limits=UNLIMITED)) as backend:
         settings = TelemetrySettings(
             backend_url=backend.url,
             token=backend.token,

@@ -22,6 +22,7 @@ from backend.local import LocalBackend
 from backend.policy.dataset import event_time, latest_event_id
 from backend.policy.loop import TrainingScheduler
 from backend.policy.settings import TrainerSettings
+from backend.settings import BackendSettings
 from completion.engine import Engine
 from completion.gate import CanaryPolicy
 from completion.output_cache import CachedRunner
@@ -56,7 +57,7 @@ class Loop:
 @contextmanager
 def open_loop(work: Path, trainer: TrainerSettings, refresh_s: float) -> Iterator[Loop]:
     """The loop started on loopback (its state under `work`), stopped on leaving."""
-    backend = LocalBackend(tenant="replay", trainer=trainer)
+    backend = LocalBackend(tenant="replay", settings=BackendSettings(trainer=trainer, train=True))
     scheduler = backend.services.trainer
     assert scheduler is not None  # asked for with the trainer settings
     backend.start()

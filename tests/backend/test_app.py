@@ -15,6 +15,7 @@ import backend.services.container
 from backend.app import create_app
 from backend.policy.registry import PolicyRegistry
 from backend.policy.settings import TrainerSettings
+from backend.settings import BackendSettings
 from backend.storage import Storage
 from completion.settings import CompletionSettings
 from completion.types import CancelToken, Generation, StopRule
@@ -79,11 +80,13 @@ def test_the_app_builds_its_services_once_and_its_lifespan_runs_them(
         return runner
 
     app = create_app(
-        f"sqlite:///{tmp_path / 'backend.sqlite3'}",
-        trainer=TrainerSettings.model_validate({"interval_s": 3600, "show_floor": 0.2}),
-        train=True,
-        preload_model=True,
-        cache_dir=tmp_path / "cache",
+        BackendSettings(
+            db_url=f"sqlite:///{tmp_path / 'backend.sqlite3'}",
+            trainer=TrainerSettings.model_validate({"interval_s": 3600, "show_floor": 0.2}),
+            train=True,
+            preload_model=True,
+            cache_dir=tmp_path / "cache",
+        ),
         runner_loader=loader,
     )
     services = app.services
@@ -120,7 +123,7 @@ def test_a_process_that_does_not_train_serves_without_a_trainer(
 ) -> None:
     db_url = f"sqlite:///{tmp_path / 'backend.sqlite3'}"
     Storage(db_url).close()  # migrated once, as the parent of `--workers N` does
-    app = create_app(db_url, migrate=False)
+    app = create_app(BackendSettings(db_url=db_url, migrate=False))
     assert app.services.trainer is None and len(registries) == 1
     with TestClient(app) as client:
         assert client.get("/healthz").json() == {"status": "ok", "database": "sqlite"}
@@ -139,11 +142,11 @@ def test_the_app_finds_the_model_where_every_command_does(
     user_file.write_text(f'cacheDir = "{tmp_path / "configured"}"\n', encoding="utf-8")
     db_url = f"sqlite:///{tmp_path / 'backend.sqlite3'}"
 
-    app = create_app(db_url)
+    app = create_app(BackendSettings(db_url=db_url))
     assert app.services.completions.cache_dir == tmp_path / "configured"
     app.services.stop()
 
     monkeypatch.setenv("TABLOOP_CACHE_DIR", str(tmp_path / "from-env"))
-    app = create_app(db_url)
+    app = create_app(BackendSettings(db_url=db_url))
     assert app.services.completions.cache_dir == tmp_path / "from-env"  # the environment wins
     app.services.stop()

@@ -364,8 +364,11 @@ def test_a_trainer_process_needs_postgresql(tmp_path: Path) -> None:
 
 def test_an_app_on_postgresql_stands_for_election_and_shares_its_limits(pg_url: str) -> None:
     from backend.app import create_app
+    from backend.settings import BackendSettings
 
-    app = create_app(pg_url, train=True, failover_s=30.0, shared_rate_limits=True)
+    app = create_app(
+        BackendSettings(db_url=pg_url, train=True, failover_s=30.0, shared_rate_limits=True)
+    )
     services = app.services
     try:
         assert services.trainer is None and services.cluster is not None

@@ -32,8 +32,8 @@ from schemathesis.checks import not_a_server_error
 from backend.deps import get_completion_service
 from backend.local import LocalBackend
 from backend.ratelimit import RequestRates, RequestRateSettings
-from backend.services.bodies import BodyLimits
 from backend.services.completions import CompletionService
+from backend.settings import BodyLimits
 from completion.gate import builtin_policy
 from completion.settings import CompletionSettings
 from indexer.sync_protocol import (

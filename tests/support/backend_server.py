@@ -32,7 +32,7 @@ from sqlalchemy.engine import make_url
 
 from backend.local import LocalBackend
 from backend.metrics import Metrics
-from backend.services.ingest import IngestLimits
+from backend.settings import BackendSettings, IngestLimits
 
 POSTGRES_ENV = "TABLOOP_TEST_POSTGRES_URL"
 Scope = dict[str, Any]
@@ -152,7 +152,9 @@ class BackendServer(LocalBackend):
             db_url,
             tenant=tenant or f"tenant-{uuid.uuid4().hex[:8]}",
             port=port,
-            limits=limits or IngestLimits(rate_events_per_s=1e9, burst_events=1e9),
+            settings=BackendSettings(
+                limits=limits or IngestLimits(rate_events_per_s=1e9, burst_events=1e9)
+            ),
             asgi_wrapper=self._wrap,
         )
 

@@ -20,6 +20,7 @@ from backend.cli import _serve_parser, _trainer_parser, adapter_schedule
 from backend.policy.settings import TrainerSettings
 from backend.scheduler import ClusterTrainer
 from backend.services.container import BackendServices
+from backend.settings import BackendSettings
 from backend.storage import Storage
 from tests.backend.adapters.events import logged, post
 from tests.support.backend_server import BackendServer, postgres_database, postgres_url
@@ -53,12 +54,16 @@ def test_off_by_default_and_on_with_the_setting(tmp_path: Path) -> None:
 
     storage = Storage(f"sqlite:///{tmp_path / 'db.sqlite3'}")
     try:
-        default = BackendServices.create(storage, train=True, cache_dir=tmp_path)
+        default = BackendServices.create(BackendSettings(train=True, cache_dir=tmp_path), storage)
         assert default.adapters is None
-        scheduled = BackendServices.create(storage, train=True, cache_dir=tmp_path, adapters=on)
+        scheduled = BackendServices.create(
+            BackendSettings(train=True, cache_dir=tmp_path, adapters=on), storage
+        )
         assert isinstance(scheduled.adapters, AdapterScheduler)
         # Only the process that trains schedules adapters.
-        serving_only = BackendServices.create(storage, cache_dir=tmp_path, adapters=on)
+        serving_only = BackendServices.create(
+            BackendSettings(cache_dir=tmp_path, adapters=on), storage
+        )
         assert serving_only.adapters is None
     finally:
         storage.close()

@@ -17,6 +17,7 @@ from backend.policy import loop
 from backend.policy.loop import RunSummary, TrainingScheduler
 from backend.policy.settings import TrainerSettings
 from backend.services.container import BackendServices
+from backend.settings import BackendSettings
 from backend.storage import Storage
 from telemetry.events import DecisionEvent
 
@@ -148,7 +149,9 @@ def test_a_trainer_outliving_its_stop_ends_after_its_tenant(
 def test_the_backend_leaves_the_storage_open_for_a_trainer_still_running(
     storage: Storage, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    services = BackendServices.create(storage, owns_storage=True, train=True, cache_dir=tmp_path)
+    services = BackendServices.create(
+        BackendSettings(train=True, cache_dir=tmp_path), storage, owns_storage=True
+    )
     assert services.trainer is not None
     monkeypatch.setattr(services.trainer, "stop", lambda: False)  # the join timed out
     closed: list[bool] = []
