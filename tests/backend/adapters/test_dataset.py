@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,12 +21,16 @@ from backend.policy.settings import RewardSettings
 from tests.backend.adapters.events import Logged, logged, post, retention
 from tests.support.backend_server import BackendServer
 from training.feedback import DISTRACTION_SHARE, MAX_INVERSE_PROPENSITY
+from training.window import WindowSettings
 
 
-def _examples(backend: BackendServer, **kwargs: int) -> TenantExamples:
+def _examples(backend: BackendServer, page_rows: int = 500) -> TenantExamples:
     storage = backend.services.storage
     return TenantExamples(
-        storage, backend.tenant_id, newest_event_row(storage, backend.tenant_id), **kwargs
+        storage,
+        backend.tenant_id,
+        newest_event_row(storage, backend.tenant_id),
+        page_rows=page_rows,
     )
 
 
@@ -142,3 +147,50 @@ def test_accepted_code_counts_by_the_share_still_there_at_the_checkpoint(
     assert rewards[other_checkpoint.suggestion] == 1.0
     assert rewards[ignored.suggestion] == -DISTRACTION_SHARE
     assert RewardSettings().retention_after_s == RETENTION_AFTER_S
+
+
+def test_a_mark_gives_the_new_examples_newest_first_and_replays_older_ones(
+    backend: BackendServer,
+) -> None:
+    """After the serving version's mark (minute 19): the newest 20% held out, the rest newest
+    first, and a quarter of each epoch replayed from before the mark."""
+    items = logged(40)
+    post(backend, items)
+    everything = _examples(backend)
+    assert everything.window.mark is None and len(everything.window.new) == 32
+    mark = sorted(everything.window.trainable)[19]  # the 20th oldest by time: minute 19
+    storage = backend.services.storage
+    data = TenantExamples(
+        storage,
+        backend.tenant_id,
+        newest_event_row(storage, backend.tenant_id),
+        mark=mark,
+        window=WindowSettings(replay_share=0.25, held_out_share=0.2),
+    )
+    by_text = {i.suggestion: i for i in items}
+    held = sorted(by_text[h.feedback.suggestion].minute for h in data.held_out())
+    assert held == [36, 37, 38, 39]
+    assert (data.train_count, data.held_out_count) == (16 + 5, 4)
+    minutes = [by_text[e.middle].minute for e in data.training_examples(seed=0)]
+    assert [m for m in minutes if m >= 20] == list(range(35, 19, -1))  # newest first
+    replayed = [m for m in minutes if m < 20]
+    assert len(replayed) == 5 and minutes[3] < 20  # every fourth
+    assert data.window.trained_through is not None
+    assert by_text[next(iter(data.held_out())).feedback.suggestion].minute == 36
+    assert data.summary()["held_out"] == 4
+
+
+def test_nothing_crosses_between_tenants(backend: BackendServer) -> None:
+    storage = backend.services.storage
+    other = f"{backend.principal.tenant}-b"
+    theirs = logged(12)
+    post(SimpleNamespace(url=backend.url, token=storage.create_token(other)), theirs)  # type: ignore[arg-type]
+    mine = logged(10)
+    post(backend, mine)
+    other_id = storage.tenant_id(other)
+    assert other_id is not None and other_id != backend.tenant_id
+    for tenant_id, items in ((backend.tenant_id, mine), (other_id, theirs)):
+        data = TenantExamples(storage, tenant_id, newest_event_row(storage, tenant_id))
+        seen = [e.middle for e in data.training_examples()]
+        seen += [h.feedback.suggestion for h in data.held_out()]
+        assert sorted(seen) == sorted(i.suggestion for i in items)

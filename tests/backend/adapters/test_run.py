@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,36 @@ def test_clear_errors(
     assert message in failed.stderr, failed.stderr
     assert "Traceback" not in failed.stderr
     assert not list(tmp_path.glob("adapters/*/v*"))  # nothing registered
+
+
+def test_the_next_tenant_version_warm_starts_and_trains_on_what_is_new(
+    sqlite_backend: BackendServer, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    post(sqlite_backend, logged(30))
+    cache = tmp_path / "cache"
+    first = _run(_train(sqlite_backend, tiny_model_path, "--eval-n", "0"), cache)
+    assert first.returncode == 0, first.stderr
+    report = json.loads(first.stdout)
+    assert report["warm_start"]["fresh"] and report["window"]["since"] is None
+    assert (report["window"]["new"], report["window"]["held_out"]) == (24, 6)
+    tenant = sqlite_backend.principal.tenant
+    promoted = _run(
+        [sys.executable, "-m", "tabloop", "model", "promote", "1", "--force", "--tenant", tenant],
+        cache,
+    )
+    assert promoted.returncode == 0, promoted.stderr
+    post(sqlite_backend, [replace(i, minute=i.minute + 30) for i in logged(20)])
+    second = _run(_train(sqlite_backend, tiny_model_path, "--eval-n", "0"), cache)
+    assert second.returncode == 0, second.stderr
+    report = json.loads(second.stdout)
+    assert report["warm_start"] == {
+        "from": "v0001",
+        "fresh": False,
+        "reason": "the serving adapter fits this run",
+    }
+    window = report["window"]
+    assert window["since"] == json.loads(first.stdout)["window"]["trained_through"]
+    # After v0001's mark: its 6 held-out examples and the 20 new ones; the newest 5 held out.
+    assert (window["new"], window["held_out"], window["older"]) == (21, 5, 24)
+    assert window["replayed"] == 7
+    assert report["examples"]["training"] == 28
