@@ -39,6 +39,9 @@ from common.paths import APP_NAME, resolve_cache_dir, user_config_path
 ENV_PREFIX = "TABLOOP_"
 # Variables with our prefix that are not settings (test plumbing, paths of helper programs).
 ENV_IGNORED = ("TABLOOP_TEST_",)
+# The training backend's own settings (`backend.settings`: `TABLOOP_BACKEND_<FIELD>`), not the
+# client's; the client's `backend` section is `TABLOOP_BACKEND__<FIELD>`.
+BACKEND_SERVER_ENV = "TABLOOP_BACKEND_"
 
 # The camelCase-on-the-wire, unknown-keys-are-errors configuration of every settings model.
 SETTINGS_CONFIG = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
@@ -162,6 +165,8 @@ def env_layer(environ: Mapping[str, str] | None = None) -> Layer | None:
     values: dict[str, Any] = {}
     for name, raw in environ.items():
         if not name.startswith(ENV_PREFIX) or name.startswith(ENV_IGNORED):
+            continue
+        if name.startswith(BACKEND_SERVER_ENV) and not name.startswith(BACKEND_SERVER_ENV + "_"):
             continue
         key = name[len(ENV_PREFIX) :].lower()
         if key == "telemetry":

@@ -188,7 +188,7 @@ class CompletionSettings(BaseModel):
     adapter_source: Literal["auto", "backend", "workspace"] = Field(
         "auto",
         description="Where the served adapter comes from: `backend`, the tenant's serving adapter "
-        "(`GET /v1/model` of `telemetry.backendUrl`, fetched and checked); `workspace`, the "
+        "(`GET /v1/model` of `backend.url`, fetched and checked); `workspace`, the "
         "workspace's promoted one (`tabloop model promote`); `auto`, the backend's when it "
         "serves one, else the workspace's.",
     )

@@ -54,13 +54,13 @@ def resolve_settings(
     endpoint = {
         key: value
         for key, value in (
-            ("backend_url", getattr(args, "backend_url", None)),
+            ("url", getattr(args, "backend_url", None)),
             ("token", getattr(args, "token", None)),
         )
         if value
     }
     if endpoint:
-        flags["telemetry"] = endpoint
+        flags["backend"] = endpoint
     return config.resolve(
         IndexCommandSettings,
         root,
@@ -104,7 +104,7 @@ def run_index_with_sync(
     the returned index."""
     from indexer.sync_setup import prefetch_for_new_index, push_index, sync_client, sync_keys
 
-    client = sync_client(settings.telemetry)  # refuses before anything is written
+    client = sync_client(settings.backend)  # refuses before anything is written
     try:
         keys = sync_keys(cache_dir, settings.index.sync_secret)
         figures = prefetch_for_new_index(root, settings.index, cache_dir, keys, client)
@@ -135,7 +135,7 @@ def index_main(argv: list[str]) -> int:
         "--sync",
         action="store_true",
         help="fetch the team's vectors first (fresh index), then sync the index to the backend "
-        "(telemetry.backendUrl and telemetry.token, or the flags below; see docs/sync.md)",
+        "(backend.url and backend.token, or the flags below; see docs/sync.md)",
     )
     parser.add_argument("--backend-url", help="backend for --sync")
     parser.add_argument("--token", help="tenant token for --sync")

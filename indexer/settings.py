@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from common.config import SharedSettings
+from common.endpoint import BackendSection
 
 
 class IndexSettings(BaseModel):
@@ -66,8 +69,8 @@ class IndexSettings(BaseModel):
     )
     sync: bool = Field(
         False,
-        description="Keep a copy of this index on the backend (`telemetry.backendUrl`, "
-        "`telemetry.token`): keyed ids, line ranges and vectors, never code or paths; teammates "
+        description="Keep a copy of this index on the backend (`backend.url`, "
+        "`backend.token`): keyed ids, line ranges and vectors, never code or paths; teammates "
         "who share `syncSecret` reuse each other's embeddings.",
     )
     sync_secret: str = Field(
@@ -83,22 +86,13 @@ class IndexSettings(BaseModel):
     )
 
 
-class SyncEndpoint(BaseModel):
-    """Where `tabloop index --sync` sends: the backend and token of the `telemetry` section.
-
-    A view of that section, which belongs to the telemetry package: its other keys are that
-    package's to check, so they are ignored here.
-    """
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
-
-    backend_url: str = ""
-    token: str = ""
-
-
-class IndexCommandSettings(SharedSettings):
-    """What `tabloop index` and `tabloop search` read: the cache directory and the index section,
-    from the same layers as the server, so both build the same index in the same place."""
+class IndexCommandSettings(BackendSection, SharedSettings):
+    """What `tabloop index` and `tabloop search` read: the cache directory, the index section and
+    the backend that `--sync` talks to, from the same layers as the server, so both build the same
+    index in the same place."""
 
     index: IndexSettings = Field(default_factory=IndexSettings)
-    telemetry: SyncEndpoint = Field(default_factory=SyncEndpoint)
+    # The telemetry section belongs to the telemetry package: it is read here only so that its
+    # old `backendUrl` and `token` reach `backend` (`common.endpoint`); its other keys are that
+    # package's to check.
+    telemetry: dict[str, Any] = Field(default_factory=dict)

@@ -1,7 +1,7 @@
 """Wiring the index sync: a syncer for a running `WorkspaceIndex`, and the steps of
 `tabloop index --sync` (the command, in `indexer.cli`, puts them in order around indexing).
 
-The backend and token are the telemetry ones (`telemetry.backendUrl`, `telemetry.token`); the
+The backend and token are the client's shared ones (`backend.url`, `backend.token`); the
 secret is `index.syncSecret`, else one generated into `<cache dir>/sync/secret` (mode 0600).
 Everything arrives as typed settings, resolved by the caller from the configuration's layers.
 """
@@ -13,9 +13,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from common.endpoint import BackendEndpoint
 from indexer.embed import EmbeddingCache, SentenceTransformerEmbedder
 from indexer.service import WorkspaceIndex
-from indexer.settings import IndexSettings, SyncEndpoint
+from indexer.settings import IndexSettings
 from indexer.store import index_dir
 from indexer.sync import IndexChanged, IndexSyncer, prefetch_vectors, sync_index
 from indexer.sync_client import SyncClient, SyncFailed, SyncRejected
@@ -62,15 +63,14 @@ def syncer_for_index(
     )
 
 
-def sync_client(endpoint: SyncEndpoint) -> SyncClient:
+def sync_client(endpoint: BackendEndpoint) -> SyncClient:
     """A client of the configured backend (close it); RuntimeError when one is not configured."""
-    if not endpoint.backend_url or not endpoint.token:
+    if not endpoint.url or not endpoint.token:
         raise RuntimeError(
-            "--sync needs --backend-url and --token (or telemetry.backendUrl and telemetry.token "
-            "in a configuration file, or $TABLOOP_TELEMETRY__BACKEND_URL and "
-            "$TABLOOP_TELEMETRY__TOKEN)"
+            "--sync needs --backend-url and --token (or backend.url and backend.token in a "
+            "configuration file, or $TABLOOP_BACKEND__URL and $TABLOOP_BACKEND__TOKEN)"
         )
-    return SyncClient(endpoint.backend_url, endpoint.token)
+    return SyncClient(endpoint.url, endpoint.token)
 
 
 def prefetch_for_new_index(

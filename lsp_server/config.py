@@ -24,19 +24,21 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from common import config as layered
 from common.config import Layer, SharedSettings
+from common.endpoint import MOVED_KEYS, BackendSection
 from completion.policy_settings import PolicySettings
 from completion.settings import CompletionSettings
 from indexer.settings import IndexSettings
 from telemetry.settings import TelemetrySettings
 
 
-class Settings(SharedSettings):
-    """Everything a user can configure (`cacheDir` comes from `SharedSettings`)."""
+class Settings(BackendSection, SharedSettings):
+    """Everything a user can configure (`cacheDir` comes from `SharedSettings`, the `backend`
+    section from `BackendSection`)."""
 
     log_level: Literal["error", "warning", "info", "debug"] = Field(
         "info", description="Least severe log level written to the log and the client."
@@ -53,6 +55,15 @@ class Settings(SharedSettings):
     policy: PolicySettings = Field(default_factory=PolicySettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+
+    @model_validator(mode="after")
+    def _telemetry_sends_to_the_backend(self) -> Settings:
+        # The telemetry package's client takes its destination in its own settings; here it is
+        # always the `backend` section's (`telemetry.backendUrl` itself moved there).
+        self.telemetry = self.telemetry.model_copy(
+            update={"backend_url": self.backend.url, "token": self.backend.token}
+        )
+        return self
 
 
 Resolved: TypeAlias = layered.Resolved[Settings]
@@ -93,6 +104,8 @@ def settings_rows(
     for name, info in model.model_fields.items():
         annotation = info.annotation
         key = f"{prefix}{to_camel(name)}"
+        if key in MOVED_KEYS:  # still read, moved to their new place, not listed
+            continue
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             rows.extend(settings_rows(annotation, f"{key}."))
             continue

@@ -54,8 +54,8 @@ class AdapterFeature:
         adapter_key = (
             settings.completion.adapter,
             settings.completion.adapter_source,
-            settings.telemetry.backend_url,
-            settings.telemetry.token,
+            settings.backend.url,
+            settings.backend.token,
         )
         if self._adapter_key is not None and adapter_key != self._adapter_key:
             self._poll_now()  # which adapter serves may have changed: look now, not in 30 s
@@ -186,7 +186,7 @@ class AdapterFeature:
     def _fetcher(self) -> AdapterFetcher | None:
         """The fetcher of the tenant's adapter, when a backend is configured and wanted."""
         settings = self.server.settings
-        url, token = settings.telemetry.backend_url, settings.telemetry.token
+        url, token = settings.backend.url, settings.backend.token
         if not url or settings.completion.adapter_source == "workspace":
             return None
         key = (url, token)

@@ -99,11 +99,11 @@ class IndexFeature(DocumentListener):
 
         threading.Thread(target=start, name="tabloop-index-start", daemon=True).start()
         log.info("indexing %s", root)
-        telemetry = settings.telemetry
-        if settings.index.sync and telemetry.backend_url:
+        backend = settings.backend
+        if settings.index.sync and backend.url:
             # Keyed Merkle sync with the backend: ids, ranges and vectors only, never code.
             syncer = syncer_for_index(
-                index, telemetry.backend_url, telemetry.token, secret=settings.index.sync_secret
+                index, backend.url, backend.token, secret=settings.index.sync_secret
             )
             syncer.start()
             self.syncer = syncer

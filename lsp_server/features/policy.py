@@ -28,8 +28,8 @@ ClientKey = tuple[object, ...]
 def client_key(settings: Settings) -> ClientKey:
     """The settings a policy client is built from; another key needs another client."""
     return (
-        settings.telemetry.backend_url,
-        settings.telemetry.token,
+        settings.backend.url,
+        settings.backend.token,
         settings.policy.refresh_s,
         settings.policy.show_floor,
     )
@@ -71,8 +71,8 @@ class PolicyFeature:
             if client is not None and self._key == key:
                 return client
             fresh = PolicyClient(
-                settings.telemetry.backend_url or None,
-                settings.telemetry.token or None,
+                settings.backend.url or None,
+                settings.backend.token or None,
                 settings.cache_path() / "policy",
                 settings.policy.refresh_s,
                 show_floor=settings.policy.show_floor,
@@ -81,7 +81,7 @@ class PolicyFeature:
             self.client, self._key = fresh, key
         if client is not None:
             client.close()  # readers that took it a moment ago still get its last policy
-        log.debug("policy client for %s", settings.telemetry.backend_url or "no backend")
+        log.debug("policy client for %s", settings.backend.url or "no backend")
         return fresh
 
     def close(self) -> None:

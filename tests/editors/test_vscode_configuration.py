@@ -62,8 +62,8 @@ def test_every_server_setting_is_contributed_with_its_default(generator: ModuleT
     properties = contributed(generator.PACKAGE_JSON)
     for key, default, description in leaf_settings():
         name = f"tabloop.{key}"
-        if key in generator.EDITOR_CONTROLLED:
-            assert name not in properties, f"{name} is set by the editor, not the user"
+        if key in generator.NOT_CONTRIBUTED:
+            assert name not in properties, f"{name} is set by the editor or moved, not offered"
             continue
         assert name in properties, f"{name} missing from package.json"
         assert properties[name]["default"] == default, name
@@ -94,3 +94,12 @@ def test_check_fails_on_a_drifted_copy(
     assert generator.main([]) == 0  # regenerating repairs it
     assert generator.main(["--check"]) == 0
     assert contributed(drifted)["tabloop.completion.maxNewTokens"]["default"] == 64
+
+
+def test_moved_keys_are_not_offered(generator: ModuleType) -> None:
+    from common.endpoint import MOVED_KEYS
+
+    properties = contributed(generator.PACKAGE_JSON)
+    assert generator.MOVED == set(MOVED_KEYS)
+    for old, new in MOVED_KEYS.items():
+        assert f"tabloop.{old}" not in properties and f"tabloop.{new}" in properties

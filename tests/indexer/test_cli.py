@@ -147,10 +147,19 @@ def arguments(**given: Any) -> argparse.Namespace:
             {},
             {"token": "flag-token"},
             lambda s, problems: (
-                (s.telemetry.backend_url, s.telemetry.token) == ("http://backend", "flag-token")
+                (s.backend.url, s.backend.token) == ("http://backend", "flag-token")
                 and problems == []
             ),
-            id="sync-endpoint-from-telemetry-section",
+            id="sync-endpoint-from-the-old-telemetry-keys",
+        ),
+        pytest.param(
+            '[backend]\nurl = "http://backend"\ntoken = "t"\n',
+            {"TABLOOP_BACKEND__TOKEN": "env-token", "TABLOOP_BACKEND_PORT": "9000"},
+            {},
+            lambda s, problems: (
+                s.backend.model_dump() == {"url": "http://backend", "token": "env-token"}
+            ),
+            id="sync-endpoint-from-the-backend-section",
         ),
     ],
 )

@@ -142,6 +142,11 @@ def test_key_spellings(options: dict[str, Any], field: str, expected: object) ->
             lambda s: s == config.Settings(),
             id="test-plumbing-ignored",
         ),
+        pytest.param(
+            {"TABLOOP_BACKEND_PORT": "9000", "TABLOOP_BACKEND__URL": "http://b"},
+            lambda s: s.backend.url == s.telemetry.backend_url == "http://b",
+            id="the-backend-server-s-own-variables-ignored",
+        ),
     ],
 )
 def test_environment(env: dict[str, str], check: Any) -> None:
@@ -171,6 +176,40 @@ def test_invalid_values_fall_back_to_defaults_and_keep_the_rest(
     default = config.Settings().completion
     if hasattr(default, bad_key):
         assert getattr(resolved.settings.completion, bad_key) == getattr(default, bad_key)
+
+
+@pytest.mark.parametrize(
+    ("user", "client", "expected"),
+    [
+        pytest.param(
+            "",
+            {"telemetry": {"backendUrl": "http://old", "token": "t", "level": "full"}},
+            ("http://old", "t"),
+            id="old-keys-moved",
+        ),
+        pytest.param(
+            '[backend]\nurl = "http://new"\n',
+            {"telemetry": {"backendUrl": "http://old"}},
+            ("http://new", ""),
+            id="the-new-key-wins",
+        ),
+    ],
+)
+def test_the_backend_section_and_its_old_keys(
+    user_file: Path,
+    user: str,
+    client: dict[str, Any],
+    expected: tuple[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    write(user_file, user)
+    resolved = config.resolve(None, client_config=client, environ={}, user_file=user_file)
+    settings = resolved.settings
+    assert resolved.problems == []
+    assert (settings.backend.url, settings.backend.token) == expected
+    # The telemetry client sends where the backend section says.
+    assert (settings.telemetry.backend_url, settings.telemetry.token) == expected
+    assert "telemetry.backendUrl is deprecated" in caplog.text
 
 
 def test_section_that_is_not_a_table() -> None:

@@ -4,7 +4,8 @@ The server's settings model, `lsp_server.config.Settings`, is the one source: ev
 becomes a `tabloop.<dotted camelCase key>` property with its type, default, bounds, choices and
 description. Two properties configure the extension itself (`tabloop.server.path` and
 `tabloop.trace.server`), and `telemetry.clientEnabled` is left out: the extension sets it from
-VS Code's own telemetry switch.
+VS Code's own telemetry switch, and so are `telemetry.backendUrl` and `telemetry.token`, still
+read but moved to `backend.url` and `backend.token`.
 
     python editors/vscode/scripts/gen_configuration.py          # rewrite package.json
     python editors/vscode/scripts/gen_configuration.py --check  # exit 1 if it drifted
@@ -25,6 +26,9 @@ PREFIX = "tabloop"
 
 # Set by the editor, never by the user.
 EDITOR_CONTROLLED = {"telemetry.clientEnabled"}
+# Still read, and moved to their new place (`common.endpoint.MOVED_KEYS`): not offered.
+MOVED = {"telemetry.backendUrl", "telemetry.token"}
+NOT_CONTRIBUTED = EDITOR_CONTROLLED | MOVED
 
 # JSON-schema keywords carried over to a VS Code configuration property as they are.
 CARRIED = (
@@ -95,7 +99,7 @@ def server_properties() -> dict[str, dict[str, Any]]:
             key = f"{prefix}{name}"
             if child.get("type") == "object" and "properties" in child:
                 walk(child, node_defaults[name], f"{key}.")
-            elif key not in EDITOR_CONTROLLED:
+            elif key not in NOT_CONTRIBUTED:
                 properties[f"{PREFIX}.{key}"] = _leaf_property(child, node_defaults[name])
 
     walk(schema, defaults, "")
