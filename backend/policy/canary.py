@@ -22,9 +22,10 @@ from typing import Any
 
 from backend.policy import ope
 from backend.policy.dataset import load_logged
-from backend.policy.registry import CanaryState, PolicyRegistry
+from backend.policy.registry import PolicyRegistry
 from backend.policy.rewards import as_utc
 from backend.policy.settings import TrainerSettings
+from backend.policy.versions import CanaryState
 from backend.storage import Storage
 
 log = logging.getLogger(__name__)
