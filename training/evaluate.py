@@ -158,7 +158,7 @@ def accepted_examples(
     """Up to `limit` of the newest accepted suggestions in the store (the workspace's) that the
     version whose training record is `train` never trained on: those after its mark, which are
     the held-out newest of its window and what came after (`training.window`); oldest first.
-    None for a version trained before records held a window (what it saw is not known)."""
+    Nothing for a version trained before records held a window (what it saw is not known)."""
     if store is None or "window" not in train or limit <= 0:
         return []
     mark = mark_of(train)

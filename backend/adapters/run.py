@@ -83,7 +83,10 @@ def train_tenant(
     run_dir = registry.root / RUN_DIR
     if options.fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
-    plan = RunPlan.load(run_dir) or RunPlan.new(registry, newest_event_row(storage, tenant_id))
+    try:
+        plan = RunPlan.load(run_dir) or RunPlan.new(registry, newest_event_row(storage, tenant_id))
+    except ValueError as exc:  # a damaged plan: the message says to start afresh
+        raise TenantTrainingError(f"tenant {tenant!r}: {exc}") from None
     upto = plan.upto
     data = TenantExamples(storage, tenant_id, upto, mark=plan.mark, window=options.window)
     if data.text_events == 0:

@@ -8,8 +8,15 @@ from completion.adapters import save_adapter
 from completion.runners.loading import load_model
 from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
-from training.evaluate import compare, edit_similarity, held_out_cursors, paired
+from training.evaluate import (
+    accepted_examples,
+    compare,
+    edit_similarity,
+    held_out_cursors,
+    paired,
+)
 from training.examples import split_files, workspace_files
+from training.feedback import Feedback, FeedbackStore
 from training.lora import LoraShape, attach_lora
 
 
@@ -52,3 +59,20 @@ def test_compare_runs_both_on_the_same_cursors_and_restores_the_runner(
     assert set(report["replay_accepted_first_line"]) == {"serving", "candidate"}
     assert runner.adapter is None
     runner.close()
+
+
+def test_replayed_accepted_suggestions_are_those_the_version_never_trained_on(
+    tmp_path: Path,
+) -> None:
+    store = FeedbackStore(tmp_path / "feedback.sqlite", workspace=tmp_path)
+    for i in range(8):
+        outcome = "ignored" if i == 6 else "accepted"
+        store.record(Feedback(f"m{i}.py", "x = ", f"f({i})", "", outcome, 1.0, 0.5))
+    keys = sorted(key for key, _ in store.keys(store.last_id()))
+    train = {"window": {"trained_through": list(keys[4])}}  # trained up to the 5th row
+    replayed = accepted_examples(store, train, limit=5)
+    assert [e.middle for e in replayed] == ["f(5)", "f(7)"]  # after the mark, oldest first
+    assert [e.middle for e in accepted_examples(store, train, limit=1)] == ["f(7)"]
+    # A version trained on no feedback saw none; one from before windows were kept: unknown.
+    assert len(accepted_examples(store, {"window": {"trained_through": None}}, limit=10)) == 7
+    assert accepted_examples(store, {}, limit=10) == []

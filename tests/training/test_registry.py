@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,24 @@ def test_tenant_scopes_are_checked(tmp_path: Path) -> None:
         scope_dir(tmp_path, tenant="../etc")
     with pytest.raises(ValueError):
         scope_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "window",
+    [
+        pytest.param("v1", id="not-an-object"),
+        pytest.param({"trained_through": "12"}, id="mark-not-a-pair"),
+        pytest.param({"trained_through": [1.5, 2.5]}, id="row-not-whole"),
+        pytest.param({"since": [1.5]}, id="since-too-short"),
+    ],
+)
+def test_a_version_with_a_malformed_window_is_refused(tmp_path: Path, window: Any) -> None:
+    version = {"version": 1, "created": 1.0, "base_model": "m@1", "status": "candidate"}
+    state = {"versions": [{**version, "train": {"window": window}}], "serving": None}
+    (tmp_path / "registry.json").write_text(json.dumps(state))
+    with pytest.raises(AdapterRegistryError, match="window"):
+        AdapterRegistry(tmp_path).versions()
+    good = {"window": {"since": None, "trained_through": [1.5, 2]}}
+    state["versions"] = [{**version, "train": good}]
+    (tmp_path / "registry.json").write_text(json.dumps(state))
+    assert AdapterRegistry(tmp_path).versions()[0].train == good
