@@ -206,7 +206,8 @@ async def complete_with_server(
     args: argparse.Namespace, workspace: Path, holes: list[Hole], backend: LocalBackend
 ) -> int:
     init_options: dict[str, Any] = {
-        "telemetry": {"backendUrl": backend.url, "token": backend.token, "flushIntervalS": 0.5},
+        "backend": {"url": backend.url, "token": backend.token},
+        "telemetry": {"flushIntervalS": 0.5},
     }
     if args.model:
         init_options["completion"] = {"model": args.model}

@@ -497,7 +497,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 # A fresh workspace and index for each configuration: none starts warm.
                 path = workspace_for(source, args.workspace, root / f"workspace-{name}")
                 path.write_text(before + after, encoding="utf-8")
-                changed: dict[str, Any] = {"telemetry": {"backendUrl": url, "token": token}}
+                changed: dict[str, Any] = {"backend": {"url": url, "token": token}}
                 if args.cache_dir:
                     changed["cacheDir"] = args.cache_dir
                 if completion:
