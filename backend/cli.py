@@ -9,6 +9,9 @@ tabloop backend trainer --db POSTGRESQL_URL [--failover 30] [--lambda 1]
 tabloop backend token create --tenant NAME [--label WHO] [--admin] [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
 tabloop backend tenant set NAME --require-approval|--no-require-approval [--db URL]
+
+The serving and trainer commands build the backend's settings once (`backend.settings.
+BackendSettings`): the defaults, then `TABLOOP_BACKEND_*` variables, then the flags given here.
 """
 
 from __future__ import annotations
