@@ -54,3 +54,19 @@ def test_train_policy_and_plain_train_are_the_same_command(
     with pytest.raises(SystemExit):
         main(["train", "model", "--help"])
     assert "--budget" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        pytest.param("--replay-share", "1", id="replay-everything"),
+        pytest.param("--held-out-share", "-0.1", id="negative-held-out"),
+    ],
+)
+def test_window_shares_are_checked_before_anything_loads(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "model", flag, value])
+    assert exit_info.value.code == 2
+    assert flag.lstrip("-").replace("-", "_") in capsys.readouterr().err
