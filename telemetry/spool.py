@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
-import struct
 import threading
 import time
 from collections import Counter
@@ -42,6 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from telemetry.spool_recovery import CommitMark, events_held, salvage_events
 from telemetry.wal import WalDamage, scan_wal
 
 log = logging.getLogger(__name__)
@@ -129,9 +129,6 @@ LOSS_COUNTERS = (
     "wal_missing",
     "wal_missing_events",
 )
-COMMIT_MARK = struct.Struct("<QQ")
-"""The commit mark beside a spool (`<spool>.commits`): its `commits` and `appended` counters as
-of its last commit, written after each commit, outside SQLite's files."""
 # What a failed write looks like: a full disk or file size limit surfaces as SQLITE_FULL or
 # SQLITE_IOERR (both OperationalError), or as OSError from layers around SQLite.
 WRITE_ERRORS = (sqlite3.OperationalError, OSError)
@@ -153,6 +150,7 @@ class Spool:
         busy_timeout_s: float = 10.0,
     ) -> None:
         self.path = Path(path)
+        self._mark = CommitMark(self.path.with_name(self.path.name + ".commits"))
         self.busy_timeout_s = busy_timeout_s
         self.max_events = max_events
         self.max_bytes = max_bytes
@@ -169,32 +167,6 @@ class Spool:
 
     # -- opening and recovery -------------------------------------------------------------
 
-    @property
-    def _mark_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".commits")
-
-    def _write_mark(self, commits: int, appended: int) -> None:
-        # No fsync: the mark must survive a killed process, which the page cache does; after a
-        # power loss it can only be older than the database, never ahead of it.
-        try:
-            fd = os.open(self._mark_path, os.O_WRONLY | os.O_CREAT, 0o600)
-            try:
-                os.pwrite(fd, COMMIT_MARK.pack(commits, appended), 0)
-            finally:
-                os.close(fd)
-        except OSError:
-            log.debug("telemetry spool: commit mark not written", exc_info=True)
-
-    def _read_mark(self) -> tuple[int, int] | None:
-        try:
-            data = self._mark_path.read_bytes()
-        except OSError:
-            return None
-        if len(data) != COMMIT_MARK.size:
-            return None
-        commits, appended = COMMIT_MARK.unpack(data)
-        return int(commits), int(appended)
-
     def _check_commits(self, conn: sqlite3.Connection, existed: bool) -> None:
         """Count the commits of a WAL that was deleted after a crash: SQLite opens without it
         and without a word, the database as of its last checkpoint. The commit mark, written
@@ -208,7 +180,7 @@ class Spool:
                     "SELECT name, value FROM counters WHERE name IN ('commits', 'appended')"
                 ).fetchall()
             )
-            mark = self._read_mark() if existed else None
+            mark = self._mark.read() if existed else None
         finally:
             conn.execute("COMMIT")
         commits, appended = int(stored["commits"]), int(stored["appended"])
@@ -222,7 +194,7 @@ class Spool:
             )
             self._unsaved.update(wal_missing=1, wal_missing_events=lost_events)
         if mark != (commits, appended):
-            self._write_mark(commits, appended)
+            self._mark.write(commits, appended)
 
     def _connect(self) -> sqlite3.Connection:
         existed = self.path.exists()
@@ -336,8 +308,8 @@ class Spool:
             if side.exists():
                 os.replace(side, target.with_name(target.name + suffix))
                 moved.append(target.with_name(target.name + suffix))
-        if self._mark_path.exists():  # the new spool starts its own count
-            os.replace(self._mark_path, target.with_name(target.name + ".commits"))
+        if self._mark.path.exists():  # the new spool starts its own count
+            os.replace(self._mark.path, target.with_name(target.name + ".commits"))
         if not moved:
             return []
         held = events_held(target) if target in moved else None
@@ -394,7 +366,7 @@ class Spool:
                     log.debug("rollback failed", exc_info=True)
             raise
         self._unsaved -= saving
-        self._write_mark(int(mark["commits"]), int(mark["appended"]))
+        self._mark.write(int(mark["commits"]), int(mark["appended"]))
 
     def _save_losses(self) -> None:
         # Called with the lock held. When the disk still refuses, the counts stay in memory
@@ -606,99 +578,3 @@ class Spool:
 
     def __len__(self) -> int:
         return self.stats().events
-
-
-def events_held(path: Path) -> int | None:
-    """How many events the spool file at `path` holds, or None when SQLite cannot tell.
-
-    The trigger-kept counter comes first: it is one row, so it often survives damage that makes
-    a walk of the whole table fail. Opened read-only, so a file kept for inspection stays as it
-    was.
-    """
-    try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return None
-    try:
-        # Lets SQLite read a file shorter than its header says (a truncated spool) instead of
-        # refusing it whole; the connection is read-only, so nothing can be written through it.
-        conn.execute("PRAGMA writable_schema = ON")
-        for query in (
-            "SELECT value FROM counters WHERE name = 'events'",
-            "SELECT count(*) FROM events",
-        ):
-            try:
-                row = conn.execute(query).fetchone()
-            except sqlite3.Error:
-                continue
-            if row is not None and isinstance(row[0], int) and row[0] >= 0:
-                return int(row[0])
-        return None
-    finally:
-        conn.close()
-
-
-SALVAGE_QUERY = "SELECT seq, event_id, body FROM events WHERE seq > ? ORDER BY seq"
-
-
-def salvage_events(path: Path) -> list[tuple[str, bytes]]:
-    """The `(event_id, body)` rows of the damaged spool at `path` that SQLite can still read,
-    oldest first. Opened read-only.
-
-    A damaged page stops a scan of the table where it lies. The scan then starts again past it:
-    the smallest start, above the last row read, from which the b-tree can be descended again
-    is found by doubling a step and halving back (a page's rows are consecutive, so the rows
-    that can be read from a start on are those past the damage). Only the damaged pages' rows
-    are lost, as with SQLite's own recovery.
-    """
-    try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return []
-    rows: list[tuple[str, bytes]] = []
-    try:
-        conn.execute("PRAGMA writable_schema = ON")  # as `events_held`: a truncated file too
-        last = 0
-        while True:
-            try:
-                for seq, event_id, body in conn.execute(SALVAGE_QUERY, (last,)):
-                    if isinstance(event_id, str) and isinstance(body, bytes):
-                        rows.append((event_id, body))
-                    last = seq
-                return rows
-            except sqlite3.Error:
-                resumed = _resume_after(conn, last)
-                if resumed is None:
-                    return rows
-                last = resumed
-    except sqlite3.Error:
-        return rows
-    finally:
-        conn.close()
-
-
-def _readable_from(conn: sqlite3.Connection, start: int) -> bool:
-    try:
-        conn.execute(
-            "SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT 1", (start,)
-        ).fetchall()
-    except sqlite3.Error:
-        return False
-    return True
-
-
-def _resume_after(conn: sqlite3.Connection, failed: int) -> int | None:
-    """The smallest start above `failed` from which the table reads again, or None."""
-    step = 1
-    while not _readable_from(conn, failed + step):
-        step *= 2
-        if failed + step > 2**62:
-            return None
-    low, high = failed + step // 2, failed + step  # low fails (or is `failed`), high reads
-    while high - low > 1:
-        middle = (low + high) // 2
-        if _readable_from(conn, middle):
-            high = middle
-        else:
-            low = middle
-    return high
