@@ -140,7 +140,7 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 
 def _duration(text: str) -> float:
-    from training.trainer import parse_duration
+    from training.budget import parse_duration
 
     try:
         return parse_duration(text)

@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from lsp_server import config
+from training.budget import Budget, parse_duration
 from training.examples import split_files, workspace_files
 from training.feedback import FEEDBACK_FILE, FeedbackStore
 from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
-from training.trainer import Budget, Progress, TrainSettings, parse_duration
+from training.trainer import Progress, TrainSettings
 from training.window import DEFAULT_HELD_OUT_SHARE, DEFAULT_REPLAY_SHARE, WindowSettings
 
 

@@ -19,11 +19,12 @@ from typing import Any
 from completion.adapters import AdapterError, verify_adapter
 from completion.fim import detect_family, template_for
 from completion.runners.loading import load_model, resolve_source
+from training.budget import Budget
 from training.examples import FimExample, split_files, stream_code_examples, workspace_files
 from training.feedback import FeedbackStore, stream_feedback_examples
 from training.lora import attach_lora, load_lora, lora_config, lora_mismatch
 from training.registry import AdapterRegistry, AdapterRegistryError
-from training.trainer import Budget, Progress, Trainer, TrainResult, TrainSettings, mixed_stream
+from training.trainer import Progress, Trainer, TrainResult, TrainSettings, mixed_stream
 from training.window import (
     OutcomeKey,
     TrainingWindow,

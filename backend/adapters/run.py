@@ -22,8 +22,9 @@ from typing import Any
 
 from backend.adapters.dataset import TenantExamples, newest_event_row
 from backend.storage import Storage
+from training.budget import Budget
 from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
-from training.trainer import Budget, Progress, TrainSettings
+from training.trainer import Progress, TrainSettings
 from training.window import WindowSettings
 from training.workspace import RunPlan
 

@@ -31,7 +31,8 @@ from backend.adapters.run import (
     train_tenant,
 )
 from backend.storage import Storage
-from training.trainer import Budget, TrainSettings
+from training.budget import Budget
+from training.trainer import TrainSettings
 
 log = logging.getLogger(__name__)
 

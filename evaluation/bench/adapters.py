@@ -81,7 +81,8 @@ def _complete(
 def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[str, Any]:
     from completion.runners.torch_runner import TorchRunner
     from completion.settings import CompletionSettings
-    from training.trainer import Budget, Progress, TrainSettings, parse_duration
+    from training.budget import Budget, parse_duration
+    from training.trainer import Progress, TrainSettings
     from training.workspace import train_workspace
 
     work = cache_dir / "bench" / "adapters" / f"{root.name}-{args.seed}"

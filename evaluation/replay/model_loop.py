@@ -39,7 +39,8 @@ def model_loop(
     (`positions`) with it: shown always, through the gate learned on the base model's
     suggestions, and (with `--model-loop-rounds`) through the gate after more rounds on the
     adapted model's (on `train_positions`, numbered after the `rounds_before` played)."""
-    from training.trainer import Budget, Progress, TrainSettings, parse_duration
+    from training.budget import Budget, parse_duration
+    from training.trainer import Progress, TrainSettings
     from training.workspace import train_workspace
 
     def progress(p: Progress) -> None:

@@ -14,10 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 from completion.adapters import MANIFEST, WEIGHTS
+from training.budget import Budget
 from training.feedback import FEEDBACK_FILE, Feedback, FeedbackStore
 from training.lora import LoraShape
 from training.registry import AdapterRegistry, scope_dir
-from training.trainer import Budget, TrainSettings
+from training.trainer import TrainSettings
 from training.workspace import WarmStart, load_trainable, train_workspace
 
 ROOT = Path(__file__).resolve().parents[2]
