@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from completion.settings import CompletionSettings
 from completion.types import CompletionRequest, Generation, Snippet, StopRule
@@ -38,6 +38,15 @@ class ContextSource(Protocol):
     def snippets(self, request: CompletionRequest, deadline: float) -> Sequence[Snippet]:
         """Snippets, best first. `deadline` is a `time.monotonic()` value to finish by."""
         ...
+
+
+@runtime_checkable
+class NamedRepository(Protocol):
+    """A context source that knows the name of the repository it searches (the prompt's
+    `<|repo_name|>` for models with a repository-level format)."""
+
+    @property
+    def repo_name(self) -> str: ...
 
 
 @dataclass(frozen=True)

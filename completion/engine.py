@@ -18,6 +18,7 @@ from completion.context import (
     ContextBudget,
     ContextSource,
     LineTokenCounter,
+    NamedRepository,
     TypedTail,
     assemble,
     typed_tail,
@@ -208,7 +209,7 @@ class Engine:
             prompt_parts.suffix,
             prompt_parts.snippets,
             request.path,
-            str(getattr(self.context_source, "repo_name", "") or ""),
+            source.repo_name if isinstance(source := self.context_source, NamedRepository) else "",
         )
         timings.context_ms = (time.perf_counter() - context_started) * 1000
         signals = gate.Signals(

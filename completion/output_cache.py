@@ -12,7 +12,7 @@ import os
 import threading
 from pathlib import Path
 
-from completion.runners.base import ModelRunner
+from completion.runners.base import ModelRunner, RunnerCapabilities, SplitPromptRunner
 from completion.types import CancelToken, Generation, StopRule
 
 
@@ -31,10 +31,11 @@ class CachedRunner:
         # may carry the same version name (two trainings in two temporary registries).
         self.adapter_content = ""
         self.family = runner.family
+        self.capabilities = RunnerCapabilities.of(runner)
         # Token healing is asked of the runner only when it can follow it.
-        self.forces_text = bool(getattr(runner, "forces_text", False))
+        self.forces_text = self.capabilities.healing is not None
         # How the runner reads a prompt, where that changes its text (the fast engine's split).
-        self.variant = str(getattr(runner, "output_variant", ""))
+        self.variant = runner.output_variant if isinstance(runner, SplitPromptRunner) else ""
         self.path = path
         self.hits = 0
         self.misses = 0
@@ -63,10 +64,10 @@ class CachedRunner:
         so the outputs of base and adapted models are kept apart."""
         from completion.adapters import read_manifest
 
-        swap = getattr(self.runner, "swap_adapter", None)
-        if swap is None:
+        adapters = self.capabilities.adapters
+        if adapters is None:
             raise TypeError(f"{type(self.runner).__name__} cannot serve an adapter")
-        swap(adapter)
+        adapters.swap_adapter(adapter)
         self.model_id = self.runner.model_id
         files = read_manifest(adapter)["files"] if adapter is not None else None
         self.adapter_content = json.dumps(files, sort_keys=True) if files else ""

@@ -104,6 +104,17 @@ class PromptReuseRunner(Protocol):
 
 
 @runtime_checkable
+class SplitPromptRunner(Protocol):
+    """A runner whose output for a prompt depends on how it splits the prompt to reuse a kept
+    start (the fast engines: split prompts round differently from whole ones)."""
+
+    @property
+    def output_variant(self) -> str:
+        """How this runner reads prompts now, where that changes the text it writes."""
+        ...
+
+
+@runtime_checkable
 class PrefillCounter(Protocol):
     """Latency prediction: how much of a prompt the runner would compute now."""
 

@@ -48,7 +48,10 @@ class AdaptableModel(ScriptedModel):
     """A model that serves an adapter: its id changes with the adapter's name, and it answers
     what the adapter's weights say."""
 
+    adapter: Path | None = None  # `AdapterRunner`: the adapter serving now
+
     def swap_adapter(self, adapter: Path | None) -> None:
+        self.adapter = adapter
         self.model_id = "scripted" if adapter is None else f"scripted+{adapter.name}"
         self.default = "3.14 * r * r" if adapter is None else (adapter / "weights").read_text()
 
