@@ -18,7 +18,8 @@ runner), `no_wait` (`completion.latencyWaitMs` 0).
 
 Every request is counted, by how it ended (the server's own timing record of each request,
 joined by its JSON-RPC id): shown, silenced by the gate, empty, latency skip, cancelled by the
-next key, stale. Reported for each configuration:
+next key (or before the server began it: `cancelled_before_handled`), stale. Reported for each
+configuration:
 - `pauses`: for each pause length, how many pauses had a suggestion on screen before the next
   key, after how long (from the keystroke, the 150 ms debounce included), and why not when
   not; `thinking_pauses` the same for pauses of 1 s or more, with the share of those whose
@@ -320,11 +321,17 @@ def summarize(
 ) -> dict[str, Any]:
     """The report of one configuration: every request by its outcome, every pause by length."""
     asked = [a for pause in pauses for a in pause.asked]
-    unrecorded = [a.request_id for a in asked if a.request_id not in records]
+    unrecorded = [
+        a.request_id for a in asked if a.request_id not in records and a.cancelled_at is None
+    ]
 
     def outcome(a: Asked) -> str:
         record = records.get(a.request_id)
-        return record["outcome"] if record else "unrecorded"
+        if record:
+            return str(record["outcome"])
+        # A request cancelled before the server's handler began leaves no record: pygls cancels
+        # its task before it runs (the server's event loop was busy when the next key came).
+        return "cancelled_before_handled" if a.cancelled_at is not None else "unrecorded"
 
     def source(a: Asked) -> str:
         record = records.get(a.request_id, {})

@@ -72,9 +72,18 @@ def test_cancelled_and_skipped_requests_are_counted_as_what_they_were() -> None:
 def test_an_answer_after_the_next_key_is_not_on_screen_and_missing_records_are_named() -> None:
     late = asked("r1", None, cancelled=0.4)  # the server finished, but after the next key
     lost = asked("r2", 0.3)
-    pauses = [Pause(1.0, first=late, asked=[late]), Pause(1.0, first=lost, asked=[lost])]
+    early = asked("r3", None, cancelled=0.2)  # cancelled before the server began it
+    pauses = [
+        Pause(1.0, first=late, asked=[late]),
+        Pause(1.0, first=lost, asked=[lost]),
+        Pause(1.0, first=early, asked=[early]),
+    ]
     keys = [Keystroke("a", 0.1)] * 10
     report = summarize(keys, pauses, {"r1": record("r1", "shown")}, status(0), status(1))
-    assert report["thinking_pauses"]["why_not"] == {"arrived_after_next_key": 1, "unrecorded": 1}
+    assert report["thinking_pauses"]["why_not"] == {
+        "arrived_after_next_key": 1,
+        "unrecorded": 1,
+        "cancelled_before_handled": 1,
+    }
     assert report["unrecorded_requests"] == ["r2"]
     assert report["suggestions_shown"] == 0
