@@ -284,7 +284,7 @@ async def replay(
     memory = server_memory_mb(client)
     await client.close_server()
     records = {t["request_id"]: t for t in timings if t["request_id"]}
-    shown_settings = _merged(changed, {"telemetry": {"token": "(the run's backend token)"}})
+    shown_settings = _merged(changed, {"backend": {"token": "(the run's backend token)"}})
     return {
         "changed_from_defaults": shown_settings,
         "index": {
