@@ -13,14 +13,13 @@ import torch
 from safetensors.torch import load_file
 
 from completion.adapters import WEIGHTS
+from training.budget import Budget, parse_duration
 from training.examples import FimExample
 from training.trainer import (
     CHECKPOINTS,
     KILL_AT_STEP_ENV,
-    Budget,
     TrainSettings,
     mixed_stream,
-    parse_duration,
     size_micro_batch,
 )
 from training.workspace import train_workspace
