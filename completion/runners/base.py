@@ -2,9 +2,10 @@
 
 `ModelRunner` is what every runner (the fast local engines, torch, OpenAI-compatible HTTP)
 offers. A capability only some runners have is a small protocol of its own (candidates, token
-healing, prompt reuse, latency prediction, adapter serving); `RunnerCapabilities.of` checks a
-runner against each once, when the engine (or the server) takes the runner, and callers then call
-the capability through its type. Nobody probes a runner with `getattr`.
+healing, prompt reuse, latency prediction, adapter serving, drafted rewrites);
+`RunnerCapabilities.of` checks a runner against each once, when the engine (or the server) takes
+the runner, and callers then call the capability through its type. Nobody probes a runner with
+`getattr`.
 """
 
 from __future__ import annotations
@@ -136,6 +137,32 @@ class AdapterRunner(Protocol):
         ...
 
 
+@runtime_checkable
+class DraftRunner(Protocol):
+    """Speculative edits: greedy decoding of a rewrite that checks a caller's draft of it.
+
+    When the output is mostly a copy of known text (a window of code rewritten with a small
+    change), that text is the draft: several of its tokens are checked in one forward pass, and
+    after a mismatch the draft is re-aligned to where the output rejoins it. The text is exactly
+    `generate(prompt, temperature=0.0)`'s; only the number of forward passes changes.
+    """
+
+    def generate_with_draft(
+        self,
+        prompt: str,
+        *,
+        draft: str,
+        max_new_tokens: int,
+        stop: StopRule,
+        cancel: CancelToken,
+    ) -> Generation:
+        """The greedy continuation of `prompt` (as `ModelRunner.generate` at temperature 0),
+        checking `draft` (text the continuation likely copies, such as the current window) several
+        tokens per pass. `Generation.draft_tokens`, `draft_accepted`, `verify_steps` and
+        `decode_passes` say how well the draft served."""
+        ...
+
+
 @dataclass
 class PreparedModel:
     """A model loaded on converted weights (the base, or base + an adapter), not yet serving.
@@ -178,6 +205,7 @@ class RunnerCapabilities:
     prefill: PrefillCounter | None = None
     adapters: AdapterRunner | None = None
     preparing_adapters: PreparingAdapterRunner | None = None
+    drafts: DraftRunner | None = None
 
     @classmethod
     def of(cls, runner: object) -> RunnerCapabilities:
@@ -189,4 +217,5 @@ class RunnerCapabilities:
             prefill=runner if isinstance(runner, PrefillCounter) else None,
             adapters=runner if isinstance(runner, AdapterRunner) else None,
             preparing_adapters=runner if isinstance(runner, PreparingAdapterRunner) else None,
+            drafts=runner if isinstance(runner, DraftRunner) else None,
         )
