@@ -46,6 +46,30 @@ DID_DISMISS_NOTIFICATION = "tabloop/didDismiss"
 TELEMETRY_ENABLED_NOTIFICATION = "tabloop/telemetryEnabled"
 """`TelemetryEnabledParams`: the editor's own telemetry switch changed."""
 
+NEXT_EDIT_REQUEST = "textDocument/copilotInlineEdit"
+"""Next-edit prediction under Copilot's name (so its clients work): `{textDocument: {uri,
+version}, position, context?: {triggerKind}}`; answers `{"edits": [item, ...]}`, the items of one
+prediction (one id, sorted, non-overlapping ranges in the document at that version), `[]` for no
+change or a stale version."""
+
+NEXT_EDIT_TABLOOP_REQUEST = "tabloop/nextEdit"
+"""The same request as `NEXT_EDIT_REQUEST`, under tabloop's own name."""
+
+NEXT_EDIT_SHOWN_NOTIFICATION = "textDocument/didShowInlineEdit"
+"""`{"item": item}` (Copilot's name): the editor displayed a next-edit prediction."""
+
+NEXT_EDIT_SHOWN_TABLOOP_NOTIFICATION = "tabloop/nextEditShown"
+"""The same notification as `NEXT_EDIT_SHOWN_NOTIFICATION`, under tabloop's own name."""
+
+NEXT_EDIT_REJECTED_NOTIFICATION = "tabloop/nextEditRejected"
+"""`{"id": id, "reason": "dismissed" | "typed" | "moved"}`: the prediction went unused."""
+
+ACCEPT_NEXT_EDIT_COMMAND = "tabloop.acceptNextEdit"
+"""`workspace/executeCommand`, arguments `[id]`: the editor applied a prediction's edits."""
+
+NEXT_EDIT_CAPABILITY = "nextEdit"
+"""`capabilities.experimental.tabloop.nextEdit = true` in `initialize`: next edits are served."""
+
 MODEL_PROGRESS_TITLE = "tabloop"
 """Title of the `$/progress` while the completion model loads."""
 
