@@ -1,0 +1,240 @@
+"""`NextEditPredictor`: the next edit near the cursor, from the recent edits, on a model runner.
+
+    predictor = NextEditPredictor(runner, settings)
+    prediction = predictor.predict(text, path, (line, character), history, cancel)
+    prediction.edits  # [] means no change; else the edits, sorted, in document coordinates
+
+"No change" is the common answer and costs no model call: without an edit in this document in
+the last `recent_s` seconds whose region lies within `window_lines` lines of the cursor, or when
+the cursor's line alone is past the window's token budget, `predict` answers at once. Otherwise
+the model rewrites the window greedily (with the window as the draft when the runner can check
+one, `completion.runners.base.DraftRunner`), at most the window's tokens plus `margin_tokens`,
+stopping at `<|file_sep|>`; the rewrite is diffed into edits and checked by the guards of
+`completion.next_edit.diff`.
+
+`predict` runs on the model thread (it calls the runner) and raises `completion.types.Cancelled`
+when `cancel` is set before it is done.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from completion.next_edit.diff import Edit, undoes, window_edits, writes_outside
+from completion.next_edit.history import EditEvent, EditHistory
+from completion.next_edit.prompt import (
+    FILE_SEP,
+    Window,
+    build_prompt,
+    choose_window,
+    history_blocks,
+    original_window,
+)
+from completion.next_edit.settings import NextEditSettings
+from completion.next_edit.text import document_lines
+from completion.runners.base import ModelRunner, RunnerCapabilities
+from completion.types import Cancelled, CancelToken, Generation
+
+STOP_TEXTS = (FILE_SEP, "<|endoftext|>")
+
+Reason = Literal[
+    "predicted",  # edits to show
+    "no_history",  # no edit in this document yet (no model call)
+    "no_recent_edit",  # the latest edit is too old or too far from the cursor (no model call)
+    "no_window",  # the cursor's line alone is past the token budget (no model call)
+    "no_change",  # the model kept the window as it is
+    "empty",  # the model wrote nothing for the window
+    "truncated",  # the rewrite ran out of tokens before it ended
+    "outside_window",  # refused: it would write past the window
+    "undo",  # refused: it puts the user's latest edit back as it was
+]
+"""Why a prediction has the edits it has; only `predicted` has any."""
+
+NO_MODEL_REASONS: frozenset[Reason] = frozenset({"no_history", "no_recent_edit", "no_window"})
+
+
+@dataclass
+class NextEditTimings:
+    """Where the time of one prediction went (milliseconds), and its sizes."""
+
+    window_ms: float = 0.0
+    prompt_ms: float = 0.0
+    model_ms: float = 0.0
+    diff_ms: float = 0.0
+    total_ms: float = 0.0
+    window_tokens: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    reached_model: bool = False
+
+
+@dataclass
+class NextEditPrediction:
+    """The predicted edits ([] for no change), the window the model saw, and why."""
+
+    edits: list[Edit]
+    window: Window | None
+    reason: Reason
+    timings: NextEditTimings = field(default_factory=NextEditTimings)
+    predicted: str = ""
+    """The window's predicted text (empty when the model was not asked)."""
+    generation: Generation | None = None
+
+
+class NextEditPredictor:
+    """Predicts the next edit on `runner` (a Qwen2.5-Coder-family base model, or one trained
+    on the same prompt)."""
+
+    def __init__(self, runner: ModelRunner, settings: NextEditSettings | None = None) -> None:
+        self.runner = runner
+        self.settings = settings or NextEditSettings()
+        self.capabilities = RunnerCapabilities.of(runner)
+        self.model_calls = 0
+
+    def predict(
+        self,
+        text: str | Sequence[str],
+        path: str,
+        cursor: tuple[int, int],
+        history: EditHistory,
+        cancel: CancelToken | None = None,
+        *,
+        now: float | None = None,
+    ) -> NextEditPrediction:
+        """The next edit in document `path` (its text, or its LSP lines with their breaks) for
+        the cursor at (line, character); `history` holds the workspace's recent edits, recorded
+        under the same `path`. Raises `Cancelled` when `cancel` is set before the answer."""
+        started = time.perf_counter()
+        cancel = cancel or CancelToken()
+        settings = self.settings
+        timings = NextEditTimings()
+
+        def answer(
+            reason: Reason, window: Window | None = None, **found: object
+        ) -> NextEditPrediction:
+            timings.total_ms = (time.perf_counter() - started) * 1000
+            prediction = NextEditPrediction([], window, reason, timings)
+            for name, value in found.items():
+                setattr(prediction, name, value)
+            return prediction
+
+        latest = history.latest(path)
+        if latest is None:
+            return answer("no_history")
+        now = history.clock() if now is None else now
+        line = cursor[0]
+        radius = settings.window_lines
+        if (
+            now - latest.last_at > settings.recent_s
+            or line < latest.start - radius
+            or line > latest.end - 1 + radius
+        ):
+            return answer("no_recent_edit")
+        lines = document_lines(text)
+        window = choose_window(
+            lines,
+            line,
+            radius=radius,
+            max_tokens=settings.window_tokens,
+            count_tokens=self.runner.count_tokens,
+        )
+        timings.window_ms = (time.perf_counter() - started) * 1000
+        if window is None:
+            return answer("no_window")
+        timings.window_tokens = window.tokens
+        cancel.raise_if_cancelled()
+
+        prompt_started = time.perf_counter()
+        prompt = self.prompt(path, window, history, latest)
+        timings.prompt_ms = (time.perf_counter() - prompt_started) * 1000
+        generation = self._generate(prompt, window, cancel, timings)
+        predicted = self._predicted_text(generation.text, window)
+        if generation.stop_reason == "length":
+            return answer("truncated", window, predicted=predicted, generation=generation)
+        if not predicted and window.text:
+            return answer("empty", window, generation=generation)
+
+        diff_started = time.perf_counter()
+        edits = window_edits(window, predicted)
+        reason: Reason = "predicted"
+        if not edits:
+            reason = "no_change"
+        elif writes_outside(window, edits, lines):
+            reason = "outside_window"
+        elif undoes(window, predicted, latest):
+            reason = "undo"
+        timings.diff_ms = (time.perf_counter() - diff_started) * 1000
+        found = answer(reason, window, predicted=predicted, generation=generation)
+        if reason == "predicted":
+            found.edits = edits
+        return found
+
+    def prompt(
+        self, path: str, window: Window, history: EditHistory, latest: EditEvent | None
+    ) -> str:
+        """The prompt for `window` of document `path` (`completion.next_edit.prompt`)."""
+        settings = self.settings
+        blocks = history_blocks(
+            history.events(),
+            max_events=settings.history_events,
+            max_tokens=settings.history_tokens,
+            count_tokens=self.runner.count_tokens,
+        )
+        return build_prompt(path, blocks, original_window(window, latest), window)
+
+    def _generate(
+        self, prompt: str, window: Window, cancel: CancelToken, timings: NextEditTimings
+    ) -> Generation:
+        settings = self.settings
+        max_new_tokens = window.tokens + settings.margin_tokens
+        model_started = time.perf_counter()
+        timings.reached_model = True
+        drafts = self.capabilities.drafts
+        if drafts is not None:
+            generation = drafts.generate_with_draft(
+                prompt,
+                draft=window.text,
+                max_new_tokens=max_new_tokens,
+                stop=_stop,
+                cancel=cancel,
+            )
+        else:
+            generation = self.runner.generate(
+                prompt, max_new_tokens=max_new_tokens, stop=_stop, cancel=cancel
+            )
+        self.model_calls += 1
+        timings.model_ms = (time.perf_counter() - model_started) * 1000
+        timings.prompt_tokens = generation.prompt_tokens
+        timings.new_tokens = generation.new_tokens
+        timings.draft_tokens = generation.draft_tokens
+        timings.draft_accepted = generation.draft_accepted
+        if generation.stop_reason == "cancelled" or cancel.cancelled:
+            raise Cancelled(cancel.reason or "cancelled")
+        return generation
+
+    @staticmethod
+    def _predicted_text(output: str, window: Window) -> str:
+        """The model's rewrite as the window's text: cut at a stop text, its line breaks the
+        window's, and no line break added at the document's end."""
+        cut = _stop(output)
+        predicted = output if cut is None else output[:cut]
+        current = window.text
+        if "\r\n" in current and "\r\n" not in predicted:
+            predicted = predicted.replace("\n", "\r\n")
+        if not current.endswith(("\n", "\r")):
+            for end in ("\r\n", "\n", "\r"):
+                if predicted.endswith(end):
+                    predicted = predicted[: -len(end)]
+                    break
+        return predicted
+
+
+def _stop(text: str) -> int | None:
+    """Where the rewrite ends: the first stop text, if any."""
+    found = [index for stop in STOP_TEXTS if (index := text.find(stop)) >= 0]
+    return min(found) if found else None

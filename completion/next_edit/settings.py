@@ -1,0 +1,55 @@
+"""Settings of next-edit prediction: the `nextEdit` section of tabloop's configuration."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from completion.settings import SECTION_CONFIG
+
+
+class NextEditSettings(BaseModel):
+    """How next edits are predicted (`docs/next-edit.md`)."""
+
+    model_config = SECTION_CONFIG
+
+    enabled: bool = Field(
+        True,
+        description="Predict the next edit near the cursor from the recent edits "
+        "(`textDocument/copilotInlineEdit`, `tabloop/nextEdit`).",
+    )
+    window_lines: int = Field(
+        10,
+        ge=1,
+        le=50,
+        description="Lines above and below the cursor's line that the model may rewrite.",
+    )
+    window_tokens: int = Field(
+        256,
+        ge=16,
+        le=2048,
+        description="Most tokens of the rewritten window: lines farthest from the cursor are "
+        "left out until it fits, and a line longer than this ends the window. The model writes "
+        "at most this many tokens plus `marginTokens`.",
+    )
+    margin_tokens: int = Field(
+        32,
+        ge=0,
+        le=512,
+        description="Tokens the rewrite may write beyond the window's own.",
+    )
+    history_events: int = Field(
+        3, ge=0, le=6, description="Recent edits shown to the model, the latest last."
+    )
+    history_tokens: int = Field(
+        512,
+        ge=0,
+        le=4096,
+        description="Token budget of the recent edits in the prompt; the oldest go first.",
+    )
+    recent_s: float = Field(
+        60.0,
+        gt=0,
+        description="How long after the latest edit in a document a prediction is still asked "
+        "of the model there; later (or with no edit near the cursor) the answer is no change, "
+        "at once.",
+    )
