@@ -1,17 +1,23 @@
-"""Draft tokens for speculative decoding, taken from the code itself (prompt lookup).
+"""Draft tokens for speculative decoding, taken from the code itself (prompt lookup, rewrites).
 
 Code repeats itself: names, argument lists, the rest of a line seen a few lines up. When the last
 few tokens of the text so far occurred before, the tokens that followed them then are a good guess
 for what follows now. The runner checks such a guess in one forward pass and keeps the longest
 prefix the model agrees with, so a good guess saves forward passes and a bad one costs little.
 
-The drafter keeps, for every n-gram (n = 1 … `max_ngram`) of the token sequence, where it last
-occurred with at least one token after it; appending a token and proposing a draft are O(n).
+`RewriteDrafter` drafts a rewrite of known text (a window of code the model writes again with a
+change) from that text, following the output through it.
+
+The prompt-lookup drafter keeps, for every n-gram (n = 1 … `max_ngram`) of the token sequence,
+where it last occurred with at least one token after it; appending a token and proposing a draft
+are O(n).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 
 class PromptLookupDrafter:
@@ -89,3 +95,67 @@ def _continuation(tokens: Sequence[int], end: int, count: int) -> list[int]:
     while len(draft) < count and period > 0:
         draft.append(draft[len(draft) - period])
     return draft
+
+
+class Drafter(Protocol):
+    """What a speculative decode loop asks of its source of draft tokens."""
+
+    def append(self, token: int) -> None:
+        """Take the next token the model chose."""
+        ...
+
+    def propose(self, count: int) -> list[int]:
+        """Up to `count` tokens that may come next (empty: decode one token plainly)."""
+        ...
+
+
+class RewriteDrafter:
+    """Drafts a rewrite from the text it rewrites (speculative edits).
+
+    When the model writes a new version of a window of code, most of its output copies the current
+    window. The drafter follows the output through the window: `position` is where in `draft` the
+    next output token is expected, and `copied` is where the output last copied the window. While
+    the output copies, both move on and the draft is the window from there. At a mismatch the
+    drafter re-aligns: it looks for the output's last `max_ngram` tokens (down to `min_ngram`) in
+    the window, ending at or after `copied` (the rewrite keeps the window's order and does not copy
+    the same text twice), takes the nearest occurrence of the longest tail found, and continues
+    just after it. When no tail is found (the model writes new text), the draft resumes at
+    `copied`: an insertion ends where the window goes on, and a changed token is followed by the
+    window's next ones, which the next re-alignment finds.
+    """
+
+    def __init__(self, draft: Sequence[int], *, max_ngram: int = 4, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.draft = list(draft)
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.position = 0
+        self.copied = 0
+        self.output: list[int] = []
+        # n-gram -> the indices just after its occurrences in the draft, in order.
+        self._ends: dict[tuple[int, ...], list[int]] = {}
+        for end in range(1, len(self.draft) + 1):
+            for n in range(min_ngram, min(max_ngram, end) + 1):
+                self._ends.setdefault(tuple(self.draft[end - n : end]), []).append(end)
+
+    def append(self, token: int) -> None:
+        """Take the next output token: follow the draft, or re-align to it."""
+        self.output.append(token)
+        if self.position < len(self.draft) and self.draft[self.position] == token:
+            self.position += 1
+            self.copied = self.position
+            return
+        for n in range(min(self.max_ngram, len(self.output)), self.min_ngram - 1, -1):
+            ends = self._ends.get(tuple(self.output[-n:]))
+            found = bisect_left(ends, self.copied) if ends else 0
+            if ends and found < len(ends):
+                self.position = ends[found]
+                return
+        self.position = self.copied
+
+    def propose(self, count: int) -> list[int]:
+        """The draft's next `count` tokens from where the output is now."""
+        if count <= 0:
+            return []
+        return self.draft[self.position : self.position + count]

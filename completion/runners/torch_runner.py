@@ -18,7 +18,7 @@ from typing import Any
 
 from completion.fim import UnknownFamily, detect_family, template_for
 from completion.healing import VocabIndex, best_allowed, token_texts
-from completion.runners.draft import PromptLookupDrafter
+from completion.runners.draft import Drafter, PromptLookupDrafter, RewriteDrafter
 from completion.runners.loading import Dtype, load_model, resolve_dtype, resolve_source
 from completion.runners.prefix_cache import CacheEntry, PrefixCache, crop_cache
 from completion.types import CancelToken, Generation, StopRule
@@ -31,6 +31,8 @@ PREFILL_CHUNK_TOKENS = 64
 DEFAULT_DRAFT_TOKENS = 8
 DEFAULT_DRAFT_NGRAM = 4
 DEFAULT_DRAFT_MIN_NGRAM = 3
+# Speculative edits (`generate_with_draft`): most draft tokens of a rewrite checked per pass.
+DEFAULT_EDIT_DRAFT_TOKENS = 16
 
 
 def default_threads() -> int:
@@ -120,6 +122,7 @@ class TorchRunner:
         speculative_tokens: int = DEFAULT_DRAFT_TOKENS,
         draft_ngram: int = DEFAULT_DRAFT_NGRAM,
         draft_min_ngram: int = DEFAULT_DRAFT_MIN_NGRAM,
+        edit_draft_tokens: int = DEFAULT_EDIT_DRAFT_TOKENS,
         adapter: Path | None = None,
     ) -> None:
         import torch
@@ -144,6 +147,7 @@ class TorchRunner:
         self.speculative_tokens = max(1, speculative_tokens)
         self.draft_ngram = draft_ngram
         self.draft_min_ngram = draft_min_ngram
+        self.edit_draft_tokens = max(1, edit_draft_tokens)
         self.base_model_id = self.model_id
         self.adapter: Path | None = None
         self._base_model = self.model
@@ -277,6 +281,26 @@ class TorchRunner:
                 prompt, max_new_tokens, stop, cancel, temperature, forced_text, unfinished_word
             )
 
+    def generate_with_draft(
+        self,
+        prompt: str,
+        *,
+        draft: str,
+        max_new_tokens: int,
+        stop: StopRule,
+        cancel: CancelToken,
+    ) -> Generation:
+        """Greedy continuation of `prompt`, checking up to `edit_draft_tokens` tokens of `draft`
+        (the text the output likely rewrites, `RewriteDrafter`) per forward pass: the text of
+        `generate(prompt, temperature=0.0)` in fewer passes."""
+        import torch
+
+        draft_ids: list[int] = self.tokenizer(draft, add_special_tokens=False)["input_ids"]
+        with self._lock, torch.inference_mode():
+            return self._generate(
+                prompt, max_new_tokens, stop, cancel, 0.0, drafter=RewriteDrafter(draft_ids)
+            )
+
     def vocab_index(self) -> VocabIndex:
         """The decoded text of every token, built at the first healed request."""
         if self._vocab is None:
@@ -299,7 +323,9 @@ class TorchRunner:
         temperature: float,
         forced_text: str = "",
         unfinished_word: bool = False,
+        drafter: Drafter | None = None,
     ) -> Generation:
+        """`generate` under the lock; with `drafter`, greedy decoding checks its drafts."""
         prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]
         result = Generation(text="", prompt_tokens=len(prompt_ids))
         if cancel.cancelled:
@@ -336,8 +362,15 @@ class TorchRunner:
             self._decode_plain(
                 logits, entry, output, cancel, temperature, forced_text, unfinished_word
             )
+        elif drafter is not None:
+            self._decode_speculative(drafter, self.edit_draft_tokens, logits, entry, output, cancel)
         elif self.speculative and temperature <= 0:
-            self._decode_speculative(prompt_ids, logits, entry, output, cancel)
+            drafter = PromptLookupDrafter(
+                prompt_ids, max_ngram=self.draft_ngram, min_ngram=self.draft_min_ngram
+            )
+            self._decode_speculative(
+                drafter, self.speculative_tokens, logits, entry, output, cancel
+            )
         else:
             self._decode_plain(logits, entry, output, cancel, temperature)
         result.text = output.text
@@ -378,13 +411,14 @@ class TorchRunner:
 
     def _decode_speculative(
         self,
-        prompt_ids: list[int],
+        drafter: Drafter,
+        draft_tokens: int,
         logits: Any,
         entry: CacheEntry,
         output: _Output,
         cancel: CancelToken,
     ) -> None:
-        """Greedy decoding that checks drafted tokens in one forward pass.
+        """Greedy decoding that checks up to `draft_tokens` of `drafter`'s tokens per forward pass.
 
         Each pass feeds the last token and a draft; its logits at position i give the greedy token
         after the draft's first i tokens. Those tokens are taken in order, exactly as the plain loop
@@ -394,9 +428,6 @@ class TorchRunner:
         """
         if output.max_new_tokens <= 0:
             return
-        drafter = PromptLookupDrafter(
-            prompt_ids, max_ngram=self.draft_ngram, min_ngram=self.draft_min_ngram
-        )
         result = output.result
         rows: list[Any] = [logits]
         draft: list[int] = []
@@ -427,7 +458,7 @@ class TorchRunner:
             if fresh is None:
                 return
             remaining = output.max_new_tokens - len(output.generated)
-            draft = drafter.propose(min(self.speculative_tokens, remaining))
+            draft = drafter.propose(min(draft_tokens, remaining))
             fed = [fresh, *draft]
             rows = self._forward_rows(fed, entry.cache)
             entry.tokens.extend(fed)

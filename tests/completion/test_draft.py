@@ -1,10 +1,11 @@
-"""The prompt-lookup drafter: which earlier occurrence it copies from, and how much."""
+"""The drafters: which earlier occurrence the prompt-lookup one copies from, and how much; how
+the rewrite one follows an output through the text it rewrites."""
 
 from __future__ import annotations
 
 import pytest
 
-from completion.runners.draft import PromptLookupDrafter
+from completion.runners.draft import PromptLookupDrafter, RewriteDrafter
 
 
 @pytest.mark.parametrize(
@@ -54,3 +55,59 @@ def test_extra_tokens_are_searched_after_the_sequence() -> None:
 def test_bad_ngram_bounds(max_ngram: int, min_ngram: int) -> None:
     with pytest.raises(ValueError, match="min_ngram"):
         PromptLookupDrafter([1, 2], max_ngram=max_ngram, min_ngram=min_ngram)
+
+
+def follow(draft: list[int], output: list[int]) -> list[int]:
+    """The position in `draft` after each token of `output`."""
+    drafter = RewriteDrafter(draft)
+    positions = []
+    for token in output:
+        drafter.append(token)
+        positions.append(drafter.position)
+    return positions
+
+
+@pytest.mark.parametrize(
+    ("output", "positions"),
+    [
+        pytest.param([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6], id="copy"),
+        # 9 is new: the draft waits where the copy stopped, and the copy resumes there.
+        pytest.param([1, 2, 9, 3, 4], [1, 2, 2, 3, 4], id="insertion"),
+        # 3 was dropped: 4 is found just ahead and the draft goes on after it.
+        pytest.param([1, 2, 4, 5], [1, 2, 4, 5], id="deletion"),
+        # 3 became 9: the draft waits at 3, then 4 re-aligns it past the changed token.
+        pytest.param([1, 2, 9, 4, 5], [1, 2, 2, 4, 5], id="substitution"),
+        # Two lines dropped: the longest tail [2 6] is not in the draft, [6] is, further on.
+        pytest.param([1, 2, 6, 7], [1, 2, 6, 7], id="long-deletion"),
+        pytest.param([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 8], id="past-the-end"),
+    ],
+)
+def test_rewrite_drafter_follows_the_output(output: list[int], positions: list[int]) -> None:
+    assert follow([1, 2, 3, 4, 5, 6, 7, 8], output) == positions
+
+
+def test_rewrite_drafter_takes_the_nearest_occurrence_of_the_longest_tail() -> None:
+    # Lines "a = f(x)" repeated: after a changed token the 2-gram [5 6] names the occurrence.
+    draft = [1, 5, 6, 2, 5, 7, 3, 5, 6, 4]
+    drafter = RewriteDrafter(draft)
+    for token in [1, 5, 9, 2, 5, 8, 5, 6]:  # the second line changed, then [5 6] as in line 3
+        drafter.append(token)
+    assert drafter.position == 9 and drafter.propose(3) == [4]
+
+
+def test_rewrite_drafter_never_goes_back() -> None:
+    # [1 2] was copied already: writing it again (a duplicated line) is new text, not a jump back.
+    drafter = RewriteDrafter([1, 2, 3, 4])
+    for token in [1, 2, 1, 2]:
+        drafter.append(token)
+    assert drafter.copied == 2 and drafter.propose(2) == [3, 4]
+
+
+def test_rewrite_drafter_proposes_from_the_position() -> None:
+    drafter = RewriteDrafter([1, 2, 3, 4, 5])
+    assert drafter.propose(3) == [1, 2, 3]
+    drafter.append(1)
+    assert drafter.propose(0) == [] and drafter.propose(10) == [2, 3, 4, 5]
+    assert RewriteDrafter([]).propose(4) == []
+    with pytest.raises(ValueError, match="min_ngram"):
+        RewriteDrafter([1], min_ngram=3, max_ngram=2)
