@@ -40,7 +40,13 @@ from backend.adapters.run import TenantTrainingError, train_tenant
 from backend.adapters.scheduler import AdapterSchedule, adapter_due
 from backend.cluster import TRAINER_LEASE, JobClaim, JobQueue, Lease, LeaseLost, holder_id
 from backend.policy.dataset import latest_event_id
-from backend.policy.loop import RunSummary, run_training, tenant_ids
+from backend.policy.loop import (
+    RunSummary,
+    TenantJudge,
+    judge_model_canary,
+    run_training,
+    tenant_ids,
+)
 from backend.policy.registry import PolicyRegistry
 from backend.policy.settings import TrainerSettings
 from backend.storage import Storage
@@ -81,6 +87,7 @@ class ClusterTrainer:
         holder: str | None = None,
         adapters: AdapterSchedule | None = None,
         cache_dir: Path | None = None,
+        model_canary: TenantJudge | None = None,
     ) -> None:
         if failover_s <= 0:
             raise ValueError("failover_s must be positive")
@@ -96,6 +103,7 @@ class ClusterTrainer:
             raise ValueError("adapter training needs a cache directory")
         self.adapters = adapters
         self.cache_dir = cache_dir
+        self.model_canary = model_canary
         self.adapter_queue = (
             JobQueue(storage.engine, self.holder, self.timing.ttl_s, "adapter_jobs")
             if adapters is not None
@@ -202,6 +210,7 @@ class ClusterTrainer:
             return None
         finally:
             self._current = None
+        summary.model_canary = judge_model_canary(self.model_canary, job.tenant_id)
         summary.through_event_id = job.through_event_id
         if not self.queue.finish(job):
             log.warning("tenant %s: the job was lost as the run ended", job.tenant_id)

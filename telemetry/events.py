@@ -49,6 +49,8 @@ IgnoredReason = Literal["diverged", "moved", "closed", "timeout"]
 # Why a decision stayed silent: the policy chose to; the cleaned suggestion was empty; the
 # suggestion could not arrive before the user's likely next keystroke (latency-aware skipping).
 SilenceReason = Literal["policy", "empty", "latency"]
+BASE_MODEL_VERSION = "base"
+"""`model_version` of a decision the base model made, with no adapter."""
 MAX_CANDIDATES = 10
 
 # Identifiers we make ourselves (uuid hex, policy versions): short and free of spaces.
@@ -133,6 +135,10 @@ class DecisionEvent(_Event):
     request_id: Token | None = None
     rank: Annotated[int, Field(ge=0, lt=MAX_CANDIDATES)] = 0
     candidates: Annotated[int, Field(ge=1, le=MAX_CANDIDATES)] = 1
+    # The adapter version that wrote the suggestion (`BASE_MODEL_VERSION`: none, the base model
+    # alone), so a model canary is judged on its own decisions. Absent from older clients' events:
+    # not known.
+    model_version: Token | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> DecisionEvent:

@@ -6,8 +6,17 @@ the version serving now (the base model when none) by a margin with a confidence
 forced; every promotion is remembered, so `rollback` puts the previous one back. Versions are
 never deleted. The state is one JSON file, replaced atomically under a file lock.
 
-    <root>/registry.json        {"versions": [...], "serving": 3, "history": [1, 3]}
+    <root>/registry.json        {"versions": [...], "serving": 3, "history": [1, 3],
+                                 "canary": {...} | null, "pending": [4], "log": [...]}
     <root>/v0003/               the adapter (completion.adapters format)
+
+A promotion with a canary share (`promote(..., canary_share=0.1)`) does not serve the version to
+everyone: it becomes the canary (`canary`), served to that share of clients (picked by
+`training.canary.on_canary_arm`, `serving_for(key)`) beside the serving version until its live
+outcomes judge it (`finish_canary`: it serves alone, or is rolled back). A promotion that must
+be approved (`hold=True`: a tenant that requires approval) waits in `pending` for `approve`.
+Every transition is logged with who made it, why, and the figures (`transitions`), for the
+dashboard's time axis and `tabloop model list`.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from completion.adapters import AdapterError, verify_adapter
+from telemetry.events import BASE_MODEL_VERSION
+from training.canary import on_canary_arm
 from training.window import window_problem
 
 REGISTRY_FILE = "registry.json"
@@ -33,6 +44,12 @@ RUN_DIR = "runs/current"
 """Where the run in progress keeps its checkpoints, under a registry's root (`tabloop train model`
 and the backend's tenant runs): a run started again there resumes."""
 DEFAULT_MARGIN = 0.005
+CANARY = "canary"
+PENDING = "pending-approval"
+ROLLED_BACK = "rolled-back"
+OPERATOR = "operator"
+MAX_LOG = 1000
+"""Transitions kept in the log (the oldest go first)."""
 
 
 class AdapterRegistryError(ValueError):
@@ -51,6 +68,31 @@ class AdapterVersion:
     @property
     def name(self) -> str:
         return f"v{self.version:04d}"
+
+
+@dataclass(frozen=True)
+class AdapterCanary:
+    """A version serving a share of clients beside the serving one (None: the base model)."""
+
+    version: int
+    previous: int | None
+    share: float
+    started: float  # time.time()
+
+
+def version_label(version: int | None) -> str:
+    """A version's name as decision events carry it (`model_version`): `v0003`, or `base`."""
+    return BASE_MODEL_VERSION if version is None else f"v{version:04d}"
+
+
+def parse_version_label(label: str) -> int | None:
+    """The version a label names (None: the base model); ValueError for anything else."""
+    if label == BASE_MODEL_VERSION:
+        return None
+    match = re.fullmatch(r"v?(\d{1,9})", label)
+    if match is None:
+        raise ValueError(f"not an adapter version: {label!r}")
+    return int(match.group(1))
 
 
 def workspace_key(root: Path | str) -> str:
@@ -105,7 +147,14 @@ class AdapterRegistry:
     def _read(self) -> dict[str, Any]:
         path = self.root / REGISTRY_FILE
         if not path.is_file():
-            return {"versions": [], "serving": None, "history": []}
+            return {
+                "versions": [],
+                "serving": None,
+                "history": [],
+                "canary": None,
+                "pending": [],
+                "log": [],
+            }
         try:
             state = json.loads(path.read_text())
         except ValueError as exc:
@@ -115,6 +164,9 @@ class AdapterRegistry:
             raise AdapterRegistryError(f"{path} is not an adapter registry: {problem}")
         state.setdefault("serving", None)
         state.setdefault("history", [])
+        state.setdefault("canary", None)
+        state.setdefault("pending", [])
+        state.setdefault("log", [])
         return state
 
     def _write(self, state: dict[str, Any]) -> None:
@@ -172,11 +224,55 @@ class AdapterRegistry:
             entry = self._entry(state, version)
             entry["evaluation"] = evaluation
 
-    def promote(self, version: int, *, margin: float = DEFAULT_MARGIN, force: bool = False) -> str:
-        """Serve `version` from now on; returns why it was allowed. Refused (with the reason)
-        when it was not evaluated against what serves now or shows no gain, unless `force`."""
+    def canary(self) -> AdapterCanary | None:
+        """The canary running, if any."""
+        value = self._read()["canary"]
+        return AdapterCanary(**value) if value is not None else None
+
+    def pending(self) -> list[int]:
+        """Versions waiting for `approve`, oldest first."""
+        return list(self._read()["pending"])
+
+    def transitions(self) -> list[dict[str, Any]]:
+        """The logged transitions, oldest first: `at` (time.time()), `action`, `version` (a
+        label: `v0003` or `base`), `actor`, `reason`, `figures`."""
+        return list(self._read()["log"])
+
+    def serving_for(self, key: str) -> int | None:
+        """The version the client `key` serves: the canary for its share of keys while one
+        runs, else the serving version (None: the base model)."""
+        state = self._read()
+        canary = state["canary"]
+        if canary is not None and on_canary_arm(key, canary["version"], canary["share"]):
+            return int(canary["version"])
+        serving = state["serving"]
+        return int(serving) if serving is not None else None
+
+    def promote(
+        self,
+        version: int,
+        *,
+        margin: float = DEFAULT_MARGIN,
+        force: bool = False,
+        canary_share: float = 0.0,
+        hold: bool = False,
+        actor: str = OPERATOR,
+    ) -> str:
+        """Promote `version`; returns why it was allowed and what it became. Refused (with the
+        reason) when it was not evaluated against what serves now or shows no gain, unless
+        `force`, and while a canary runs.
+
+        With `hold` it waits for `approve` (`pending`); else with a `canary_share` it becomes
+        the canary at that share; else it serves every client from now on."""
+        if not 0.0 <= canary_share <= 1.0:
+            raise AdapterRegistryError(f"canary share {canary_share} outside [0, 1]")
         with self._locked() as state:
             entry = self._entry(state, version)
+            if state["canary"] is not None:
+                running = version_label(state["canary"]["version"])
+                raise AdapterRegistryError(
+                    f"canary {running} is running: wait for its verdict, or roll it back"
+                )
             try:
                 verify_adapter(self.root / f"v{version:04d}", entry["base_model"])
             except AdapterError as exc:
@@ -199,10 +295,108 @@ class AdapterRegistry:
                     entry["status"] = "rejected"  # kept on disk when the block ends
                     refusal = f"not promoting v{version:04d}: {reason}"
             if not refusal:
-                self._serve(state, entry, version)
+                if hold:
+                    if version not in state["pending"]:
+                        state["pending"].append(version)
+                    entry["status"] = PENDING
+                    _log(state, PENDING, version, actor, reason, None)
+                    reason += "; waiting for approval"
+                elif canary_share > 0.0 and canary_share < 1.0:
+                    self._start_canary(state, entry, version, canary_share, actor, reason)
+                    reason += f"; canary at {canary_share:.0%} of clients"
+                else:
+                    self._serve(state, entry, version)
+                    _log(state, "promote", version, actor, reason, None)
         if refusal:
             raise AdapterRegistryError(refusal)
         return reason
+
+    def approve(self, version: int, *, canary_share: float = 0.0, actor: str = OPERATOR) -> str:
+        """Release a version waiting for approval: into a canary at `canary_share`, or (0)
+        straight to serving. Returns what it became (`canary` or `serving`)."""
+        with self._locked() as state:
+            entry = self._entry(state, version)
+            if version not in state["pending"]:
+                raise AdapterRegistryError(f"v{version:04d} is not waiting for approval")
+            if state["canary"] is not None and 0.0 < canary_share < 1.0:
+                running = version_label(state["canary"]["version"])
+                raise AdapterRegistryError(f"canary {running} is running: wait for its verdict")
+            state["pending"].remove(version)
+            _log(state, "approve", version, actor, "approved", None)
+            if 0.0 < canary_share < 1.0:
+                self._start_canary(state, entry, version, canary_share, actor, "approved")
+                return CANARY
+            self._end_canary(state, None)
+            self._serve(state, entry, version)
+            _log(state, "promote", version, actor, "approved", None)
+        return "serving"
+
+    def _start_canary(
+        self,
+        state: dict[str, Any],
+        entry: dict[str, Any],
+        version: int,
+        share: float,
+        actor: str,
+        reason: str,
+    ) -> None:
+        previous = state["serving"]
+        state["canary"] = {
+            "version": version,
+            "previous": previous,
+            "share": share,
+            "started": time.time(),
+        }
+        entry["status"] = CANARY
+        figures = {"share": share, "previous": version_label(previous)}
+        _log(state, CANARY, version, actor, reason, figures)
+
+    def _end_canary(self, state: dict[str, Any], status: str | None) -> None:
+        canary = state["canary"]
+        if canary is None:
+            return
+        if status is not None:
+            self._entry(state, canary["version"])["status"] = status
+        state["canary"] = None
+
+    def finish_canary(
+        self,
+        *,
+        promote: bool,
+        version: int | None = None,
+        actor: str = OPERATOR,
+        reason: str = "",
+        figures: dict[str, Any] | None = None,
+    ) -> int | None:
+        """End the running canary: it serves alone (`promote`) or is rolled back; returns the
+        version serving now. Refused when no canary runs, or when it is not `version` (the
+        canary that was judged) where one is given."""
+        with self._locked() as state:
+            canary = state["canary"]
+            if canary is None:
+                raise AdapterRegistryError("no canary is running")
+            judged = int(canary["version"])
+            if version is not None and judged != version:
+                raise AdapterRegistryError(
+                    f"the canary running is {version_label(judged)}, not {version_label(version)}"
+                )
+            entry = self._entry(state, judged)
+            if promote:
+                self._end_canary(state, None)
+                self._serve(state, entry, judged)
+                _log(state, "canary-promote", judged, actor, reason, figures)
+            else:
+                self._end_canary(state, ROLLED_BACK)
+                _log(
+                    state,
+                    "canary-rollback",
+                    state["serving"],
+                    actor,
+                    reason or f"rollback of canary {version_label(judged)}",
+                    {**(figures or {}), "of": version_label(judged)},
+                )
+            serving = state["serving"]
+        return int(serving) if serving is not None else None
 
     def _serve(self, state: dict[str, Any], entry: dict[str, Any], version: int) -> None:
         current = state["serving"]
@@ -212,8 +406,14 @@ class AdapterRegistry:
         state["serving"] = version
         entry["status"] = "serving"
 
-    def rollback(self) -> int | None:
-        """Serve the version promoted before the current one (None: the base model)."""
+    def rollback(self, *, actor: str = OPERATOR, reason: str = "") -> int | None:
+        """Roll back the running canary, else serve the version promoted before the current one
+        (None: the base model); returns the version serving now."""
+        if self.canary() is not None:
+            try:
+                return self.finish_canary(promote=False, actor=actor, reason=reason)
+            except AdapterRegistryError:
+                pass  # ended meanwhile: roll back what serves
         with self._locked() as state:
             history: list[int] = state["history"]
             if not history:
@@ -224,6 +424,14 @@ class AdapterRegistry:
             state["serving"] = previous
             if previous is not None:
                 self._entry(state, previous)["status"] = "serving"
+            _log(
+                state,
+                "rollback",
+                previous,
+                actor,
+                reason or f"rollback of {version_label(current)}",
+                {"of": version_label(current)},
+            )
         return previous
 
     @staticmethod
@@ -275,6 +483,54 @@ def _state_problem(state: Any) -> str | None:
     history = state.get("history", [])
     if not isinstance(history, list) or not all(_is_int(v) and v in numbers for v in history):
         return "the history names versions that are not there"
+    if problem := _canary_problem(state.get("canary"), numbers):
+        return problem
+    pending = state.get("pending", [])
+    if not isinstance(pending, list) or not all(_is_int(v) and v in numbers for v in pending):
+        return "the pending versions are not there"
+    log = state.get("log", [])
+    if not isinstance(log, list) or not all(isinstance(entry, dict) for entry in log):
+        return "the log is not a list of transitions"
+    return None
+
+
+def _log(
+    state: dict[str, Any],
+    action: str,
+    version: int | None,
+    actor: str,
+    reason: str,
+    figures: dict[str, Any] | None,
+) -> None:
+    log: list[dict[str, Any]] = state["log"]
+    log.append(
+        {
+            "at": time.time(),
+            "action": action,
+            "version": version_label(version),
+            "actor": actor[:64],
+            "reason": reason[:512],
+            "figures": figures,
+        }
+    )
+    del log[:-MAX_LOG]
+
+
+def _canary_problem(canary: Any, numbers: set[int]) -> str | None:
+    if canary is None:
+        return None
+    if not isinstance(canary, dict) or set(canary) != {"version", "previous", "share", "started"}:
+        return "the canary is not a canary"
+    previous = canary["previous"]
+    if not _is_int(canary["version"]) or canary["version"] not in numbers:
+        return "the canary names no version"
+    if previous is not None and (not _is_int(previous) or previous not in numbers):
+        return "the canary's previous version is not there"
+    share, started = canary["share"], canary["started"]
+    if not isinstance(share, int | float) or not 0.0 < share <= 1.0:
+        return "the canary's share is not in (0, 1]"
+    if not isinstance(started, int | float):
+        return "the canary's start is not a time"
     return None
 
 

@@ -9,7 +9,9 @@ training window since the serving version's mark (`training.window`), starting f
 adapter's weights when they fit. Finished, its adapter becomes a candidate version of the tenant's
 registry, evaluated against the serving version on the held-out events (does each reproduce
 the accepted suggestions in their logged prompts: exact-line match and edit similarity, paired),
-and promoted only by the registry's rule.
+and promoted only by the registry's rule: into a canary at `canary_share` of the tenant's
+clients (judged live by `backend.adapters.canary`), or held for approval for a tenant that
+requires it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from training.window import WindowSettings
 from training.workspace import RunPlan
 
 MARK_FILE = "events-upto"
+TRAINER = "trainer"
+"""Who the registry's log says acted on a run's promotion."""
 DEFAULT_MIN_EXAMPLES = 50
 
 
@@ -50,6 +54,8 @@ class TenantRunOptions:
     fresh: bool = False
     device: str | None = None
     window: WindowSettings = field(default_factory=WindowSettings)
+    canary_share: float = 0.0
+    """A promoted version serves this share of the tenant's clients first (0: all at once)."""
 
 
 def tenant_registry(cache_dir: Path, tenant: str) -> AdapterRegistry:
@@ -61,6 +67,28 @@ def last_trained_event(registry: AdapterRegistry) -> int:
     """The newest event row the tenant's newest adapter version was trained up to (0: none)."""
     marks = [int(v.train.get("through_event_id", 0) or 0) for v in registry.versions()]
     return max(marks, default=0)
+
+
+def release_version(
+    registry: AdapterRegistry,
+    storage: Storage,
+    tenant_id: int,
+    version: int,
+    canary_share: float,
+    actor: str,
+    *,
+    force: bool = False,
+) -> str:
+    """Promote a tenant's evaluated `version` by the registry's rule (`AdapterRegistryError`
+    when refused): it waits for approval for a tenant that requires it, else becomes a canary
+    at `canary_share` of the tenant's clients (0: serves them all at once). Returns why."""
+    return registry.promote(
+        version,
+        force=force,
+        canary_share=canary_share,
+        hold=storage.requires_approval(tenant_id),
+        actor=actor,
+    )
 
 
 def train_tenant(
@@ -155,10 +183,16 @@ def train_tenant(
         )
     if options.promote and "evaluation" in report:
         try:
-            report["promoted"] = write(lambda: registry.promote(record.version))
+            report["promoted"] = write(
+                lambda: release_version(
+                    registry, storage, tenant_id, record.version, options.canary_share, TRAINER
+                )
+            )
         except AdapterRegistryError as exc:
             report["not_promoted"] = str(exc)
     report["serving"] = registry.serving()
+    canary = registry.canary()
+    report["canary"] = asdict(canary) if canary is not None else None
     return report
 
 

@@ -32,6 +32,7 @@ from backend.adapters.run import (
 )
 from backend.storage import Storage
 from training.budget import Budget
+from training.canary import ModelCanarySettings
 from training.trainer import TrainSettings
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,10 @@ class AdapterSchedule(BaseModel):
     eval_n: int = Field(50, ge=0, description="Held-out accepted suggestions replayed.")
     promote: bool = Field(True, description="Promote by the registry's rule after evaluation.")
     device: str | None = None
+    canary: ModelCanarySettings = Field(
+        default_factory=lambda: ModelCanarySettings.model_validate({}),
+        description="How a promoted version is canaried and judged (`backend.adapters.canary`).",
+    )
 
     @property
     def enabled(self) -> bool:
@@ -73,6 +78,7 @@ class AdapterSchedule(BaseModel):
             eval_n=self.eval_n,
             promote=self.promote,
             device=self.device,
+            canary_share=self.canary.share,
         )
 
 

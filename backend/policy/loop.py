@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,6 +30,10 @@ log = logging.getLogger(__name__)
 
 TRAINER_ACTOR = "trainer"
 
+TenantJudge = Callable[[int], dict[str, Any] | None]
+"""Judges more of a tenant in the same pass as its policy, by tenant id: the adapter canary
+(`backend.adapters.canary.ModelCanaryJudge`); returns its verdict's figures, None when idle."""
+
 
 @dataclass
 class RunSummary:
@@ -46,6 +51,7 @@ class RunSummary:
     # The candidate's state after the run: canary, serving, pending-approval (None: kept out).
     state: str | None = None
     canary: dict[str, Any] | None = None  # the running canary's verdict at the run's start
+    model_canary: dict[str, Any] | None = None  # the adapter canary's verdict after the run
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +62,7 @@ class RunSummary:
             "promoted": self.promoted,
             "state": self.state,
             "canary": self.canary,
+            "model_canary": self.model_canary,
             "seconds": round(self.finished_at - self.started_at, 3),
             "report": self.report,
         }
@@ -144,6 +151,18 @@ def run_training(
     return summary
 
 
+def judge_model_canary(judge: TenantJudge | None, tenant_id: int) -> dict[str, Any] | None:
+    """`judge(tenant_id)`, logged instead of raised: a damaged adapter registry must not stop
+    the policy's pass."""
+    if judge is None:
+        return None
+    try:
+        return judge(tenant_id)
+    except Exception as exc:
+        log.exception("judging the adapter canary of tenant %s failed", tenant_id)
+        return {"outcome": "error", "error": f"{type(exc).__name__}: {exc}"}
+
+
 def tenant_ids(storage: Storage) -> list[int]:
     with storage.session() as session:
         return list(session.scalars(select(Tenant.id).order_by(Tenant.id)))
@@ -161,10 +180,12 @@ class TrainingScheduler:
         storage: Storage,
         settings: TrainerSettings,
         registry: PolicyRegistry | None = None,
+        model_canary: TenantJudge | None = None,
     ) -> None:
         self.storage = storage
         self.settings = settings
         self.registry = registry or PolicyRegistry(storage, builtin_floor=settings.show_floor)
+        self.model_canary = model_canary
         self.runs: list[RunSummary] = []
         self._seen: dict[int, int] = {}  # tenant -> newest event id at its last run
         self._stop = threading.Event()  # the running thread's own flag (a new one per start)
@@ -235,6 +256,7 @@ class TrainingScheduler:
                 except Exception:
                     log.exception("training tenant %s failed", tenant_id)
                     continue
+                summary.model_canary = judge_model_canary(self.model_canary, tenant_id)
                 summary.through_event_id = newest
                 self._seen[tenant_id] = newest
                 done.append(summary)

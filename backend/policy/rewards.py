@@ -52,6 +52,7 @@ class LoggedDecision:
     features: Mapping[str, float | str] = field(default_factory=dict)
     accepted_chars: int = 0
     retained_chars: int = 0
+    model_version: str | None = None  # the adapter version that made it (None: not known)
 
     @property
     def shown(self) -> bool:
@@ -157,4 +158,5 @@ def _logged(
         features=dict(decision.features),
         accepted_chars=accepted,
         retained_chars=retained,
+        model_version=decision.model_version,
     )

@@ -9,6 +9,11 @@ against the manifest (`backend.services.served_adapters`: once per change of the
 poll): a damaged version or registry is refused (503, naming no server path), never served. With
 no adapter serving the answer says so (`version: null`: the base model serves).
 
+While a canary runs (`backend.adapters.canary`), the version answered depends on the asking
+installation (`?install_id=`, the id its decision events carry): a stable hash puts each on the
+canary's arm or the serving one (`arm` in the body), so a user stays on one arm; without it the
+serving version is answered.
+
 Files are answered with `Cache-Control: no-cache` and their SHA-256 as entity tag: their URL
 does not name the version, so a cache must ask again each time.
 """
@@ -16,26 +21,41 @@ does not name the version, so a cache must ask again each time.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from backend.auth import CurrentPrincipal
 from backend.deps import Services
-from backend.services.served_adapters import AdapterUnavailable, ServedAdapter, ServedAdapters
+from backend.services.served_adapters import (
+    SERVING_ARM,
+    AdapterUnavailable,
+    ServedAdapter,
+    ServedAdapters,
+)
 from completion.adapters import CONFIG, MANIFEST, WEIGHTS
 
 router = APIRouter()
 
 MODEL_VERSION_HEADER = "X-Tabloop-Model-Version"
 SERVED_FILES = (CONFIG, WEIGHTS, MANIFEST)
+InstallId = Annotated[
+    str | None,
+    Query(
+        pattern=r"^[A-Za-z0-9_.:+#/-]{1,128}$",
+        description="The asking installation's id (its events' `install_id`): while a canary "
+        "runs, it picks the client's arm, the same one on every request.",
+    ),
+]
 
 
-async def _serving(adapters: ServedAdapters, tenant: str) -> ServedAdapter | None:
+async def _serving(
+    adapters: ServedAdapters, tenant: str, client: str | None
+) -> ServedAdapter | None:
     try:
-        return await run_in_threadpool(adapters.serving, tenant)
+        return await run_in_threadpool(adapters.serving, tenant, client)
     except AdapterUnavailable as exc:
         raise HTTPException(503, str(exc)) from None
 
@@ -48,12 +68,20 @@ def _matches(request: Request, etag: str) -> bool:
 
 
 @router.get("/v1/model")
-async def get_model(principal: CurrentPrincipal, services: Services, request: Request) -> Response:
-    """The caller's tenant's serving adapter: version, base model, checksums (304 when the
-    client has it)."""
-    served = await _serving(services.served_adapters, principal.tenant)
+async def get_model(
+    principal: CurrentPrincipal, services: Services, request: Request, install_id: InstallId = None
+) -> Response:
+    """The adapter the caller should serve: version, arm, base model, checksums (304 when the
+    client has it). While a canary runs, `install_id` puts the client on one arm."""
+    served = await _serving(services.served_adapters, principal.tenant, install_id)
     if served is None:
-        body: dict[str, Any] = {"version": None, "base_model": None, "checksum": None, "files": {}}
+        body: dict[str, Any] = {
+            "version": None,
+            "arm": SERVING_ARM,
+            "base_model": None,
+            "checksum": None,
+            "files": {},
+        }
         return Response(
             _json(body), media_type="application/json", headers={"Cache-Control": "no-cache"}
         )
@@ -66,13 +94,18 @@ async def get_model(principal: CurrentPrincipal, services: Services, request: Re
 
 @router.get("/v1/model/files/{name}")
 async def get_model_file(
-    principal: CurrentPrincipal, services: Services, request: Request, name: str
+    principal: CurrentPrincipal,
+    services: Services,
+    request: Request,
+    name: str,
+    install_id: InstallId = None,
 ) -> Response:
-    """One file of the caller's tenant's serving adapter, verified against its manifest (check
-    it against `GET /v1/model`; `X-Tabloop-Model-Version` names the version it belongs to)."""
+    """One file of the adapter the caller should serve (the same `install_id` as for
+    `GET /v1/model`), verified against its manifest (check it against `GET /v1/model`;
+    `X-Tabloop-Model-Version` names the version it belongs to)."""
     if name not in SERVED_FILES:
         raise HTTPException(404, f"not an adapter file: {name!r}")
-    served = await _serving(services.served_adapters, principal.tenant)
+    served = await _serving(services.served_adapters, principal.tenant, install_id)
     if served is None:
         raise HTTPException(404, "no adapter serves for this tenant: the base model does")
     digest = served.checksum if name == MANIFEST else str(served.manifest["files"][name])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from backend.adapters.canary import ModelCanaryJudge
 from backend.adapters.scheduler import AdapterScheduler
 from backend.metrics import Metrics
 from backend.policy.loop import TrainingScheduler
@@ -112,6 +113,11 @@ class BackendServices:
         )
         failover_s = settings.failover_s if settings.train else None
         adapter_schedule = settings.adapters if settings.adapters.enabled else None
+        # Adapter canaries are judged whenever this process trains, scheduled adapters or not:
+        # a version promoted by `tabloop model promote --tenant` is a canary too.
+        model_canary = ModelCanaryJudge(
+            storage, settings.cache_dir, settings.adapters.canary, settings.trainer
+        )
         return cls(
             storage=storage,
             settings=settings,
@@ -126,7 +132,7 @@ class BackendServices:
             ingest_stats=IngestRecorder(storage),
             request_rates=RequestRates(settings.request_rates),
             trainer=(
-                TrainingScheduler(storage, settings.trainer, registry)
+                TrainingScheduler(storage, settings.trainer, registry, model_canary)
                 if settings.train and failover_s is None
                 else None
             ),
@@ -138,6 +144,7 @@ class BackendServices:
                     failover_s=failover_s,
                     adapters=adapter_schedule,
                     cache_dir=settings.cache_dir,
+                    model_canary=model_canary,
                 )
                 if failover_s is not None
                 else None

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ from completion.adapters import CONFIG, MANIFEST, WEIGHTS, AdapterError, verify_
 from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
 
 CHECKED_FILES = (CONFIG, WEIGHTS)
+SERVING_ARM = "serving"
+CANARY_ARM = "canary"
 
 
 class AdapterUnavailable(Exception):
@@ -40,11 +42,14 @@ class ServedAdapter:
     checksum: str
     identities: dict[str, tuple[int, int, int, int]]
     """Per checked file: (inode, size, mtime_ns, ctime_ns) when it was hashed."""
+    arm: str = SERVING_ARM
+    """`canary` when the client asking is on a running canary's arm, else `serving`."""
 
     def describe(self) -> dict[str, Any]:
         """The body of `GET /v1/model`."""
         return {
             "version": self.name,
+            "arm": self.arm,
             "base_model": self.manifest.get("base_model"),
             "checksum": self.checksum,
             "files": {name: self.manifest["files"][name] for name in CHECKED_FILES},
@@ -80,9 +85,11 @@ class ServedAdapters:
         self.verifications = 0
         """How many times a version's files were hashed (a test reads it)."""
 
-    def serving(self, tenant: str) -> ServedAdapter | None:
-        """The tenant's serving version, verified; None when the base model serves.
-        `AdapterUnavailable` for a damaged version or registry."""
+    def serving(self, tenant: str, client: str | None = None) -> ServedAdapter | None:
+        """The version the tenant's client `client` (its installation's id) should serve,
+        verified: the canary on its share of clients while one runs (`arm` says which), else
+        the serving version; None when the base model serves. Without `client`, the serving
+        version. `AdapterUnavailable` for a damaged version or registry."""
         try:
             root = scope_dir(self.cache_dir, tenant=tenant)
         except ValueError:  # a tenant name that cannot name an adapter directory has none
@@ -91,14 +98,18 @@ class ServedAdapters:
         if not (root / "registry.json").is_file():
             return None
         try:
-            version = registry.serving()
+            version = registry.serving() if client is None else registry.serving_for(client)
+            canary = registry.canary() if client is not None else None
             if version is None:
                 return None
             name = registry.get(version).name
         except (AdapterRegistryError, OSError) as exc:
             reason = _redact(str(exc), root, self.cache_dir)
             raise AdapterUnavailable(f"the adapter registry is unreadable: {reason}") from None
-        return self._verify(name, root / name, root)
+        served = self._verify(name, root / name, root)
+        if canary is not None and canary.version == version:
+            return replace(served, arm=CANARY_ARM)
+        return served
 
     def _verify(self, name: str, directory: Path, root: Path) -> ServedAdapter:
         try:
