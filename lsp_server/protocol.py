@@ -47,28 +47,31 @@ TELEMETRY_ENABLED_NOTIFICATION = "tabloop/telemetryEnabled"
 """`TelemetryEnabledParams`: the editor's own telemetry switch changed."""
 
 NEXT_EDIT_REQUEST = "textDocument/copilotInlineEdit"
-"""Next-edit prediction under Copilot's name (so its clients work): `{textDocument: {uri,
-version}, position, context?: {triggerKind}}`; answers `{"edits": [item, ...]}`, the items of one
-prediction (one id, sorted, non-overlapping ranges in the document at that version), `[]` for no
-change or a stale version."""
+"""`NextEditParams`; answers `{"edits": [NextEditItem, ...]}` (`[]`: no change). Copilot's name, so
+clients that render Copilot's next edits work unchanged."""
 
-NEXT_EDIT_TABLOOP_REQUEST = "tabloop/nextEdit"
+TABLOOP_NEXT_EDIT_REQUEST = "tabloop/nextEdit"
 """The same request as `NEXT_EDIT_REQUEST`, under tabloop's own name."""
 
-NEXT_EDIT_SHOWN_NOTIFICATION = "textDocument/didShowInlineEdit"
-"""`{"item": item}` (Copilot's name): the editor displayed a next-edit prediction."""
+DID_SHOW_INLINE_EDIT_NOTIFICATION = "textDocument/didShowInlineEdit"
+"""`NextEditShownParams` (`{"item": NextEditItem}`): the editor displayed a predicted edit."""
 
-NEXT_EDIT_SHOWN_TABLOOP_NOTIFICATION = "tabloop/nextEditShown"
-"""The same notification as `NEXT_EDIT_SHOWN_NOTIFICATION`, under tabloop's own name."""
+NEXT_EDIT_SHOWN_NOTIFICATION = "tabloop/nextEditShown"
+"""The same notification as `DID_SHOW_INLINE_EDIT_NOTIFICATION`, under tabloop's own name."""
 
 NEXT_EDIT_REJECTED_NOTIFICATION = "tabloop/nextEditRejected"
-"""`{"id": id, "reason": "dismissed" | "typed" | "moved"}`: the prediction went unused."""
+"""`NextEditRejectedParams` (`{"id": ..., "reason": "dismissed" | "typed" | "moved"}`)."""
 
 ACCEPT_NEXT_EDIT_COMMAND = "tabloop.acceptNextEdit"
-"""`workspace/executeCommand`, arguments `[id]`: the editor applied a prediction's edits."""
+"""`workspace/executeCommand`, arguments `[id]`: the editor applied a predicted edit's items."""
+
+ACCEPT_NEXT_EDIT_TITLE = "Accept next edit"
+
+NEXT_EDIT_TIMINGS_REQUEST = "tabloop/nextEditTimings"
+"""No parameters; answers the recent `NextEditTiming`s, oldest first (for benchmarks)."""
 
 NEXT_EDIT_CAPABILITY = "nextEdit"
-"""`capabilities.experimental.tabloop.nextEdit = true` in `initialize`: next edits are served."""
+"""`capabilities.experimental.tabloop.nextEdit`: true when the server predicts next edits."""
 
 MODEL_PROGRESS_TITLE = "tabloop"
 """Title of the `$/progress` while the completion model loads."""
@@ -118,7 +121,64 @@ class SearchParams:
         return max(1, min(self.k or SEARCH_K_DEFAULT, SEARCH_K_MAX))
 
 
+@attrs.define
+class NextEditContext:
+    """`context` of a next-edit request: 1 invoked, 2 automatic (as inline completion's)."""
+
+    trigger_kind: int = 2
+
+
+@attrs.define
+class NextEditParams:
+    """`textDocument/copilotInlineEdit` and `tabloop/nextEdit`."""
+
+    text_document: types.VersionedTextDocumentIdentifier
+    position: types.Position
+    context: NextEditContext | None = None
+
+
+@attrs.define
+class NextEditItemId:
+    """The part of a shown item the server reads back: its prediction's id."""
+
+    id: str
+
+
+@attrs.define
+class NextEditShownParams:
+    """`textDocument/didShowInlineEdit` and `tabloop/nextEditShown`: `{"item": {"id": ...}}`;
+    only the item's id is read."""
+
+    item: NextEditItemId
+
+
+@attrs.define
+class NextEditRejectedParams:
+    """`tabloop/nextEditRejected`."""
+
+    id: str
+    reason: Literal["dismissed", "typed", "moved"] = "dismissed"
+
+
 # -- results ------------------------------------------------------------------------------------
+
+
+@attrs.define
+class NextEditItem:
+    """One edit of a prediction; every item of an answer shares the prediction's `id`."""
+
+    id: str
+    text_document: types.VersionedTextDocumentIdentifier
+    range: types.Range
+    text: str
+    command: types.Command
+
+
+@attrs.define
+class NextEditResult:
+    """The answer to a next-edit request: `edits: []` means no change."""
+
+    edits: list[NextEditItem] = attrs.field(factory=list)
 
 
 @attrs.define
@@ -171,6 +231,40 @@ class RequestTiming(TypedDict):
     retrieval_found: float
     action: str
     reason: str
+
+
+NextEditOutcome = Literal[
+    "shown",  # edits went back to the editor
+    "no_change",  # the answer was no change (`reason` says why, and whether the model ran)
+    "refused",  # the model's rewrite was refused by a guard (`reason`: which)
+    "cancelled",  # `$/cancelRequest`, a newer request, or an edit to the document
+    "stale",  # the request named an old version, or the document moved on meanwhile
+    "not_ready",  # no model yet, or next edits are turned off
+    "no_document",  # a document the editor never opened
+    "error",  # the handler failed (logged) and answered no change
+]
+"""How one next-edit request ended, as `NextEditTiming.outcome` reports it."""
+
+
+class NextEditTiming(TypedDict):
+    """One next-edit request, however it ended (`tabloop/nextEditTimings`)."""
+
+    request_id: str
+    outcome: NextEditOutcome
+    reason: str  # the predictor's reason (`completion.next_edit.predictor.Reason`), or ""
+    reached_model: bool
+    handler_ms: float
+    window_ms: float
+    prompt_ms: float
+    model_ms: float
+    diff_ms: float
+    window_lines: int
+    window_tokens: int
+    prompt_tokens: int
+    new_tokens: int
+    draft_tokens: int
+    draft_accepted: int
+    edits: int
 
 
 class ModelStatus(TypedDict):

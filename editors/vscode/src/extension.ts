@@ -13,6 +13,8 @@ import {
 } from 'vscode-languageclient/node';
 
 import { TabloopLanguageClient } from './inline';
+import { NextEditController } from './nextEdit';
+import { clientConnection } from './nextEditConnection';
 import {
   CONFIGURATION_SECTION,
   SEARCH_REQUEST,
@@ -95,6 +97,7 @@ export class TabloopExtension implements vscode.Disposable {
   launch: ServerLaunch | undefined;
   readonly statusItem: vscode.StatusBarItem;
   readonly output: vscode.LogOutputChannel;
+  readonly nextEdit: NextEditController;
   lastStatus: ServerStatus | undefined;
   private pollTimer: NodeJS.Timeout | undefined;
   private readonly disposables: vscode.Disposable[] = [];
@@ -109,7 +112,9 @@ export class TabloopExtension implements vscode.Disposable {
     this.statusItem = vscode.window.createStatusBarItem('tabloop.status', vscode.StatusBarAlignment.Right, 100);
     this.statusItem.name = 'tabloop';
     this.statusItem.command = COMMANDS.showStatus;
+    this.nextEdit = new NextEditController(clientConnection(() => this.client));
     this.disposables.push(
+      this.nextEdit,
       this.output,
       this.statusItem,
       vscode.commands.registerCommand(COMMANDS.toggleSuggestions, () => this.toggleSuggestions()),

@@ -85,6 +85,9 @@ export class Uri {
 
 export class Position {
   constructor(readonly line: number, readonly character: number) {}
+  isEqual(other: Position): boolean {
+    return this.line === other.line && this.character === other.character;
+  }
 }
 
 export class Range {
@@ -101,7 +104,30 @@ export class Range {
   }
 }
 
-export class Selection extends Range {}
+export class Selection extends Range {
+  readonly anchor: Position;
+  readonly active: Position;
+  constructor(anchor: Position, active: Position) {
+    const before = anchor.line < active.line || (anchor.line === active.line && anchor.character <= active.character);
+    super(before ? anchor : active, before ? active : anchor);
+    this.anchor = anchor;
+    this.active = active;
+  }
+  get isEmpty(): boolean {
+    return this.anchor.isEqual(this.active);
+  }
+}
+
+/** Edits to apply together (`workspace.applyEdit`): replacements by document URI. */
+export class WorkspaceEdit {
+  readonly edits: { uri: Uri; range: Range; text: string }[] = [];
+  replace(uri: Uri, range: Range, text: string): void {
+    this.edits.push({ uri, range, text });
+  }
+  insert(uri: Uri, position: Position, text: string): void {
+    this.edits.push({ uri, range: new Range(position, position), text });
+  }
+}
 
 export class ThemeColor {
   constructor(readonly id: string) {}
@@ -111,6 +137,10 @@ export class MarkdownString {
   constructor(public value = '', public supportThemeIcons = false) {}
   appendMarkdown(value: string): this {
     this.value += value;
+    return this;
+  }
+  appendCodeblock(code: string, language = ''): this {
+    this.value += `\n\`\`\`${language}\n${code}\n\`\`\`\n`;
     return this;
   }
 }
@@ -205,7 +235,61 @@ function freshState() {
     telemetryEnabled: true,
     telemetryEmitter: new EventEmitter<boolean>(),
     configurationEmitter: new EventEmitter<{ affectsConfiguration(section: string): boolean }>(),
+    changeEmitter: new EventEmitter<TextDocumentChangeEvent>(),
+    selectionEmitter: new EventEmitter<{ textEditor: TextEditor; selections: Selection[]; kind: number | undefined }>(),
+    activeEditorEmitter: new EventEmitter<TextEditor | undefined>(),
+    /** Context keys set with the `setContext` command. */
+    context: new Map<string, unknown>(),
+    decorationTypes: [] as DecorationType[],
+    appliedEdits: [] as WorkspaceEdit[],
   };
+}
+
+export interface TextDocumentChangeEvent {
+  document: TextDocument;
+  contentChanges: { range: Range; rangeOffset: number; rangeLength: number; text: string }[];
+  reason: undefined;
+}
+
+/** A decoration type; what editors drew with it is on each `TextEditor.decorations`. */
+export class DecorationType {
+  private static next = 0;
+  readonly key = `decoration-${DecorationType.next++}`;
+  disposed = false;
+  constructor(readonly options: unknown) {}
+  dispose(): void {
+    this.disposed = true;
+  }
+}
+
+/** An editor on a document: selection, visible ranges, decorations drawn (by type key), reveals. */
+export class TextEditor {
+  private current: Selection;
+  readonly decorations = new Map<string, { range: Range; renderOptions?: unknown; hoverMessage?: unknown }[]>();
+  readonly reveals: Range[] = [];
+  constructor(
+    readonly document: TextDocument,
+    public visibleRanges: Range[] = [new Range(0, 0, Math.max(0, document.lineCount - 1), 0)],
+  ) {
+    this.current = new Selection(new Position(0, 0), new Position(0, 0));
+  }
+  get selection(): Selection {
+    return this.current;
+  }
+  /** Like VS Code's: moving the selection fires `onDidChangeTextEditorSelection`. */
+  set selection(selection: Selection) {
+    this.current = selection;
+    mock.state.selectionEmitter.fire({ textEditor: this, selections: [selection], kind: undefined });
+  }
+  get selections(): Selection[] {
+    return [this.current];
+  }
+  setDecorations(type: DecorationType, options: { range: Range }[]): void {
+    this.decorations.set(type.key, options);
+  }
+  revealRange(range: Range): void {
+    this.reveals.push(range);
+  }
 }
 
 export interface InlineProvider {
@@ -217,7 +301,7 @@ export interface InlineProvider {
   ): Promise<InlineCompletionList | InlineCompletionItem[] | undefined | null>;
 }
 
-/** A text document held in memory: enough for the language client's document sync. */
+/** A text document held in memory: enough for the language client's document sync and for edits. */
 export class TextDocument {
   version = 1;
   isClosed = false;
@@ -231,8 +315,38 @@ export class TextDocument {
   get lineCount(): number {
     return this.text.split('\n').length;
   }
-  getText(): string {
-    return this.text;
+  getText(range?: Range): string {
+    return range ? this.text.slice(this.offsetAt(range.start), this.offsetAt(range.end)) : this.text;
+  }
+  offsetAt(position: Position): number {
+    const lines = this.text.split('\n');
+    const line = Math.min(Math.max(position.line, 0), lines.length - 1);
+    let offset = 0;
+    for (let i = 0; i < line; i += 1) offset += lines[i]!.length + 1;
+    return offset + Math.min(Math.max(position.character, 0), lines[line]!.length);
+  }
+  positionAt(offset: number): Position {
+    const before = this.text.slice(0, Math.min(Math.max(offset, 0), this.text.length));
+    const line = before.split('\n').length - 1;
+    return new Position(line, before.length - before.lastIndexOf('\n') - 1);
+  }
+  lineAt(line: number): { text: string; range: Range } {
+    const text = this.text.split('\n')[line] ?? '';
+    return { text, range: new Range(line, 0, line, text.length) };
+  }
+  /** Replaces ranges of the current text (given in any order), bumps the version and fires the change event. */
+  applyChanges(changes: { range: Range; text: string }[]): void {
+    const ordered = [...changes].sort((a, b) => this.offsetAt(b.range.start) - this.offsetAt(a.range.start));
+    const contentChanges = ordered.map(({ range, text }) => {
+      const rangeOffset = this.offsetAt(range.start);
+      const rangeLength = this.offsetAt(range.end) - rangeOffset;
+      return { range, rangeOffset, rangeLength, text };
+    });
+    for (const change of contentChanges) {
+      this.text = this.text.slice(0, change.rangeOffset) + change.text + this.text.slice(change.rangeOffset + change.rangeLength);
+    }
+    this.version += 1;
+    mock.state.changeEmitter.fire({ document: this, contentChanges, reason: undefined });
   }
 }
 
@@ -310,6 +424,8 @@ export const mock = {
     mock.state = freshState();
     workspace.textDocuments = [];
     workspace.workspaceFolders = undefined;
+    window.activeTextEditor = undefined;
+    window.visibleTextEditors = [];
   },
   setConfig(scope: 'defaults' | 'global' | 'workspace', key: string, value: unknown): void {
     mock.state.config[scope].set(key, value);
@@ -321,6 +437,22 @@ export const mock = {
     workspace.textDocuments.push(document);
     mock.state.documentEmitter.fire(document);
     return document;
+  },
+  /** Shows `document` in the active editor (`visibleRanges` defaults to the whole document). */
+  showEditor(document: TextDocument, visibleRanges?: Range[]): TextEditor {
+    const editor = new TextEditor(document, visibleRanges);
+    window.activeTextEditor = editor;
+    window.visibleTextEditors = [editor];
+    mock.state.activeEditorEmitter.fire(editor);
+    return editor;
+  },
+  /** Types `text` at the cursor of `editor`, as a keystroke would: the document changes, then the cursor moves. */
+  type(editor: TextEditor, text: string): void {
+    const at = editor.selection.active;
+    const offset = editor.document.offsetAt(at);
+    editor.document.applyChanges([{ range: new Range(at, at), text }]);
+    const after = editor.document.positionAt(offset + text.length);
+    editor.selection = new Selection(after, after);
   },
   setWorkspaceFolders(paths: string[]): void {
     workspace.workspaceFolders = paths.map((p, index) => ({ uri: Uri.file(p), name: path.basename(p), index }));
@@ -386,7 +518,9 @@ export const workspace = {
     return mock.state.documentEmitter.event;
   },
   onDidCloseTextDocument: noop,
-  onDidChangeTextDocument: noop,
+  get onDidChangeTextDocument() {
+    return mock.state.changeEmitter.event;
+  },
   onDidSaveTextDocument: noop,
   onWillSaveTextDocument: noop,
   onDidChangeWorkspaceFolders: noop,
@@ -407,7 +541,15 @@ export const workspace = {
     dispose: () => undefined,
   }),
   registerTextDocumentContentProvider: noop,
-  applyEdit: () => Promise.resolve(true),
+  /** Applies the edits to the open documents they name, each document's at once. */
+  applyEdit: (edit: WorkspaceEdit) => {
+    mock.state.appliedEdits.push(edit);
+    for (const document of workspace.textDocuments as TextDocument[]) {
+      const changes = edit.edits.filter((e) => e.uri.toString() === document.uri.toString());
+      if (changes.length) document.applyChanges(changes);
+    }
+    return Promise.resolve(true);
+  },
   asRelativePath: (target: Uri | string): string => {
     const fsPath = typeof target === 'string' ? target : target.fsPath;
     const folder = workspace.workspaceFolders?.find((f) => fsPath.startsWith(f.uri.fsPath + path.sep));
@@ -420,10 +562,20 @@ export const workspace = {
 };
 
 export const window = {
-  activeTextEditor: undefined as unknown,
+  activeTextEditor: undefined as TextEditor | undefined,
   visibleTextEditors: [] as unknown[],
   tabGroups: { all: [], onDidChangeTabs: noop, onDidChangeTabGroups: noop },
-  onDidChangeActiveTextEditor: noop,
+  get onDidChangeActiveTextEditor() {
+    return mock.state.activeEditorEmitter.event;
+  },
+  get onDidChangeTextEditorSelection() {
+    return mock.state.selectionEmitter.event;
+  },
+  createTextEditorDecorationType: (options: unknown) => {
+    const type = new DecorationType(options);
+    mock.state.decorationTypes.push(type);
+    return type;
+  },
   onDidChangeVisibleTextEditors: noop,
   showErrorMessage: (message: string, ...rest: unknown[]) => record('error', message, rest),
   showWarningMessage: (message: string, ...rest: unknown[]) => record('warning', message, rest),
@@ -475,6 +627,7 @@ export const commands = {
   },
   executeCommand: async (command: string, ...args: unknown[]) => {
     mock.state.executed.push({ command, args });
+    if (command === 'setContext') mock.state.context.set(args[0] as string, args[1]);
     return mock.state.commands.get(command)?.(...args);
   },
 };
