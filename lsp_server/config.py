@@ -30,10 +30,12 @@ from pydantic.alias_generators import to_camel
 from common import config as layered
 from common.config import Layer, SharedSettings
 from common.endpoint import MOVED_KEYS, BackendSection
+from completion.next_edit.settings import NextEditSettings
 from completion.policy_settings import PolicySettings
 from completion.settings import CompletionSettings
 from indexer.settings import IndexSettings
 from telemetry.settings import TelemetrySettings
+from training.settings import TrainingLoopSettings
 
 
 class Settings(BackendSection, SharedSettings):
@@ -52,9 +54,11 @@ class Settings(BackendSection, SharedSettings):
         ),
     )
     completion: CompletionSettings = Field(default_factory=CompletionSettings)
+    next_edit: NextEditSettings = Field(default_factory=NextEditSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    training: TrainingLoopSettings = Field(default_factory=TrainingLoopSettings)
 
     @model_validator(mode="after")
     def _telemetry_sends_to_the_backend(self) -> Settings:

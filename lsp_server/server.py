@@ -58,6 +58,8 @@ class Hooks:
     """Extension points between features. Callbacks run on the event loop and must not block."""
 
     decision: list[Callable[[Decision, CompletionRequest], None]] = field(default_factory=list)
+    # A completion request began (True) or its handler ended (False), however it ended.
+    completion: list[Callable[[bool], None]] = field(default_factory=list)
     accept: list[Callable[[str, list[Any]], None]] = field(default_factory=list)
     outcome: list[Callable[[OutcomeEvent], None]] = field(default_factory=list)
     retention: list[Callable[[RetentionEvent], None]] = field(default_factory=list)
@@ -269,6 +271,14 @@ class TabloopServer(LanguageServer):
     def end_request(self, uri: str, token: CancelToken) -> None:
         if self.in_flight.get(uri) is token:
             del self.in_flight[uri]
+
+    def completion_activity(self, active: bool) -> None:
+        """A completion request began (`active`) or ended: the `completion` hooks hear it."""
+        for hook in self.hooks.completion:
+            try:
+                hook(active)
+            except Exception:
+                log.exception("completion hook failed")
 
     def remember(self, decision: Decision, request: CompletionRequest) -> None:
         """Keep a decision for the accept command and tell the features."""

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lsp_server import config
+from training.background import ProgressLog
 from training.budget import Budget, parse_duration
 from training.examples import split_files, workspace_files
 from training.feedback import FEEDBACK_FILE, FeedbackStore
@@ -128,6 +129,11 @@ def train_model_main(argv: list[str]) -> int:
     parser.add_argument("--promote", action="store_true", help="promote if the evaluation allows")
     parser.add_argument("--fresh", action="store_true", help="discard an unfinished run")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    parser.add_argument(
+        "--progress-file",
+        help="append each step, and the turn to judging, to this file as a JSON object a line "
+        "(what the language server's background runs read)",
+    )
     parser.add_argument("--db", help="tenant: the backend's database URL")
     parser.add_argument(
         "--min-examples",
@@ -165,6 +171,13 @@ def train_model_main(argv: list[str]) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
     feedback = FeedbackStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
     bar = _Bar(enabled=not args.json)
+    steps = ProgressLog(Path(args.progress_file)) if args.progress_file else None
+
+    def on_progress(progress: Progress) -> None:
+        bar(progress)
+        if steps is not None:
+            steps.training(progress)
+
     model = args.model or settings.completion.model
     try:
         result, held_out = train_workspace(
@@ -176,7 +189,7 @@ def train_model_main(argv: list[str]) -> int:
             settings=train_settings,
             feedback=feedback,
             exclude=settings.index.exclude,
-            on_progress=bar,
+            on_progress=on_progress,
             device=args.device,
             registry=registry,
             window=window,
@@ -199,6 +212,8 @@ def train_model_main(argv: list[str]) -> int:
     if unattributed := feedback.unattributed():
         report["feedback_without_workspace"] = unattributed
     if args.eval_n > 0 and held_out:
+        if steps is not None:
+            steps.judging()
         report["evaluation"] = _evaluate(
             registry,
             record.version,
@@ -216,6 +231,8 @@ def train_model_main(argv: list[str]) -> int:
         except AdapterRegistryError as exc:
             report["not_promoted"] = str(exc)
     feedback.close()
+    if steps is not None:
+        steps.close()
     _print(report, args.json)
     return 0
 

@@ -131,6 +131,12 @@ class FeedbackStore:
     def count(self) -> int:
         return int(self._scalar("SELECT COUNT(*) FROM feedback WHERE workspace IS ?"))
 
+    def count_after(self, row_id: int) -> int:
+        """This workspace's rows newer than `row_id` (what came in since a mark or a run)."""
+        return int(
+            self._scalar("SELECT COUNT(*) FROM feedback WHERE workspace IS ? AND id > ?", row_id)
+        )
+
     def unattributed(self) -> int:
         """Rows of no workspace (kept before rows carried one): never read by a workspace."""
         with self._lock:

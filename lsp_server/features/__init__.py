@@ -19,6 +19,7 @@ from lsp_server.features import (
     retrieval,
     session,
     telemetry,
+    training_loop,
 )
 from lsp_server.server import TabloopServer
 
@@ -38,4 +39,5 @@ def create_server() -> TabloopServer:
     index.register(server)
     learning.register(server)
     adapters.register(server)
+    training_loop.register(server)  # after adapters: it asks them to look at a promotion
     return server

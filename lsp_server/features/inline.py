@@ -71,6 +71,7 @@ async def decide(
     in `ls.request_timings`, saying how it ended."""
     ls.counters.requests += 1
     record = _Record(str(ls.protocol.msg_id or ""), time.perf_counter())
+    ls.completion_activity(True)
     try:
         return await _decide(ls, uri, position, trigger, typing, record)
     except asyncio.CancelledError:
@@ -81,6 +82,7 @@ async def decide(
         raise
     finally:
         ls.request_timings.append(record.timing())
+        ls.completion_activity(False)
 
 
 async def _decide(

@@ -1,0 +1,449 @@
+"""The server trains the workspace's next adapter by itself, in a child process that yields.
+
+Once the model has loaded, every `training.checkEveryS` the loop looks whether a run is due
+(`training.background.wait_reason`): enough new material (feedback rows after the serving
+version's mark and the last run, or code files changed since the last run), the minimum
+interval since the last run, no completion asked for in `training.idleS`, and the machine's load
+below `training.maxLoad`. A run a server left unfinished (stopped, killed, or its server gone)
+resumes from its checkpoint as soon as the editor and the machine are idle.
+
+A run is `tabloop train model --workspace ROOT --promote --json` in a process of its own
+(`training.background.TrainingChild`): the lowest CPU priority, `training.threads` threads, its
+resident memory watched against `training.maxMemoryMb` (over it, it is stopped and resumes
+later). While a completion request is served, and until `training.pauseAfterMs` after the last
+one, it is paused (SIGSTOP) and then continued. Its steps and phases come back as `$/progress`
+(training, judging, promoted or not) and as the `training` part of `tabloop/status`. When it
+promotes a version, the adapters feature looks at the registry at once, so the new version
+serves without waiting for its next poll. At shutdown the child is continued and stopped, never
+left paused; its checkpoints stay for the next server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from lsp_server.config import Settings
+from lsp_server.features.adapters import AdapterFeature
+from lsp_server.features.learning import LearningFeature
+from lsp_server.progress import WorkDoneProgress
+from lsp_server.server import TabloopServer
+from training.background import (
+    FAILED,
+    INTERRUPTED,
+    LOCK_FILE,
+    LOG_FILE,
+    OVER_MEMORY,
+    PROGRESS_FILE,
+    PROMOTED,
+    REPORT_FILE,
+    STATE_DIR,
+    STATE_FILE,
+    Activity,
+    LoopRecord,
+    Material,
+    ProgressReader,
+    TrainingChild,
+    WorkspaceLock,
+    child_environment,
+    load_per_core,
+    outcome_of_report,
+    stop_orphan,
+    train_command,
+    wait_reason,
+)
+from training.examples import workspace_files
+from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
+from training.window import mark_of
+from training.workspace import PLAN_FILE
+
+log = logging.getLogger(__name__)
+
+TRAINING_PROGRESS_TITLE = "tabloop training"
+TRAINING_PROGRESS_TOKEN_PREFIX = "tabloop-training-"
+WATCH_S = 1.0
+"""How often a running child's progress, exit and memory are looked at."""
+
+
+class TrainingLoopFeature:
+    """Starts, pauses, continues, watches and stops the workspace's background training run."""
+
+    def __init__(self, server: TabloopServer) -> None:
+        self.server = server
+        self.child: TrainingChild | None = None
+        self.record = LoopRecord()
+        self.state_dir: Path | None = None
+        self.registry: AdapterRegistry | None = None
+        self.lock: WorkspaceLock | None = None
+        self.off_reason: str | None = "not initialized"
+        self.waiting_for = "the completion model to load"
+        self.phase = ""  # training, judging: what the child says it does
+        self.last_step: dict[str, Any] = {}
+        self.pauses = 0
+        self._ready = False
+        self._active = 0  # completion requests in flight
+        self._last_request: float | None = None  # monotonic
+        self._next_check: float | None = None  # monotonic
+        self._check_timer: asyncio.TimerHandle | None = None
+        self._resume_timer: asyncio.TimerHandle | None = None
+        self._checking = False
+        self._reader: ProgressReader | None = None
+        self._progress: WorkDoneProgress | None = None
+
+    # --- settings and lifecycle ---
+
+    def why_off(self, settings: Settings) -> str | None:
+        """Why the loop cannot run with these settings (None: it may)."""
+        completion = settings.completion
+        if not settings.training.auto:
+            return "training.auto is off"
+        if self.server.workspace_root is None:
+            return "the server has no workspace root"
+        if completion.runner == "http":
+            return "the http runner's model is not on this machine to train"
+        if completion.adapter:
+            return "completion.adapter names the adapter that serves"
+        if completion.adapter_source == "backend":
+            return "the backend's adapter serves (completion.adapterSource is backend)"
+        if importlib.util.find_spec("peft") is None:
+            return "peft is not installed (pip install 'tabloop[train]')"
+        return None
+
+    def on_settings(self, settings: Settings) -> None:
+        root = self.server.workspace_root
+        state_dir = (
+            scope_dir(settings.cache_path(), workspace=root) / STATE_DIR
+            if root is not None
+            else None
+        )
+        if state_dir != self.state_dir and self.child is None:
+            self.state_dir = state_dir
+            self.registry = AdapterRegistry(state_dir.parent) if state_dir is not None else None
+            self.lock = WorkspaceLock(state_dir / LOCK_FILE) if state_dir is not None else None
+            self.record = LoopRecord.load(state_dir / STATE_FILE) if state_dir else LoopRecord()
+        self.off_reason = self.why_off(settings)
+        if self.off_reason is not None:
+            if self.child is not None:
+                self.server.run_task(self._stop(INTERRUPTED, "turned off"), "training-stop")
+            self._cancel_check()
+        elif self._ready and self._check_timer is None:
+            self._schedule_check(0.0)
+
+    def on_ready(self) -> None:
+        """The model loaded: the loop starts looking (not before, so as not to slow the load)."""
+        self._ready = True
+        if self.off_reason is None and self.child is None:
+            self.waiting_for = "the first look"
+            self._schedule_check(0.0)
+
+    def on_shutdown(self) -> None:
+        self._cancel_check()
+        if self._resume_timer is not None:
+            self._resume_timer.cancel()
+        child = self.child
+        if child is not None:
+            code = child.stop(INTERRUPTED)
+            self._finished(child, code)
+
+    # --- yielding to typing ---
+
+    def on_completion(self, active: bool) -> None:
+        """A completion request began or ended: pause the child at once, continue it when the
+        editor has been quiet for `training.pauseAfterMs`."""
+        self._last_request = time.monotonic()
+        if self._resume_timer is not None:
+            self._resume_timer.cancel()
+            self._resume_timer = None
+        if active:
+            self._active += 1
+            if self.child is not None and not self.child.paused:
+                self.child.pause()
+                self.pauses += 1
+            return
+        self._active = max(0, self._active - 1)
+        if self._active == 0 and self.child is not None:
+            delay = self.server.settings.training.pause_after_ms / 1000
+            self._resume_timer = asyncio.get_running_loop().call_later(delay, self._continue)
+
+    def _continue(self) -> None:
+        self._resume_timer = None
+        if self._active == 0 and self.child is not None:
+            self.child.resume()
+
+    # --- when a run is due ---
+
+    def _schedule_check(self, delay: float) -> None:
+        self._cancel_check()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._next_check = time.monotonic() + delay
+        self._check_timer = loop.call_later(
+            delay, lambda: self.server.run_task(self.check(), "training-check")
+        )
+
+    def _cancel_check(self) -> None:
+        if self._check_timer is not None:
+            self._check_timer.cancel()
+        self._check_timer = None
+        self._next_check = None
+
+    async def check(self) -> None:
+        """Start a run if one is due; then look again in `training.checkEveryS`."""
+        self._check_timer = None
+        self._next_check = None
+        if self._checking or self.child is not None or self.off_reason is not None:
+            return
+        self._checking = True
+        loop = asyncio.get_running_loop()
+        try:
+            material = await loop.run_in_executor(None, self._material)
+            since = None if self._last_request is None else time.monotonic() - self._last_request
+            activity = Activity(self._active, since, load_per_core())
+            settings = self.server.settings.training
+            reason = wait_reason(settings, material, activity, self.record, time.time())
+            if reason is None:
+                reason = await loop.run_in_executor(None, self._take_workspace)
+            if reason is None and self.off_reason is None and self.child is None:
+                self._start(resuming=material.unfinished)
+            else:
+                self.waiting_for = reason or ""
+        except Exception:
+            log.warning("could not look whether a training run is due", exc_info=True)
+        finally:
+            self._checking = False
+            if self.child is None and self.off_reason is None:
+                self._schedule_check(self.server.settings.training.check_every_s)
+
+    def _material(self) -> Material:
+        """What is new since the last run (reads the disk: off the event loop)."""
+        registry, root = self.registry, self.server.workspace_root
+        assert registry is not None and root is not None
+        unfinished = (registry.root / RUN_DIR / PLAN_FILE).is_file()
+        since = self.record.feedback_upto
+        try:
+            serving = registry.serving()
+            mark = mark_of(registry.get(serving).train) if serving is not None else None
+        except AdapterRegistryError:
+            mark = None  # the run will say what is wrong with the registry
+        if mark is not None:
+            since = max(since, mark[1])
+        learning = self.server.find_feature(LearningFeature)
+        store = learning.store if learning is not None else None
+        new_feedback = store.count_after(since) if store is not None else 0
+        settings = self.server.settings.training
+        changed = 0
+        if new_feedback < settings.min_new_feedback and not unfinished:
+            started = self.record.last_started
+            files = workspace_files(root, self.server.settings.index.exclude)
+            changed = sum(1 for rel in files if started is None or _mtime(root / rel) > started)
+        return Material(new_feedback, changed, unfinished)
+
+    def _take_workspace(self) -> str | None:
+        """Hold the workspace's lock, and stop a run its last server left running; None when
+        this server may train, else why not."""
+        assert self.lock is not None and self.state_dir is not None
+        if not self.lock.acquire():
+            return "another tabloop server training this workspace"
+        self.record = LoopRecord.load(self.state_dir / STATE_FILE)
+        if stop_orphan(self.record.pid, self.record.pid_created):
+            self.record.outcome, self.record.reason = INTERRUPTED, "its server ended"
+        return None
+
+    # --- the run ---
+
+    def _start(self, *, resuming: bool) -> None:
+        settings, root, state_dir = self.server.settings, self.server.workspace_root, self.state_dir
+        assert root is not None and state_dir is not None
+        progress_file = state_dir / PROGRESS_FILE
+        progress_file.unlink(missing_ok=True)
+        command = train_command(
+            root, settings.training, model=settings.completion.model, progress_file=progress_file
+        )
+        env = child_environment(
+            os.environ, settings.training.threads, settings.cache_path(), settings.index.exclude
+        )
+        learning = self.server.find_feature(LearningFeature)
+        store = learning.store if learning is not None else None
+        upto = store.last_id() if store is not None else self.record.feedback_upto
+        try:
+            child = TrainingChild.launch(
+                command, env=env, stdout=state_dir / REPORT_FILE, stderr=state_dir / LOG_FILE
+            )
+        except OSError as exc:
+            log.warning("could not start training: %s", exc)
+            self._release()
+            return
+        record = self.record
+        if not resuming:  # a resumed run keeps the start and the data it was planned with
+            record.last_started, record.feedback_upto = time.time(), upto
+        record.outcome, record.reason, record.version = None, "", None
+        record.pid, record.pid_created = child.pid, child.created
+        record.save(state_dir / STATE_FILE)
+        log.info(
+            "%s training in the background (process %d)", "resuming" if resuming else "started",
+            child.pid,
+        )  # fmt: skip
+        self.child, self.phase, self.last_step, self.waiting_for = child, "training", {}, ""
+        self._reader = ProgressReader(progress_file)
+        self._progress = WorkDoneProgress(
+            self.server, TRAINING_PROGRESS_TOKEN_PREFIX, TRAINING_PROGRESS_TITLE
+        )
+        self.server.run_task(
+            self._progress.begin("resuming" if resuming else "training"), "training-progress"
+        )
+        self.server.run_task(self._watch(child), "training-watch")
+
+    async def _watch(self, child: TrainingChild) -> None:
+        """Follow the child until it ends: its progress, and its memory against the cap."""
+        loop = asyncio.get_running_loop()
+        while self.child is child:
+            self._read_progress()
+            code = child.poll()
+            if code is not None:
+                self._finished(child, code)
+                return
+            cap = self.server.settings.training.max_memory_mb
+            rss = child.rss_bytes()
+            if cap and rss > cap * 1024 * 1024:
+                log.warning(
+                    "stopping training: %d MB resident, over training.maxMemoryMb %d",
+                    rss // (1024 * 1024),
+                    cap,
+                )
+                code = await loop.run_in_executor(None, child.stop, OVER_MEMORY)
+                self._finished(child, code)
+                return
+            await asyncio.sleep(WATCH_S)
+
+    async def _stop(self, why: str, detail: str) -> None:
+        child = self.child
+        if child is not None:
+            log.info("stopping training: %s", detail)
+            code = await asyncio.get_running_loop().run_in_executor(None, child.stop, why)
+            self._finished(child, code)
+
+    def _read_progress(self) -> None:
+        if self._reader is None:
+            return
+        for entry in self._reader.new():
+            phase = str(entry.get("phase", ""))
+            if phase == "training":
+                self.last_step = {k: entry.get(k) for k in ("step", "samples", "fraction")}
+                fraction = float(entry.get("fraction") or 0.0)
+                if self._progress is not None:
+                    self._progress.report(
+                        f"step {entry.get('step')}, {entry.get('samples')} samples",
+                        int(fraction * 100),
+                    )
+            elif phase == "judging" and self._progress is not None:
+                self._progress.report("judging against the serving version")
+            self.phase = phase or self.phase
+
+    def _finished(self, child: TrainingChild, code: int) -> None:
+        """Record how the run ended; tell the adapters feature when it promoted a version."""
+        if self.child is not child:
+            return
+        self._read_progress()
+        self.child, self.phase = None, ""
+        record = self.record
+        report = self._report() if code == 0 else None
+        if report is not None:
+            record.outcome, record.reason = outcome_of_report(report)
+            record.version = report.get("version")
+            training = report.get("training") or {}
+            record.resumed_from_step = training.get("resumed_from_step")
+            record.steps = training.get("steps")
+        elif child.stopped_for is not None:
+            record.outcome, record.reason = child.stopped_for, ""
+        elif code < 0:
+            record.outcome, record.reason = INTERRUPTED, f"ended by signal {-code}"
+        else:
+            record.outcome, record.reason = FAILED, self._last_log_line(code)
+        record.last_ended, record.pid, record.pid_created = time.time(), None, None
+        if self.state_dir is not None:
+            record.save(self.state_dir / STATE_FILE)
+        self._release()
+        log.info("training ended: %s %s", record.outcome, record.reason)
+        if self._progress is not None:
+            ended = record.outcome or ""
+            if record.outcome == PROMOTED or report is not None:
+                ended = f"{ended} {record.version}: {record.reason}"
+            self._progress.end(ended)
+            self._progress = None
+        if record.outcome == PROMOTED:
+            adapters = self.server.find_feature(AdapterFeature)
+            if adapters is not None:
+                adapters._poll_now()  # serve it now, not at the next poll
+        if self.off_reason is None:
+            self._schedule_check(self.server.settings.training.check_every_s)
+
+    def _report(self) -> dict[str, Any] | None:
+        assert self.state_dir is not None
+        try:
+            report = json.loads((self.state_dir / REPORT_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return report if isinstance(report, dict) else None
+
+    def _last_log_line(self, code: int) -> str:
+        assert self.state_dir is not None
+        with contextlib.suppress(OSError):
+            lines = (self.state_dir / LOG_FILE).read_text(errors="replace").strip().splitlines()
+            if lines:
+                return lines[-1][-300:]
+        return f"exit status {code}"
+
+    def _release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    # --- status ---
+
+    def state(self) -> str:
+        if self.off_reason is not None:
+            return "off"
+        if self.child is None:
+            return "waiting"
+        if self.child.paused:
+            return "paused"
+        return "judging" if self.phase == "judging" else "training"
+
+    def status_parts(self) -> dict[str, Any]:
+        state = self.state()
+        part: dict[str, Any] = {
+            "state": state,
+            "reason": self.off_reason if state == "off" else self.waiting_for,
+            "lastRun": self.record.summary(),
+            "nextCheckInS": (
+                round(max(0.0, self._next_check - time.monotonic()), 1)
+                if self._next_check is not None
+                else None
+            ),
+        }
+        if self.child is not None:
+            part["run"] = {"pid": self.child.pid, "pauses": self.pauses, **self.last_step}
+        return {"training": part}
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def register(server: TabloopServer) -> None:
+    feature = server.add_feature(TrainingLoopFeature(server))
+    server.hooks.settings.append(feature.on_settings)
+    server.hooks.ready.append(feature.on_ready)
+    server.hooks.completion.append(feature.on_completion)
+    server.hooks.shutdown.append(feature.on_shutdown)

@@ -1,0 +1,237 @@
+"""The real server trains the workspace's next adapter by itself, yields to typing, and resumes
+a killed run after a restart.
+
+Each test starts `python -m lsp_server --stdio` with the tiny model and a training section whose
+thresholds are tiny, so a run starts at once; the run is the real `tabloop train model` in a
+child process. What the child does is read from /proc (its state, `T` when stopped) and from
+`tabloop/status`; waits end on what they wait for, with a generous limit only against hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import sysconfig
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from lsprotocol import types
+from pytest_lsp import LanguageClient
+from pytest_lsp.client import make_test_lsp_client
+
+from lsp_server.protocol import plain
+from tests.lsp_server.conftest import load_profile
+from training.background import INTERRUPTED, STATE_DIR, STATE_FILE
+from training.registry import RUN_DIR, scope_dir
+from training.trainer import CHECKPOINTS
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+SOURCE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+WAIT_S = 300.0  # not stuck: loading, converting and training the tiny model on a busy CPU
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A small real workspace: the standard library's `json` package."""
+    root = tmp_path / "ws"
+    shutil.copytree(Path(sysconfig.get_paths()["stdlib"]) / "json", root / "json")
+    shutil.rmtree(root / "json" / "__pycache__", ignore_errors=True)
+    (root / "arith.py").write_text(SOURCE, encoding="utf-8")
+    return root
+
+
+def options(cache: Path, model: Path, **training: Any) -> dict[str, Any]:
+    return {
+        "cacheDir": str(cache),
+        "completion": {"model": str(model), "engine": "torch", "maxNewTokens": 4},
+        "policy": {"showFloor": 1.0},
+        "index": {"enabled": False},
+        "telemetry": {"level": "off"},
+        "training": {
+            "minChangedFiles": 1,
+            "idleS": 0,
+            "maxLoad": 1000,
+            "checkEveryS": 0.2,
+            "checkpointEvery": 1,
+            "evalCursors": 1,
+            "maxMemoryMb": 0,
+            **training,
+        },
+    }
+
+
+async def start(workspace: Path, init: dict[str, Any]) -> LanguageClient:
+    client = make_test_lsp_client()
+    await client.start_io(sys.executable, "-m", "lsp_server", "--stdio", env=dict(os.environ))
+    await client.initialize_session(
+        types.InitializeParams(
+            capabilities=load_profile("vscode").capabilities,
+            root_uri=workspace.as_uri(),
+            initialization_options=init,
+        )
+    )
+    return client
+
+
+@pytest.fixture
+async def clients() -> AsyncIterator[list[LanguageClient]]:
+    """Clients the test starts; any still running at the end are shut down."""
+    started: list[LanguageClient] = []
+    yield started
+    for client in started:
+        server = client._server
+        if server is not None and server.returncode is None:
+            await client.shutdown_session()
+        await client.stop()
+
+
+async def status(client: LanguageClient) -> dict[str, Any]:
+    result: dict[str, Any] = plain(await client.protocol.send_request_async("tabloop/status", {}))
+    return result
+
+
+async def until(
+    client: LanguageClient, test: Callable[[dict[str, Any]], bool], what: str
+) -> dict[str, Any]:
+    """Poll `tabloop/status` until `test` holds (failing after WAIT_S, never hanging)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        current = await status(client)
+        if test(current):
+            return current
+        assert time.monotonic() < deadline, f"no {what} in {WAIT_S:.0f} s: {current}"
+        await asyncio.sleep(0.1)
+
+
+async def wait_for(test: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not test():
+        assert time.monotonic() < deadline, f"no {what} in {WAIT_S:.0f} s"
+        await asyncio.sleep(0.1)
+
+
+def process_state(pid: int) -> str:
+    """The `State:` letter of /proc/PID/status (`T`: stopped), `-` once the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return line.split()[1]
+    except OSError:
+        pass
+    return "-"
+
+
+def gone(pid: int) -> bool:
+    return process_state(pid) in ("-", "Z")
+
+
+def training_pid(current: dict[str, Any]) -> int | None:
+    run = current["training"].get("run") or {}
+    return run.get("pid")
+
+
+async def test_training_pauses_while_completions_are_served_and_resumes(
+    workspace: Path, tiny_model_path: Path, tmp_path: Path, clients: list[LanguageClient]
+) -> None:
+    cache = tmp_path / "cache"
+    init = options(cache, tiny_model_path, budget="10m", budgetSamples=100_000, pauseAfterMs=5000)
+    client = await start(workspace, init)
+    clients.append(client)
+    await until(client, lambda s: s["model"]["state"] == "ready", "model")
+    running = await until(client, lambda s: s["training"].get("run", {}).get("step"), "step")
+    pid = training_pid(running)
+    assert pid is not None and running["training"]["state"] == "training"
+    child = psutil.Process(pid)
+    assert child.nice() == 19  # the lowest priority
+    assert "train" in child.cmdline() and "--promote" in child.cmdline()
+    assert child.environ()["OMP_NUM_THREADS"] == "1"
+    assert process_state(pid) != "T"
+
+    uri = (workspace / "arith.py").as_uri()
+    document = types.TextDocumentItem(uri=uri, language_id="python", version=1, text=SOURCE)
+    client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=document))
+    await client.text_document_inline_completion_async(
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=1, character=8),
+            context=types.InlineCompletionContext(
+                trigger_kind=types.InlineCompletionTriggerKind.Invoked
+            ),
+        )
+    )
+    # Answered: the child stays stopped for pauseAfterMs after the last request.
+    assert process_state(pid) == "T"
+    paused = await status(client)
+    assert paused["training"]["state"] == "paused"
+    assert paused["training"]["run"]["pauses"] == 1
+
+    # Idle again: it is continued and trains on.
+    await wait_for(lambda: process_state(pid) not in ("T", "t"), "continued child")
+    await until(client, lambda s: s["training"]["state"] in ("training", "judging"), "resume")
+    step = paused["training"]["run"]["step"]
+    await until(client, lambda s: (s["training"].get("run") or {}).get("step", 0) > step, "step")
+
+    # Shut down while it runs: the child is stopped, not left behind, and its run is unfinished.
+    await client.shutdown_session()
+    await wait_for(lambda: gone(pid), "child stopped at shutdown")
+    state_dir = scope_dir(cache, workspace=workspace) / STATE_DIR
+    record = json.loads((state_dir / STATE_FILE).read_text())
+    assert record["outcome"] == INTERRUPTED and record["pid"] is None
+    assert (scope_dir(cache, workspace=workspace) / RUN_DIR / CHECKPOINTS).is_dir()
+    tokens = [
+        reports for reports in client.progress_reports.values()
+        if any(getattr(r, "title", None) == "tabloop training" for r in reports)
+    ]  # fmt: skip
+    assert tokens, "no $/progress for the training run"
+    messages = [getattr(r, "message", None) or "" for r in tokens[0]]
+    assert any(m.startswith("step ") for m in messages), messages
+    assert isinstance(tokens[0][-1], types.WorkDoneProgressEnd)
+
+
+async def test_a_killed_training_resumes_after_a_server_restart(
+    workspace: Path, tiny_model_path: Path, tmp_path: Path, clients: list[LanguageClient]
+) -> None:
+    cache = tmp_path / "cache"
+    init = options(cache, tiny_model_path, budgetSamples=48)
+    first = await start(workspace, init)
+    clients.append(first)
+    await until(first, lambda s: s["model"]["state"] == "ready", "model")
+    running = await until(first, lambda s: training_pid(s) is not None, "training run")
+    pid = training_pid(running)
+    assert pid is not None
+    checkpoints = scope_dir(cache, workspace=workspace) / RUN_DIR / CHECKPOINTS
+    await wait_for(lambda: any(checkpoints.glob("step-*")), "a checkpoint")
+
+    # The server dies (no shutdown), then its training process is killed mid-run.
+    server = first._server
+    assert server is not None
+    server.kill()
+    await server.wait()
+    assert not gone(pid)  # the run outlived its server
+    os.kill(pid, signal.SIGKILL)
+    await wait_for(lambda: gone(pid), "killed child")
+    await first.stop()
+    clients.remove(first)
+
+    second = await start(workspace, init)
+    clients.append(second)
+    done = await until(
+        second,
+        lambda s: s["training"]["lastRun"]["outcome"] not in (None, INTERRUPTED),
+        "finished run",
+    )
+    last = done["training"]["lastRun"]
+    assert last["resumedFromStep"] >= 1, last  # from the checkpoint the killed run left
+    assert last["steps"] == 6  # 48 samples, 8 a step: the same run, finished
+    assert last["version"] == "v0001"
+    assert done["training"]["state"] == "waiting"
+    assert not checkpoints.exists()  # finished: the next run starts fresh
