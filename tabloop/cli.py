@@ -42,11 +42,15 @@ def _backend(argv: list[str]) -> int:
 
 
 def _train(argv: list[str]) -> int:
-    """`train policy` (also plain `train`, as before) or `train model`."""
+    """`train policy` (also plain `train`, as before), `train model` or `train edits`."""
     if argv[:1] == ["model"]:
         from tabloop.model_cli import train_model_main
 
         return train_model_main(argv[1:])
+    if argv[:1] == ["edits"]:
+        from tabloop.edits_cli import train_edits_main
+
+        return train_edits_main(argv[1:])
     from backend.policy_cli import train_main
 
     return train_main(argv[1:] if argv[:1] == ["policy"] else argv)
@@ -76,7 +80,7 @@ DELEGATED: dict[str, tuple[Command, str]] = {
     "index": (_index, "index a workspace"),
     "search": (_search, "search a workspace index by meaning"),
     "backend": (_backend, "run the training backend, manage tokens"),
-    "train": (_train, "train policy (the default) or model (an adapter)"),
+    "train": (_train, "train policy (the default), model (an adapter) or edits (next edits)"),
     "model": (_model, "list, promote, roll back or evaluate model adapters"),
     "policy": (_policy, "list, promote, approve or roll back policies"),
     "stats": (_stats, "the loop's figures of a tenant (the dashboard's overview)"),
@@ -95,7 +99,17 @@ def _eval_replay(argv: list[str]) -> int:
     return main(argv)
 
 
-EVALUATIONS: dict[str, Command] = {"holes": _eval_holes, "replay": _eval_replay}
+def _eval_edits(argv: list[str]) -> int:
+    from evaluation.edits.command import main
+
+    return main(argv)
+
+
+EVALUATIONS: dict[str, Command] = {
+    "holes": _eval_holes,
+    "replay": _eval_replay,
+    "edits": _eval_edits,
+}
 
 
 @dataclass(frozen=True)
@@ -327,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=bench)
 
-    p = sub.add_parser("eval", help="evaluations: holes, replay", add_help=False)
+    p = sub.add_parser("eval", help="evaluations: holes, replay, edits", add_help=False)
     p.add_argument("kind", choices=sorted(EVALUATIONS))
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=evaluate)

@@ -1,12 +1,13 @@
 """A repository's commit history replayed as a user's edits, and the next-edit points it makes.
 
 Each commit (against its first parent) is a set of file changes; each file change is a sequence
-of hunks (maximal runs of changed lines, `difflib` on lines) made top to bottom, as a user working
-down a file would. After the first `k` hunks of a file's change the user has made `k` edits there:
-that is a *prediction point*. Its edit history is those `k` hunks (after the hunks of the files
-changed before it in the same commit), the cursor sits at the end of the `k`-th hunk, and the
-*target* is the text after the next hunk when that hunk lies inside the window around the cursor,
-else the text as it is ("no change" is the right answer: these points judge no-op accuracy).
+of hunks (maximal runs of changed lines, `difflib` on lines as LSP splits them) made top to
+bottom, as a user working down a file would. After the first `k` hunks of a file's change the
+user has made `k` edits there: that is a *prediction point*. Its edit history is those `k` hunks
+(after the hunks of the files changed before it in the same commit), the cursor sits at the end
+of the `k`-th hunk, and the *target* is the text after the next hunk when that hunk lies inside
+the window around the cursor, else the text as it is ("no change" is the right answer: these
+points judge no-op accuracy).
 
 What cannot be a fair point is skipped and counted by reason: files added or deleted, not UTF-8,
 too large, generated, or rewritten wholesale (most lines changed, or many hunks); points whose
@@ -26,11 +27,13 @@ import random
 import re
 import subprocess
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
+
+from completion.next_edit.text import lines_of
 
 WINDOW_LINES = 10
 """Lines above and below the cursor's line that a prediction point judges (Sweep's ±10)."""
@@ -46,6 +49,10 @@ GENERATED_NAMES = re.compile(r"(_pb2(_grpc)?\.py|\.pb\.py|_version\.py)$")
 GENERATED_MARK = re.compile(r"generated|do not edit", re.IGNORECASE)
 
 PointKind = Literal["edit", "no_change_after_last", "no_change_outside_window"]
+
+WindowRule = Callable[[Sequence[str], int], "tuple[int, int] | None"]
+"""The lines [start, end) a prediction may rewrite, given the file's lines and the cursor's line
+(None: no window fits); the predictor's own rule, so that targets are judged on its windows."""
 
 
 class ReplayError(ValueError):
@@ -105,11 +112,11 @@ class FileChange:
 
     @cached_property
     def before_lines(self) -> list[str]:
-        return self.before.splitlines(keepends=True)
+        return lines_of(self.before)
 
     @cached_property
     def after_lines(self) -> list[str]:
-        return self.after.splitlines(keepends=True)
+        return lines_of(self.after)
 
     @cached_property
     def hunks(self) -> list[Hunk]:
@@ -214,7 +221,7 @@ class EditPoint:
 def cursor_after(change: FileChange, k: int) -> tuple[int, int]:
     """Where the cursor is after the `k`-th hunk (1-based) of `change` is made."""
     hunk = change.hunks[k - 1]
-    lines = change.text_after(k).splitlines(keepends=True)
+    lines = lines_of(change.text_after(k))
     if hunk.new_end > hunk.new_start:
         line = hunk.new_end - 1
         return line, len(lines[line].rstrip("\r\n"))
@@ -259,13 +266,25 @@ def skip_reason(change: FileChange, settings: ReplaySettings) -> str | None:
     return None
 
 
+def lines_window(window_lines: int) -> WindowRule:
+    """The rule of `window_lines` lines above and below the cursor's line."""
+
+    def rule(lines: Sequence[str], line: int) -> tuple[int, int]:
+        return window_around(line, len(lines), window_lines)
+
+    return rule
+
+
 def file_points(
     change: FileChange,
     earlier: Sequence[ReplayedEdit],
     settings: ReplaySettings,
     counts: ReplayCounts,
+    window_rule: WindowRule | None = None,
 ) -> list[EditPoint]:
-    """The points of one file change, after the edits `earlier` of the same commit."""
+    """The points of one file change, after the edits `earlier` of the same commit, judged on
+    the windows of `window_rule` (default: `settings.window_lines` lines around the cursor)."""
+    rule = window_rule or lines_window(settings.window_lines)
     points = []
     hunks = change.hunks
     for done in range(1, len(hunks) + 1):
@@ -276,8 +295,10 @@ def file_points(
             counts.points["skipped_huge_hunk_in_history"] += 1
             continue
         line, _ = cursor_after(change, done)
-        line_count = len(change.text_after(done).splitlines())
-        window = window_around(line, line_count, settings.window_lines)
+        window = rule(lines_of(change.text_after(done)), line)
+        if window is None:
+            counts.points["skipped_no_window"] += 1
+            continue
         kind: PointKind = "no_change_after_last"
         if done < len(hunks):
             following = hunks[done]
@@ -385,15 +406,19 @@ class GitHistory:
 
 
 def replay_commits(
-    history: GitHistory, commits: Sequence[str], settings: ReplaySettings
+    history: GitHistory,
+    commits: Sequence[str],
+    settings: ReplaySettings,
+    window_rule: WindowRule | None = None,
 ) -> tuple[list[EditPoint], ReplayCounts]:
-    """Every point of `commits` (oldest first), in order, and the counts of what was skipped."""
+    """Every point of `commits` (oldest first), in order, and the counts of what was skipped
+    (windows by `window_rule`, as `file_points`)."""
     counts = ReplayCounts(commits=len(commits))
     points: list[EditPoint] = []
     for commit in commits:
         earlier: list[ReplayedEdit] = []
         for change in history.changes(commit, settings, counts):
-            points.extend(file_points(change, earlier, settings, counts))
+            points.extend(file_points(change, earlier, settings, counts, window_rule))
             earlier.extend(ReplayedEdit(change, i) for i in range(len(change.hunks)))
     return points, counts
 
@@ -437,7 +462,7 @@ def undoes(before: str, after: str, edits: Sequence[ReplayedEdit]) -> bool:
             reverted.add((inserted, removed))
     if not reverted:
         return False
-    for hunk in line_hunks(before.splitlines(keepends=True), after.splitlines(keepends=True)):
+    for hunk in line_hunks(lines_of(before), lines_of(after)):
         if _changed_region(_squeezed("".join(hunk.old)), _squeezed("".join(hunk.new))) in reverted:
             return True
     return False

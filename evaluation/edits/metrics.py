@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from completion.next_edit.text import lines_of
 from training.edit_replay import EditPoint, undoes
 
 CHRF_ORDER = 6
@@ -79,7 +80,7 @@ def delta_chrf(original: str, expected: str, actual: str) -> float:
 def changed_lines(*texts: str) -> tuple[str, ...]:
     """The texts less the lines all of them share at the start and at the end (delta-chrF only
     depends on the n-grams near a change, so scoring the region is scoring the file)."""
-    split = [text.splitlines(keepends=True) for text in texts]
+    split = [lines_of(text) for text in texts]
     head = 0
     while all(head < len(lines) for lines in split) and len({lines[head] for lines in split}) == 1:
         head += 1

@@ -1,0 +1,208 @@
+"""`tabloop eval edits`: next-edit predictions judged on a repository's replayed commit history.
+
+    tabloop eval edits --repo DIR [--commits RANGE | --last N] --n N [--seed S]
+                       [--adapter PATH [--compare | --baseline-adapter PATH]] --json
+
+The commits (`--commits A..B`, or the newest `--last` non-merge commits touching Python files)
+are replayed as edits (`training.edit_replay`), with the windows the predictor itself would
+rewrite (its token budget counted by the model's tokenizer); `--n` points are drawn with the
+seed and the configured completion model (default engine, the repository's tabloop
+configuration) predicts the next edit at each through `completion.next_edit`
+(`evaluation.edits.predicting`). The report gives the configuration loaded (engine, weights,
+threads, model, adapter, the next-edit settings), the commit range (and, for an adapter trained
+by `tabloop train edits`, the range it was trained on, which must be older), the replay's
+counts, and the figures of `evaluation.edits.metrics` per run. With `--compare` (or
+`--baseline-adapter`) the same points are predicted by the base model (or that adapter) too, and
+`paired` gives the differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from completion.next_edit import NextEditPredictor, NextEditSettings
+from completion.runners.base import ModelRunner
+from completion.settings import CompletionSettings
+from evaluation.edits.metrics import outcome, score
+from evaluation.edits.predicting import predict_points
+from lsp_server import config
+from training.edit_examples import read_edit_training
+from training.edit_replay import (
+    DEFAULT_COMMITS,
+    EditPoint,
+    GitHistory,
+    ReplayError,
+    ReplaySettings,
+    replay_commits,
+    sample_points,
+)
+from training.edit_training import token_windows
+
+SEED = 0
+
+
+def loaded_configuration(
+    completion: CompletionSettings, runner: ModelRunner, next_edit: NextEditSettings
+) -> dict[str, Any]:
+    """What the run loaded: engine, weights, threads, model, adapter, next-edit settings."""
+    found: dict[str, Any] = {
+        "engine": completion.engine,
+        "runner": type(runner).__name__,
+        "model": completion.model,
+        "model_id": runner.model_id,
+        "adapter": completion.adapter or None,
+        "next_edit": next_edit.model_dump(),
+    }
+    if completion.runner == "local":
+        from evaluation.bench.engines import loaded_weights
+
+        found.update(loaded_weights(runner))
+    if completion.adapter:
+        found["adapter_trained_on"] = read_edit_training(Path(completion.adapter))
+    return found
+
+
+def _load(completion: CompletionSettings, cache_dir: Path) -> ModelRunner:
+    from completion.runners import load_runner
+
+    return load_runner(completion, cache_dir)
+
+
+def _paired(
+    points: list[EditPoint], ours: dict[str, Any], theirs: dict[str, Any]
+) -> dict[str, Any]:
+    """Where the two runs' outcomes differ, point by point (ours first)."""
+    changed: dict[str, int] = {}
+    for point, a, b in zip(points, ours["_results"], theirs["_results"], strict=True):
+        first, second = outcome(point, a), outcome(point, b)
+        if first != second:
+            key = f"{first}<-{second}"
+            changed[key] = changed.get(key, 0) + 1
+    return {
+        "exact_match_ratio": round(ours["exact_match_on_edits"] / theirs["exact_match_on_edits"], 3)
+        if ours["exact_match_on_edits"] and theirs["exact_match_on_edits"]
+        else None,
+        "points_differing": sum(changed.values()),
+        "outcome_changes": dict(sorted(changed.items())),
+    }
+
+
+def run_edits(args: argparse.Namespace) -> dict[str, Any]:
+    repo = Path(args.repo).resolve()
+    try:
+        history = GitHistory(repo)
+        commits = history.commits(args.commits, args.last if not args.commits else 0, (".py",))
+    except ReplayError as exc:
+        raise SystemExit(f"tabloop eval edits: {exc}") from None
+    if not commits:
+        raise SystemExit(f"tabloop eval edits: no commits touching Python files in {repo}")
+    if args.compare and args.baseline_adapter:
+        raise SystemExit("tabloop eval edits: --compare (the base model) or --baseline-adapter")
+    if (args.compare or args.baseline_adapter) and not args.adapter:
+        raise SystemExit("tabloop eval edits: a comparison needs --adapter")
+    for adapter in (args.adapter, args.baseline_adapter):
+        if adapter and not Path(adapter).is_dir():
+            raise SystemExit(f"tabloop eval edits: adapter {adapter} is not a directory")
+
+    resolved = config.resolve(repo)
+    settings = resolved.settings
+    cache_dir = settings.cache_path()
+    next_edit = NextEditSettings()
+    base = settings.completion
+    runs: list[tuple[str, CompletionSettings]] = []
+    if args.adapter:
+        runs.append(("adapted", base.model_copy(update={"adapter": str(args.adapter)})))
+        if args.compare or args.baseline_adapter:
+            runs.append(("base", base.model_copy(update={"adapter": args.baseline_adapter or ""})))
+    else:
+        runs.append(("base", base))
+
+    report: dict[str, Any] = {
+        "command": "tabloop eval edits " + " ".join(args.argv),
+        "repo": str(repo),
+        "head": history.git("rev-parse", "HEAD").strip(),
+        "commits": {
+            "range": history.describe_range(commits),
+            "count": len(commits),
+            "first": commits[0],
+            "last": commits[-1],
+        },
+        "seed": args.seed,
+    }
+    points: list[EditPoint] = []
+    for number, (name, completion) in enumerate(runs):
+        runner = _load(completion, cache_dir)
+        try:
+            if number == 0:  # the windows are the tokenizer's: the same for every run
+                replay = ReplaySettings(window_lines=next_edit.window_lines)
+                found, counts = replay_commits(
+                    history, commits, replay, token_windows(runner.count_tokens, next_edit)
+                )
+                points = sample_points(found, args.n, args.seed)
+                report["replay"] = {**counts.summary(), "points_found": len(found)}
+                report["points"] = {
+                    "n": len(points),
+                    "edits_due": sum(1 for p in points if p.expects_change),
+                }
+                if not points:
+                    raise SystemExit(f"tabloop eval edits: no prediction points in {repo}")
+            predictor = NextEditPredictor(runner, next_edit)
+            predicted = predict_points(predictor, points, label=f"{name}")
+            figures = score(points, predicted.results)
+            errors = [r.error for r in predicted.results if r.error]
+            report[name] = {
+                "configuration": loaded_configuration(completion, runner, next_edit),
+                **figures,
+                "reasons": dict(sorted(predicted.reasons.items())),
+                "model_calls": predictor.model_calls,
+                "draft_tokens": predicted.draft_tokens,
+                "draft_accepted": predicted.draft_accepted,
+                "first_error": errors[0] if errors else None,
+                "_results": predicted.results,
+            }
+        finally:
+            runner.close()
+    if len(runs) == 2:
+        report["paired"] = _paired(points, report["adapted"], report["base"])
+    for name, _ in runs:
+        report[name].pop("_results")
+        trained = report[name]["configuration"].get("adapter_trained_on")
+        if trained and set(trained.get("commits_list", [])) & set(commits):
+            report[name]["warning"] = "the adapter was trained on commits of this range"
+    return report
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tabloop eval edits", description=__doc__)
+    parser.add_argument("--repo", required=True, help="a git repository (a clone with history)")
+    parser.add_argument("--commits", help="commit range A..B (default: the newest --last commits)")
+    parser.add_argument(
+        "--last",
+        type=int,
+        default=DEFAULT_COMMITS,
+        help="the newest non-merge commits touching Python files (without --commits)",
+    )
+    parser.add_argument("--n", type=int, default=200, help="prediction points to draw")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--adapter", help="adapter directory (e.g. from tabloop train edits)")
+    parser.add_argument(
+        "--compare", action="store_true", help="also predict with the base model, same points"
+    )
+    parser.add_argument("--baseline-adapter", help="also predict with this adapter, same points")
+    parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
+    args = parser.parse_args(argv)
+    if args.n < 1:
+        parser.error("--n must be at least 1")
+    args.argv = argv
+    return args
+
+
+def main(argv: list[str]) -> int:
+    report = run_edits(parse_args(argv))
+    json.dump(report, sys.stdout, indent=2)
+    print()
+    return 0

@@ -1,0 +1,127 @@
+"""`tabloop train edits`: a next-edit adapter trained on a repository's older commits.
+
+    tabloop train edits --repo DIR [--commits RANGE | --before REV --last N]
+                        [--budget 20m | --samples N | --tokens N] [--out DIR] [--json]
+
+The commits are replayed as edits and turned into next-edit examples (`training.edit_training`);
+the adapter trainer trains on them under the budget and writes `OUT/adapter` (a killed run
+resumes in OUT when the same command runs again; `--fresh` starts over). Judge it on newer
+commits: `tabloop eval edits --repo DIR --commits NEWER --adapter OUT/adapter --compare`.
+Without `--commits`, the `--last` commits below `--before` (default: the newest
+`tabloop eval edits` leaves out by default, so the two never overlap) are trained on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from lsp_server import config
+from tabloop.model_cli import _Bar, _budget
+from training.edit_replay import DEFAULT_COMMITS, GitHistory, ReplayError
+from training.trainer import TrainSettings
+
+EDIT_RUNS = "edit-adapters"
+
+
+def _below(repo: Path, before: str | None) -> str:
+    """The revision whose ancestors are trained on: `before`, or the parent of the oldest
+    commit `tabloop eval edits` judges by default (its newest `DEFAULT_COMMITS`)."""
+    if before is not None:
+        return before
+    judged = GitHistory(repo).commits(None, DEFAULT_COMMITS, (".py",))
+    if not judged:
+        raise ReplayError(f"{repo}: no commits touching Python files")
+    return f"{judged[0]}^"
+
+
+def train_edits_main(argv: list[str]) -> int:
+    """Entry point of `tabloop train edits`."""
+    parser = argparse.ArgumentParser(prog="tabloop train edits", description=__doc__)
+    parser.add_argument("--repo", required=True, help="a git repository (a clone with history)")
+    parser.add_argument("--commits", help="commit range A..B to train on")
+    parser.add_argument(
+        "--before",
+        help="without --commits: train on commits below this revision (default: below the "
+        "commits tabloop eval edits judges by default)",
+    )
+    parser.add_argument(
+        "--last", type=int, default=400, help="without --commits: this many commits (0: all)"
+    )
+    parser.add_argument("--out", help="run directory (default: under the cache directory)")
+    parser.add_argument("--budget", help="wall-clock budget, e.g. 20m (the default), 1h, 90s")
+    parser.add_argument("--samples", type=int, help="budget in training examples")
+    parser.add_argument("--tokens", type=int, help="budget in tokens (prompt and target)")
+    parser.add_argument("--model", help="base model (default: the configured completion.model)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--learning-rate", type=float, default=2e-4)
+    parser.add_argument("--effective-batch", type=int, default=8)
+    parser.add_argument("--micro-batch", type=int, default=0, help="0: sized from free memory")
+    parser.add_argument("--max-prompt-tokens", type=int, default=1800)
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    parser.add_argument("--no-change-share", type=float, default=0.3)
+    parser.add_argument("--fresh", action="store_true", help="discard an unfinished run")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    try:
+        budget = _budget(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    from completion.next_edit import NextEditSettings
+    from training.edit_training import edit_train_settings, train_edits
+    from training.lora import LoraShape
+
+    repo = Path(args.repo).resolve()
+    settings = config.resolve(repo).settings
+    cache_dir = settings.cache_path()
+    next_edit = NextEditSettings()
+    train_settings = edit_train_settings(
+        TrainSettings(
+            seed=args.seed,
+            learning_rate=args.learning_rate,
+            effective_batch=args.effective_batch,
+            micro_batch=args.micro_batch,
+            max_prompt_tokens=args.max_prompt_tokens,
+            lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
+        ),
+        next_edit,
+    )
+    run_dir = Path(args.out) if args.out else cache_dir / EDIT_RUNS / repo.name
+    if args.fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    bar = _Bar(enabled=not args.json)
+    try:
+        commits = args.commits or _below(repo, args.before)
+        result, trained = train_edits(
+            repo,
+            commits=commits,
+            last=0 if args.commits else args.last,
+            model=args.model or settings.completion.model,
+            cache_dir=cache_dir,
+            work_dir=run_dir,
+            budget=budget,
+            settings=train_settings,
+            next_edit=next_edit,
+            no_change_share=args.no_change_share,
+            on_progress=bar,
+            device=args.device,
+        )
+    except (ReplayError, ValueError) as exc:
+        raise SystemExit(f"tabloop train edits: {exc}") from None
+    finally:
+        bar.close()
+    record = trained.record()
+    record.pop("commits_list")
+    report: dict[str, Any] = {
+        "command": "tabloop train edits " + " ".join(argv),
+        "adapter": result.adapter,
+        "trained_on": record,
+        "training": asdict(result),
+    }
+    print(json.dumps(report, indent=2))
+    return 0

@@ -1,0 +1,116 @@
+"""`tabloop train edits` on older commits and `tabloop eval edits` on newer ones, end to end on
+the tiny model and a repository built in the test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tabloop.cli import main
+from tests.support.git_repo import make_repo
+
+# Each commit renames one function where it is defined and, two lines below, where it is used:
+# every commit makes an edit point, and a no-change point after its last hunk.
+NAMES = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+
+
+def module(renamed: int) -> str:
+    lines = []
+    for i, name in enumerate(NAMES):
+        new = f"{name}_v2" if i < renamed else name
+        lines += [f"def {new}(x):\n", "    y = x + 1\n", f"    return {new}(y) if x else y\n", "\n"]
+    return "".join(lines)
+
+
+@pytest.fixture
+def repo(tmp_path: Path, tiny_model_path: Path) -> tuple[Path, list[str]]:
+    root = tmp_path / "repo"
+    ids = make_repo(root, [{"m.py": module(k)} for k in range(len(NAMES) + 1)])
+    # The repository's tabloop configuration (untracked: the replay reads commits only).
+    (root / "tabloop.toml").write_text(
+        f'[completion]\nmodel = "{tiny_model_path}"\nengine = "torch"\n', encoding="utf-8"
+    )
+    return root, ids
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    assert main(list(argv)) == 0
+    found: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return found
+
+
+def test_train_on_older_commits_and_judge_on_newer(
+    repo: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, ids = repo
+    older, newer = f"{ids[0]}..{ids[5]}", f"{ids[5]}..{ids[8]}"
+    trained = run(
+        capsys,
+        *("train", "edits", "--repo", str(root), "--commits", older, "--samples", "4"),
+        *("--effective-batch", "2", "--micro-batch", "1", "--out", str(tmp_path / "run")),
+        "--json",
+    )
+    assert trained["trained_on"]["range"] == f"{ids[1][:12]}^..{ids[5][:12]}"
+    assert trained["trained_on"]["commit_count"] == 5
+    # Five edit points, and five no-change points of which 30% of the whole are kept.
+    assert trained["trained_on"]["examples"] == {
+        "dropped_no_change_over_share": 3,
+        "edit": 5,
+        "no_change": 2,
+    }
+    assert trained["training"]["samples"] == 4
+    adapter = Path(trained["adapter"])
+    assert (adapter / "edit_training.json").is_file()
+
+    report = run(
+        capsys,
+        *("eval", "edits", "--repo", str(root), "--commits", newer, "--n", "4", "--seed", "1"),
+        *("--adapter", str(adapter), "--compare", "--json"),
+    )
+    assert report["commits"]["range"] == f"{ids[6][:12]}^..{ids[8][:12]}"
+    assert report["commits"]["count"] == 3
+    # Three commits of two hunks each: an edit point and a no-change point each; four drawn.
+    assert report["replay"]["points"] == {"edit": 3, "no_change_after_last": 3}
+    assert report["points"]["n"] == 4
+    for name in ("adapted", "base"):
+        run_report = report[name]
+        assert run_report["n"] == 4
+        assert sum(run_report["outcomes"].values()) == 4
+        assert sum(run_report["reasons"].values()) == 4
+        assert run_report["latency"]["all"]["n"] == 4
+        assert run_report["first_error"] is None
+        configuration = run_report["configuration"]
+        assert configuration["model_id"].startswith("tiny-model-v1@")
+        assert configuration["engine"] == "torch"
+        assert configuration["next_edit"]["window_lines"] == 10
+    assert report["adapted"]["configuration"]["adapter"] == str(adapter)
+    assert report["base"]["configuration"]["adapter"] is None
+    assert (
+        report["adapted"]["configuration"]["adapter_trained_on"]["range"]
+        == (trained["trained_on"]["range"])
+    )
+    assert "warning" not in report["adapted"]
+    assert set(report["paired"]) == {"exact_match_ratio", "points_differing", "outcome_changes"}
+
+    # Judged on the commits it was trained on, the report says so.
+    overlapping = run(
+        capsys,
+        *("eval", "edits", "--repo", str(root), "--commits", older, "--n", "2"),
+        *("--adapter", str(adapter), "--json"),
+    )
+    assert overlapping["adapted"]["warning"] == "the adapter was trained on commits of this range"
+
+
+def test_bad_arguments_are_clear_errors(repo: tuple[Path, list[str]], tmp_path: Path) -> None:
+    root, _ = repo
+    with pytest.raises(SystemExit, match="not a git repository"):
+        main(["eval", "edits", "--repo", str(tmp_path), "--n", "2"])
+    with pytest.raises(SystemExit, match="a comparison needs --adapter"):
+        main(["eval", "edits", "--repo", str(root), "--compare"])
+    with pytest.raises(SystemExit, match="is not a directory"):
+        main(["eval", "edits", "--repo", str(root), "--adapter", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="bad-range"):
+        main(["eval", "edits", "--repo", str(root), "--commits", "bad-range..HEAD"])

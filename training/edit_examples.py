@@ -1,0 +1,267 @@
+"""Next-edit training examples: the prompt the predictor writes, and the window the user settled on.
+
+One function makes an example from what a prediction sees (the document, the cursor, the
+workspace's `EditHistory`) and the text the user settled on afterwards (`edit_example`): the
+target is the predictor's window in the settled text when the user's change lies inside that
+window, the window as it is when the change lies wholly outside it ("no change" is a lesson
+too), and no example when it straddles the window's edge. Two sources feed it:
+
+- a repository's history (`replay_examples`): the points of `training.edit_replay` over older
+  commits than the ones judged (train on older, judge on newer), each point's history recorded
+  in a fresh `EditHistory` on a simulated clock (`history_at`), the target the text after the
+  next hunk;
+- the server's live history: the document, cursor and history at a pause, and the document some
+  seconds later (the settled text) as the target; the same call.
+
+Examples whose change undoes the user's previous edit are dropped (a user undoing is not the
+edit to learn), as are prompts or targets past the token budgets; no-change examples are kept up
+to `no_change_share` of the whole, drawn with the seed. An example is a `FimExample` whose
+prefix is the whole prompt and whose middle is the window to write followed by `<|file_sep|>`,
+trained with the verbatim template `EDIT_TEMPLATE`, so `training.trainer.Trainer` trains on it
+as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from completion.fim import FimTemplate
+from completion.next_edit import EditHistory, NextEditSettings
+from completion.next_edit.prompt import (
+    FILE_SEP,
+    build_prompt,
+    choose_window,
+    history_blocks,
+    original_window,
+)
+from completion.next_edit.text import document_lines
+from completion.types import Snippet
+from training.edit_replay import EditPoint, ReplayedEdit, WindowRule, undoes
+from training.examples import FimExample, seeded_random
+
+EDIT_GAP_S = 5.0
+"""Simulated seconds between replayed edits: longer than the history's merge pause, as a user
+moving from one change to the next pauses."""
+PAUSE_S = 0.5
+"""Simulated seconds from the last edit to the prediction (the pause that asks for it)."""
+NO_CHANGE_SHARE = 0.3
+EDIT_TRAINING_FILE = "edit_training.json"
+"""Written into an adapter directory trained on a history: the commits it learned from."""
+
+
+def _verbatim(
+    prefix: str, suffix: str, snippets: Sequence[Snippet], path: str | None, repo: str
+) -> str:
+    return prefix
+
+
+EDIT_TEMPLATE = FimTemplate("next-edit", (FILE_SEP,), _verbatim)
+"""The trainer's template for edit examples: the prompt is the example's prefix, as it is."""
+
+
+def history_at(edits: Sequence[ReplayedEdit]) -> tuple[EditHistory, float]:
+    """The server's history after `edits` (oldest first) on a simulated clock, `EDIT_GAP_S`
+    apart, and the time a prediction is asked (`PAUSE_S` after the last)."""
+    clock = 0.0
+    history = EditHistory(clock=lambda: clock)
+    for edit in edits:
+        clock += EDIT_GAP_S
+        history.record_edit(
+            edit.path,
+            document_lines(edit.after),
+            edit.start_line,
+            0,
+            edit.removed,
+            edit.inserted,
+            now=clock,
+        )
+    return history, clock + PAUSE_S
+
+
+def token_windows(count_tokens: Callable[[str], int], settings: NextEditSettings) -> WindowRule:
+    """The windows `completion.next_edit.NextEditPredictor` rewrites, for a tokenizer."""
+
+    def rule(lines: Sequence[str], line: int) -> tuple[int, int] | None:
+        window = choose_window(
+            lines,
+            line,
+            radius=settings.window_lines,
+            max_tokens=settings.window_tokens,
+            count_tokens=count_tokens,
+        )
+        return None if window is None else (window.start, window.end)
+
+    return rule
+
+
+@dataclass(frozen=True)
+class EditExample:
+    """A prompt and the window the model should write for it (empty change: the window as is)."""
+
+    path: str
+    prompt: str
+    current: str  # the window now
+    target: str  # the window the user settled on
+    source: str  # "history" (a commit) or "live"
+
+    @property
+    def no_change(self) -> bool:
+        return self.current == self.target
+
+    def fim(self) -> FimExample:
+        """As the trainer takes it (with `EDIT_TEMPLATE`)."""
+        return FimExample(self.path, self.prompt, self.target + FILE_SEP, "", "edit")
+
+
+def settled_window(
+    lines: Sequence[str], settled: Sequence[str], start: int, end: int
+) -> str | None:
+    """Lines [start, end) of `lines` as they are in `settled`: the window after the user's change
+    when the change lies inside it, as it is when the change lies outside, None when the change
+    crosses its edge. (Lines inserted right above the window count as inside, right below it
+    as outside, as `training.edit_replay` counts them.)"""
+    head = 0
+    while head < min(len(lines), len(settled)) and lines[head] == settled[head]:
+        head += 1
+    tail = 0
+    while (
+        tail < min(len(lines), len(settled)) - head
+        and lines[len(lines) - 1 - tail] == settled[len(settled) - 1 - tail]
+    ):
+        tail += 1
+    changed_end = len(lines) - tail  # the change replaced lines [head, changed_end)
+    window = "".join(lines[start:end])
+    if lines == settled or head >= end or (changed_end <= start and head < start):
+        return window
+    if head >= start and changed_end <= end:
+        return "".join(settled[start : end + len(settled) - len(lines)])
+    return None
+
+
+def edit_example(
+    path: str,
+    text: str,
+    cursor: tuple[int, int],
+    history: EditHistory,
+    settled: str,
+    count_tokens: Callable[[str], int],
+    settings: NextEditSettings,
+    source: str = "live",
+) -> EditExample | None:
+    """The example of one prediction: the prompt `completion.next_edit.NextEditPredictor` would
+    write for document `path` (`text`, the cursor, `history`), and the window in the `settled`
+    text as the target; None when there is no window or the change crosses its edge."""
+    lines = document_lines(text)
+    window = choose_window(
+        lines,
+        cursor[0],
+        radius=settings.window_lines,
+        max_tokens=settings.window_tokens,
+        count_tokens=count_tokens,
+    )
+    if window is None:
+        return None
+    target = settled_window(lines, document_lines(settled), window.start, window.end)
+    if target is None:
+        return None
+    blocks = history_blocks(
+        history.events(),
+        max_events=settings.history_events,
+        max_tokens=settings.history_tokens,
+        count_tokens=count_tokens,
+    )
+    original = original_window(window, history.latest(path))
+    prompt = build_prompt(path, blocks, original, window)
+    return EditExample(path, prompt, window.text, target, source)
+
+
+@dataclass
+class ExampleCounts:
+    """What became of the points: kept (edits, no change) or dropped, by reason."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def summary(self) -> dict[str, int]:
+        return dict(sorted(self.counts.items()))
+
+
+def replay_examples(
+    points: Sequence[EditPoint],
+    count_tokens: Callable[[str], int],
+    settings: NextEditSettings,
+    *,
+    max_prompt_tokens: int,
+    no_change_share: float = NO_CHANGE_SHARE,
+    seed: int = 0,
+) -> tuple[list[EditExample], ExampleCounts]:
+    """Examples from replayed points (commit order), with at most `no_change_share` of them
+    no-change examples (drawn with `seed`), those undoing the previous edit and those whose
+    prompt is over `max_prompt_tokens` dropped."""
+    if not 0 <= no_change_share < 1:
+        raise ValueError(f"no_change_share must be in [0, 1), not {no_change_share}")
+    found = ExampleCounts()
+    edits: list[tuple[int, EditExample]] = []
+    unchanged: list[tuple[int, EditExample]] = []
+    for point in points:
+        if point.expects_change and undoes(point.text, point.target, point.history[-1:]):
+            found.counts["dropped_undoes_previous_edit"] += 1
+            continue
+        history, _ = history_at(point.history)
+        example = edit_example(
+            point.path,
+            point.text,
+            point.cursor,
+            history,
+            point.target,
+            count_tokens,
+            settings,
+            source="history",
+        )
+        if example is None:
+            found.counts["dropped_no_window"] += 1
+            continue
+        if count_tokens(example.prompt) > max_prompt_tokens:
+            found.counts["dropped_prompt_too_long"] += 1
+            continue
+        (unchanged if example.no_change else edits).append((len(edits) + len(unchanged), example))
+    wanted = round(len(edits) * no_change_share / (1 - no_change_share))
+    if len(unchanged) > wanted:
+        found.counts["dropped_no_change_over_share"] += len(unchanged) - wanted
+        unchanged = sorted(random.Random(seed).sample(unchanged, wanted), key=lambda kept: kept[0])
+    found.counts["edit"] = len(edits)
+    found.counts["no_change"] = len(unchanged)
+    return [example for _, example in sorted(edits + unchanged, key=lambda kept: kept[0])], found
+
+
+def stream_edit_examples(examples: Sequence[EditExample], seed: int) -> Iterator[FimExample]:
+    """The examples epoch after epoch, each epoch in a seeded order (a pure function of the
+    seed, as the trainer's resume needs)."""
+    if not examples:
+        return
+    epoch = 0
+    while True:
+        order = list(range(len(examples)))
+        seeded_random(seed, "edits", epoch).shuffle(order)
+        for index in order:
+            yield examples[index].fim()
+        epoch += 1
+
+
+def write_edit_training(adapter: Path, record: dict[str, Any]) -> None:
+    """Say in an adapter directory what history it was trained on."""
+    (adapter / EDIT_TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def read_edit_training(adapter: Path) -> dict[str, Any] | None:
+    """What history an adapter was trained on (None: not trained by `tabloop train edits`)."""
+    try:
+        found = json.loads((adapter / EDIT_TRAINING_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
