@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 
+from completion.next_edit import NextEditPredictor, NextEditSettings
+from completion.next_edit.prompt import FILE_SEP
+from evaluation.edits.metrics import PredictionResult, score
+from evaluation.edits.predicting import PredictionRun, predict_points
 from tabloop.cli import main
 from tests.support.git_repo import make_repo
+from tests.support.scripted_model import ScriptedModel
+from training.edit_examples import edit_example, history_at, token_windows
+from training.edit_replay import GitHistory, ReplaySettings, replay_commits
 
 # Each commit renames one function where it is defined and, two lines below, where it is used:
 # every commit makes an edit point, and a no-change point after its last hunk.
@@ -114,3 +121,48 @@ def test_bad_arguments_are_clear_errors(repo: tuple[Path, list[str]], tmp_path: 
         main(["eval", "edits", "--repo", str(root), "--adapter", str(tmp_path / "none")])
     with pytest.raises(SystemExit, match="bad-range"):
         main(["eval", "edits", "--repo", str(root), "--commits", "bad-range..HEAD"])
+
+
+def test_a_model_that_writes_the_next_edit_gets_full_marks(
+    repo: tuple[Path, list[str]],
+) -> None:
+    root, _ = repo
+    history = GitHistory(root)
+    settings = NextEditSettings()
+    counter = ScriptedModel()
+    points, _ = replay_commits(
+        history,
+        history.commits(None, 0, (".py",)),
+        ReplaySettings(),
+        token_windows(counter.count_tokens, settings),
+    )
+    right: list[PredictionResult] = []
+    undoing: list[PredictionRun] = []
+    for point in points:
+        edit_history, _ = history_at(point.history)
+        example = edit_example(
+            point.path,
+            point.text,
+            point.cursor,
+            edit_history,
+            point.target,
+            counter.count_tokens,
+            settings,
+        )
+        assert example is not None
+        # The prompt the predictor sends is the training example's prompt.
+        model = ScriptedModel(rules={"": example.target + FILE_SEP})
+        right += predict_points(NextEditPredictor(model, settings), [point]).results
+        assert model.prompts == [example.prompt]
+        # A model that puts the user's last edit back (every hunk here replaces one line, and
+        # the window holds it): the predictor refuses it.
+        latest = point.history[-1]
+        back = example.current.replace(latest.inserted, latest.removed, 1)
+        assert back != example.current
+        model = ScriptedModel(rules={"": back + FILE_SEP})
+        undoing.append(predict_points(NextEditPredictor(model, settings), [point]))
+    found = score(points, right)
+    due = sum(1 for p in points if p.expects_change)
+    assert found["outcomes"] == {"exact": due, "correct_no_op": len(points) - due}
+    assert (found["exact_match"], found["no_op_accuracy"], found["delta_chrf"]) == (1.0, 1.0, 100.0)
+    assert sum(run.reasons["undo"] for run in undoing) == len(points)
