@@ -1,9 +1,13 @@
 """`tabloop stats`: the dashboard's Overview in the terminal.
 
-tabloop stats [--tenant NAME] [--window 24h] [--db URL] [--json]
+tabloop stats [--tenant NAME] [--window 24h] [--by model|policy|language|editor] [--db URL]
+              [--json]
 
 Reads the backend's database with the same code as `GET /v1/stats/overview` (SQL aggregation in
-the database), so a terminal and the browser show the same figures.
+the database), so a terminal and the browser show the same figures. `--by` adds the split of
+`GET /v1/stats/by/{dimension}`: one row per model (adapter) version, policy version, language or
+editor. The model versions' promotions, canaries and rollbacks come from the tenants' adapter
+registries under the cache directory.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from backend.policy.loop import tenant_ids
 from backend.policy.registry import PolicyRegistry
-from backend.services.stats import WINDOWS, StatsService
+from backend.services.stats import DIMENSIONS, WINDOWS, StatsService
 from backend.services.stats_rollup import StatsRollup
 from backend.storage import Storage, default_db_url
+from common.config import configured_cache_dir
 
 
 def _pct(value: float | None) -> str:
@@ -39,7 +44,8 @@ def overview_table(doc: dict[str, Any]) -> Table:
     """The Overview's summary as a rich table."""
     s = doc["summary"]
     # Names come from the database: shown as plain text, never read as Rich markup.
-    table = Table(title=Text(f"{doc['tenant']}, last {doc['window']} (serving {doc['serving']})"))
+    title = f"{doc['tenant']}, last {doc['window']} (serving policy {doc['serving']}"
+    table = Table(title=Text(f"{title}, model {doc.get('model_serving', 'base')})"))
     table.add_column("figure")
     table.add_column("value", justify="right")
     silences = s["silences"]
@@ -57,9 +63,27 @@ def overview_table(doc: dict[str, Any]) -> Table:
         ("latency p50", _ms(s["latency_ms"]["p50"])),
         ("latency p95", _ms(s["latency_ms"]["p95"])),
         ("promotions and rollbacks", str(len(doc["markers"]))),
+        ("model promotions and rollbacks", str(len(doc.get("model_markers", [])))),
     ]
     for name, value in rows:
         table.add_row(Text(name), Text(value))
+    return table
+
+
+def split_table(doc: dict[str, Any]) -> Table:
+    """A split (`StatsService.split`) as a rich table: one row per value."""
+    table = Table(title=Text(f"{doc['tenant']}, last {doc['window']}, by {doc['by']}"))
+    for name in ("value", "requests", "shown", "accepted", "accepted chars", "latency p50"):
+        table.add_column(name, justify="left" if name == "value" else "right")
+    for row in doc["rows"]:
+        table.add_row(
+            Text(str(row["value"])),
+            Text(f"{row['requests']:,}"),
+            Text(_pct(row["shown_share"])),
+            Text(_pct(row["accept_rate"])),
+            Text(f"{row['accepted_chars']:,}"),
+            Text(_ms(row["latency_ms"]["p50"])),
+        )
     return table
 
 
@@ -103,13 +127,20 @@ def stats_main(argv: list[str]) -> int:
     parser.add_argument("--db", default=None, help=f"database URL (default: {default_db_url()})")
     parser.add_argument("--tenant", default=None, help="tenant name (default: the only one)")
     parser.add_argument("--window", default="24h", choices=list(WINDOWS))
+    parser.add_argument(
+        "--by", choices=list(DIMENSIONS), help="also split the figures by this dimension"
+    )
     parser.add_argument("--json", action="store_true", help="print the overview as JSON")
     args = parser.parse_args(argv)
     storage = _open(args.db or default_db_url())
     try:
         tenant_id, name = _tenant(storage, args.tenant)
-        stats = StatsService(storage, PolicyRegistry(storage), StatsRollup(storage))
+        stats = StatsService(
+            storage, PolicyRegistry(storage), StatsRollup(storage), configured_cache_dir()
+        )
         doc = {"tenant": name, **stats.overview(tenant_id, args.window)}
+        if args.by:
+            doc["split"] = {"tenant": name, **stats.split(tenant_id, args.window, args.by)}
     except SQLAlchemyError as exc:
         raise SystemExit(f"tabloop stats: cannot read the database: {exc}") from None
     finally:
@@ -119,6 +150,8 @@ def stats_main(argv: list[str]) -> int:
     else:
         console = Console()
         console.print(overview_table(doc))
+        if "split" in doc:
+            console.print(split_table(doc["split"]))
         if doc["empty"]:
             console.print(Text(f"no events in the last {args.window}"))
     return 0

@@ -136,9 +136,9 @@ ROLLUP_BUCKET_S = 300
 
 def _rollup_table(name: str) -> Table:
     """Event counts of a tenant per bucket of event time (its start in Unix seconds, so windows
-    are integer ranges on both databases), split by the serving policy version, the language
-    and the editor of the decision each event belongs to. Filled by SQL aggregation
-    (`backend/services/stats_rollup.py`)."""
+    are integer ranges on both databases), split by the serving policy version, the model
+    (adapter) version, the language and the editor of the decision each event belongs to.
+    Filled by SQL aggregation (`backend/services/stats_rollup.py`)."""
     return Table(
         name,
         Base.metadata,
@@ -150,6 +150,7 @@ def _rollup_table(name: str) -> Table:
         ),
         Column("bucket", BigInteger, primary_key=True),
         Column("policy_version", String(128), primary_key=True),
+        Column("model_version", String(128), primary_key=True),  # migration 0009
         Column("language", String(64), primary_key=True),
         Column("client_name", String(64), primary_key=True),
         *(Column(n, BigInteger, nullable=False, server_default="0") for n in ROLLUP_COUNTERS),

@@ -91,7 +91,8 @@ def split(
     tenant: str | None = Tenant,
     window: str = Window,
 ) -> dict[str, Any]:
-    """The Overview's figures split by language, editor (client name) or policy version."""
+    """The Overview's figures split by language, editor (client name), policy version or model
+    (adapter) version."""
     if dimension not in DIMENSIONS:
         raise HTTPException(
             status.HTTP_404_NOT_FOUND, detail=f"split by one of {', '.join(DIMENSIONS)}"

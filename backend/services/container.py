@@ -128,7 +128,7 @@ class BackendServices:
             registry=registry,
             completions=CompletionService(settings.completion, settings.cache_dir, runner_loader),
             index_sync=IndexSyncStore(storage),
-            stats=StatsService(storage, registry, StatsRollup(storage)),
+            stats=StatsService(storage, registry, StatsRollup(storage), settings.cache_dir),
             ingest_stats=IngestRecorder(storage),
             request_rates=RequestRates(settings.request_rates),
             trainer=(

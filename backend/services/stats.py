@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
@@ -51,6 +52,12 @@ from backend.services.stats_rollup import (
 from backend.storage import Storage
 from backend.sync.models import SyncPlacement, SyncWorkspace
 from completion.gate import BUILTIN_VERSION
+from telemetry.events import BASE_MODEL_VERSION
+from training.registry import REGISTRY_FILE, AdapterRegistry, scope_dir
+
+# Adapter transitions after which the version they name serves every client (a canary's start
+# and an approval leave the band as it is; `canary-rollback` names the version serving again).
+MODEL_SERVING_ACTIONS = ("promote", "rollback", "canary-promote", "canary-rollback")
 
 WindowName = Literal["1h", "24h", "7d", "30d"]
 # Window -> (seconds, step of the chart in seconds): at most a few hundred points per series.
@@ -60,7 +67,12 @@ WINDOWS: dict[str, tuple[int, int]] = {
     "7d": (7 * 86_400, 3_600),
     "30d": (30 * 86_400, 21_600),
 }
-DIMENSIONS = {"language": "language", "editor": "client_name", "policy": "policy_version"}
+DIMENSIONS = {
+    "language": "language",
+    "editor": "client_name",
+    "policy": "policy_version",
+    "model": "model_version",
+}
 MAX_SPLIT_VALUES = 12  # values of a dimension charted; the rest are summed as "(other)"
 MAX_LIST_ROWS = 200  # installations, workspaces: the most recent this many
 ALL_TIME_END = 2**62 // 3600 * 3600  # "since ever": whole hours, so the hourly rows serve it
@@ -171,11 +183,37 @@ class StatsService:
     """The figures of one database's events, per tenant, read from the rollup and its live
     tail (thread-safe)."""
 
-    def __init__(self, storage: Storage, registry: PolicyRegistry, rollup: StatsRollup) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        registry: PolicyRegistry,
+        rollup: StatsRollup,
+        cache_dir: Path | None = None,
+    ) -> None:
         self.storage = storage
         self.registry = registry
         self.rollup = rollup
         self.dialect = storage.dialect
+        self.cache_dir = cache_dir
+        """Where the tenants' adapter registries are (None: no model versions on the time axis)."""
+
+    def model_history(self, tenant_id: int) -> list[dict[str, Any]]:
+        """The tenant's adapter transitions (promotions, canaries, rollbacks), oldest first, as
+        `history` entries (`at` an ISO time); empty without adapters."""
+        if self.cache_dir is None:
+            return []
+        name = dict(self.storage.tenants()).get(tenant_id)
+        try:
+            registry = AdapterRegistry(scope_dir(self.cache_dir, tenant=name or ""))
+            if not (registry.root / REGISTRY_FILE).is_file():
+                return []
+            transitions = registry.transitions()
+        except (ValueError, OSError):  # no adapters for such a name; an unreadable registry
+            return []
+        return [
+            {**entry, "at": datetime.fromtimestamp(float(entry["at"]), UTC).isoformat()}
+            for entry in transitions
+        ]
 
     def _rows(
         self, tenant_id: int, start: int, end: int, group: Sequence[str], step: int | None
@@ -225,6 +263,10 @@ class StatsService:
                 total[name] += slot[name]
         series = _series(slots, start, end, step)
         history = self.registry.history(tenant_id)
+        models = self.model_history(tenant_id)
+        model_bands = policy_bands(
+            models, start, end, initial=BASE_MODEL_VERSION, actions=MODEL_SERVING_ACTIONS
+        )
         return {
             "window": window,
             "start": start,
@@ -235,14 +277,17 @@ class StatsService:
             "bands": policy_bands(history, start, end),
             "markers": [m for m in _markers(history) if start <= m["t"] < end],
             "serving": self.registry.serving_version(tenant_id),
+            "model_bands": model_bands,
+            "model_markers": [m for m in _markers(models) if start <= m["t"] < end],
+            "model_serving": model_bands[-1]["version"] if model_bands else BASE_MODEL_VERSION,
             "empty": total["decisions"] == 0 and total["outcomes"] == 0,
         }
 
     def split(
         self, tenant_id: int, window: str, by: str, *, now: float | None = None
     ) -> dict[str, Any]:
-        """The same figures split by language, editor or policy version, with time series of
-        the accept and shown rates of the busiest values."""
+        """The same figures split by language, editor, policy version or model (adapter)
+        version, with time series of the accept and shown rates of the busiest values."""
         if by not in DIMENSIONS:
             raise ValueError(f"split by one of {', '.join(DIMENSIONS)}")
         column = DIMENSIONS[by]
@@ -502,18 +547,26 @@ def _markers(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def policy_bands(history: list[dict[str, Any]], start: int, end: int) -> list[dict[str, Any]]:
+def policy_bands(
+    history: list[dict[str, Any]],
+    start: int,
+    end: int,
+    *,
+    initial: str = BUILTIN_VERSION,
+    actions: tuple[str, ...] = ("promote", "rollback"),
+) -> list[dict[str, Any]]:
     """The serving version over `[start, end)`: one band per stretch, from the history (the
-    built-in policy before the first entry)."""
+    built-in policy, or `initial`, before the first entry). Entries whose action is one of
+    `actions` name the version serving from then on."""
     bands: list[dict[str, Any]] = []
-    version, since = BUILTIN_VERSION, start
+    version, since = initial, start
     for entry in history:
         at = _epoch(entry["at"])
         if at >= end:
             break
         # Actions that do not change the serving version (a canary's start, an approval) keep
         # the band; the registry's history names the serving version on promote and rollback.
-        if entry["action"] not in ("promote", "rollback"):
+        if entry["action"] not in actions:
             continue
         if at > start and entry["version"] != version:
             bands.append({"version": version, "start": max(since, start), "end": at})

@@ -1,11 +1,12 @@
 """The stats rollup: SQL aggregation of a tenant's events into additive counters.
 
 - `stats_rollup` holds additive counters per tenant, 5-minute bucket of event time, serving
-  policy version, language and editor. `StatsRollup.refresh()` folds new events into it with one
-  `INSERT .. SELECT .. GROUP BY .. ON CONFLICT DO UPDATE SET n = n + excluded.n` per event type,
-  from the last event id it counted (`stats_watermarks`) to the newest id it may count. Outcomes
-  and retention measurements take the policy version, language and editor of their decision
-  (joined on `(tenant_id, decision_id)`); their own time places them in a bucket.
+  policy version, model (adapter) version, language and editor. `StatsRollup.refresh()` folds
+  new events into it with one `INSERT .. SELECT .. GROUP BY .. ON CONFLICT DO UPDATE SET n = n +
+  excluded.n` per event type, from the last event id it counted (`stats_watermarks`) to the
+  newest id it may count. Outcomes and retention measurements take the policy and model
+  versions, language and editor of their decision (joined on `(tenant_id, decision_id)`); their
+  own time places them in a bucket.
 - `stats_rollup_hourly` holds the same counters per hour, rebuilt from the 5-minute rows of the
   hours a refresh touched.
 - `event_selects()` are the per-type SELECTs of that aggregation; the read side
@@ -70,10 +71,17 @@ UNKNOWN = ""
 
 ROLLUP = STATS_ROLLUP
 HOURLY = STATS_ROLLUP_HOURLY
-KEYS = ("tenant_id", "bucket", "policy_version", "language", "client_name")
+KEYS = ("tenant_id", "bucket", "policy_version", "model_version", "language", "client_name")
 EVENTS = cast(Table, StoredEvent.__table__)
 # The columns of an `event_selects()` row after the tenant: what the read side takes of each.
-SOURCE_COLUMNS = ("bucket", "policy_version", "language", "client_name", *ROLLUP_COUNTERS)
+SOURCE_COLUMNS = (
+    "bucket",
+    "policy_version",
+    "model_version",
+    "language",
+    "client_name",
+    *ROLLUP_COUNTERS,
+)
 
 
 # -- SQL building blocks ------------------------------------------------------------------------
@@ -110,6 +118,7 @@ def _dimensions(dialect: str, time_of: Any, decision: Any) -> list[ColumnElement
     return [
         _bucket(dialect, time_of.c.time).label("bucket"),
         _text(decision, "policy_version").label("policy_version"),
+        _text(decision, "model_version").label("model_version"),
         _text(decision, "language").label("language"),
         _text(decision, "client_name").label("client_name"),
     ]
@@ -173,7 +182,13 @@ def _decision_select(dialect: str, tenant_id: int, after: int, upto: int | None)
 
 
 def _grouped(tenant_id: int, rows: Any, values: dict[str, Any]) -> Select[Any]:
-    dims = [rows.c.bucket, rows.c.policy_version, rows.c.language, rows.c.client_name]
+    dims = [
+        rows.c.bucket,
+        rows.c.policy_version,
+        rows.c.model_version,
+        rows.c.language,
+        rows.c.client_name,
+    ]
     return select(
         literal(tenant_id, Integer).label("tenant_id"),
         *dims,
@@ -256,7 +271,12 @@ def _rebuild_hours(connection: Connection, tenant_id: int, first: int, last: int
     )
     width: ColumnElement[int] = literal_column(str(HOURLY_BUCKET_S), BigInteger)
     hour = ((ROLLUP.c.bucket // width) * width).label("hour")  # not "bucket": a column's name
-    dims = [ROLLUP.c.policy_version, ROLLUP.c.language, ROLLUP.c.client_name]
+    dims = [
+        ROLLUP.c.policy_version,
+        ROLLUP.c.model_version,
+        ROLLUP.c.language,
+        ROLLUP.c.client_name,
+    ]
     source = (
         select(
             ROLLUP.c.tenant_id,

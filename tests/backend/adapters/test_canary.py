@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,9 +20,9 @@ from backend.adapters.run import release_version
 from backend.policy.loop import TrainingScheduler
 from backend.policy.settings import TrainerSettings
 from completion.adapters import WEIGHTS
-from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
 from tests.support.backend_server import BackendServer
 from tests.support.fake_adapter import FAKE_BASE_MODEL, fake_adapter
+from tests.support.model_events import shown
 from training.canary import ModelCanarySettings, on_canary_arm
 from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
 
@@ -87,41 +86,8 @@ def _events(
     """Shown decisions of one arm with their outcomes, accepted ones fully retained."""
     events: list[dict[str, Any]] = []
     for n in range(accepted + ignored):
-        decision_id = uuid.uuid4().hex
-        time = start + timedelta(seconds=n)
-        kind = "accepted" if n % (accepted + ignored) < accepted else "ignored"
-        events.append(
-            DecisionEvent(
-                decision_id=decision_id,
-                session_id="s",
-                install_id=f"i-{model_version}",
-                language="python",
-                trigger="automatic",
-                policy_version="builtin",
-                model_id="base@1",
-                model_version=model_version,
-                action="show",
-                propensity=1.0,
-                suggestion_chars=20,
-                time=time,
-            ).model_dump(mode="json", exclude_none=True)
-        )
-        outcome = OutcomeEvent(
-            decision_id=decision_id,
-            kind=kind,
-            accepted_chars=20 if kind == "accepted" else None,
-            time=time + timedelta(seconds=1),
-        )
-        events.append(outcome.model_dump(mode="json"))
-        if kind == "accepted":
-            retained = RetentionEvent(
-                decision_id=decision_id,
-                after_s=120,
-                accepted_chars=20,
-                retained_chars=20,
-                time=time + timedelta(seconds=121),
-            )
-            events.append(retained.model_dump(mode="json"))
+        kind = "accepted" if n < accepted else "ignored"
+        events += shown(model_version, kind, start + timedelta(seconds=n), retained=True)
     return events
 
 
