@@ -82,9 +82,14 @@ INDEX_PROGRESS_TITLE = "tabloop index"
 ADAPTER_PROGRESS_TITLE = "tabloop adapter"
 """Title of the `$/progress` while the fast engine merges and converts a promoted adapter."""
 
+TRAINING_PROGRESS_TITLE = "tabloop training"
+"""Title of the `$/progress` of a training run the server started by itself (steps, judging, the
+outcome)."""
+
 MODEL_PROGRESS_TOKEN_PREFIX = "tabloop-model-"
 INDEX_PROGRESS_TOKEN_PREFIX = "tabloop-index-"
 ADAPTER_PROGRESS_TOKEN_PREFIX = "tabloop-adapter-"
+TRAINING_PROGRESS_TOKEN_PREFIX = "tabloop-training-"
 
 SEARCH_K_DEFAULT = 10
 SEARCH_K_MAX = 100
@@ -277,7 +282,7 @@ class ModelStatus(TypedDict):
 
 
 class ServerStatus(TypedDict, total=False):
-    """`tabloop/status`; features add their own parts (`index`, `sync`, `context`)."""
+    """`tabloop/status`; features add their own parts (`index`, `sync`, `context`, `training`)."""
 
     version: str
     model: ModelStatus
@@ -287,6 +292,7 @@ class ServerStatus(TypedDict, total=False):
     index: dict[str, Any]
     sync: dict[str, Any]
     context: dict[str, Any]
+    training: dict[str, Any]
 
 
 # -- reading parameters -------------------------------------------------------------------------

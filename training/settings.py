@@ -47,7 +47,8 @@ class TrainingLoopSettings(BaseModel):
     idle_s: float = Field(
         120.0,
         ge=0.0,
-        description="A run starts only when no completion was asked for in this many seconds.",
+        description="A run starts only when no completion was asked for in this many seconds "
+        "(nor the server started).",
     )
     max_load: float = Field(
         0.5,

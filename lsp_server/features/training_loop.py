@@ -34,6 +34,7 @@ from lsp_server.config import Settings
 from lsp_server.features.adapters import AdapterFeature
 from lsp_server.features.learning import LearningFeature
 from lsp_server.progress import WorkDoneProgress
+from lsp_server.protocol import TRAINING_PROGRESS_TITLE, TRAINING_PROGRESS_TOKEN_PREFIX
 from lsp_server.server import TabloopServer
 from training.background import (
     FAILED,
@@ -66,8 +67,6 @@ from training.workspace import PLAN_FILE
 
 log = logging.getLogger(__name__)
 
-TRAINING_PROGRESS_TITLE = "tabloop training"
-TRAINING_PROGRESS_TOKEN_PREFIX = "tabloop-training-"
 WATCH_S = 1.0
 """How often a running child's progress, exit and memory are looked at."""
 
@@ -89,7 +88,9 @@ class TrainingLoopFeature:
         self.pauses = 0
         self._ready = False
         self._active = 0  # completion requests in flight
-        self._last_request: float | None = None  # monotonic
+        # Monotonic; the server's start counts as a request, so a run never starts the moment an
+        # editor opens (its user is about to type).
+        self._last_request = time.monotonic()
         self._next_check: float | None = None  # monotonic
         self._check_timer: asyncio.TimerHandle | None = None
         self._resume_timer: asyncio.TimerHandle | None = None
@@ -106,6 +107,8 @@ class TrainingLoopFeature:
             return "training.auto is off"
         if self.server.workspace_root is None:
             return "the server has no workspace root"
+        if not completion.enabled:
+            return "completion.enabled is off"
         if completion.runner == "http":
             return "the http runner's model is not on this machine to train"
         if completion.adapter:
@@ -206,7 +209,7 @@ class TrainingLoopFeature:
         loop = asyncio.get_running_loop()
         try:
             material = await loop.run_in_executor(None, self._material)
-            since = None if self._last_request is None else time.monotonic() - self._last_request
+            since = time.monotonic() - self._last_request
             activity = Activity(self._active, since, load_per_core())
             settings = self.server.settings.training
             reason = wait_reason(settings, material, activity, self.record, time.time())

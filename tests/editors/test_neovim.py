@@ -264,6 +264,7 @@ def test_status_command(session: dict[str, Any]) -> None:
     message = session["status_message"]
     assert "model:     ready" in message
     assert "accepted 1" in message
+    assert "\ntraining:  " in message  # the background training of the next adapter
     assert session["statusline"].startswith("tabloop · policy ")
 
 

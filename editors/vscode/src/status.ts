@@ -7,6 +7,15 @@ export interface ServerStatus {
   policy?: { version?: string };
   telemetry?: { level?: string };
   decisions?: { [key: string]: number };
+  training?: TrainingStatus;
+}
+
+/** The server's background training of the workspace's next adapter (docs/learning.md). */
+export interface TrainingStatus {
+  state?: string;
+  reason?: string | null;
+  run?: { step?: number; samples?: number; fraction?: number };
+  lastRun?: { outcome?: string | null; version?: string | null; reason?: string };
 }
 
 export interface StatusView {
@@ -50,6 +59,24 @@ function describeIndex(index: ServerStatus['index']): string {
   return parts.join(', ') || 'not reported';
 }
 
+/** `training 40% (step 12)`, `paused`, `waiting for ...`, `off (...)`, and the last run's outcome. */
+export function describeTraining(training: TrainingStatus | undefined): string {
+  if (!training) return 'not reported';
+  const state = training.state ?? 'unknown';
+  let now: string = state;
+  if (state === 'training' || state === 'paused' || state === 'judging') {
+    const fraction = num(training.run?.fraction);
+    const step = num(training.run?.step);
+    const done = fraction !== undefined ? ` ${Math.floor(100 * fraction)}%` : '';
+    now = `${state}${done}${step !== undefined ? ` (step ${step})` : ''}`;
+  } else if (training.reason) {
+    now = state === 'waiting' ? `waiting for ${training.reason}` : `${state} (${training.reason})`;
+  }
+  const last = training.lastRun;
+  if (!last?.outcome) return now;
+  return `${now}; last run ${last.outcome}${last.version ? ` ${last.version}` : ''}`;
+}
+
 /** Status bar text and tooltip; `status` is undefined until the server answered once. */
 export function describeStatus(status: ServerStatus | undefined, suggestionsEnabled: boolean): StatusView {
   if (!status) return { text: '$(sync~spin) tabloop', tooltip: 'tabloop: starting the language server', busy: true, error: false };
@@ -62,6 +89,7 @@ export function describeStatus(status: ServerStatus | undefined, suggestionsEnab
     `policy: ${policy}`,
     `index: ${describeIndex(status.index)}`,
     `telemetry: ${status.telemetry?.level ?? 'unknown'}`,
+    `training: ${describeTraining(status.training)}`,
     `suggestions: ${suggestionsEnabled ? 'on' : 'off'}; shown ${decisions.shown ?? 0}, accepted ${decisions.accepted ?? 0}`,
     'Click for details.',
   ].join('\n');

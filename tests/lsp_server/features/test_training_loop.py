@@ -27,8 +27,11 @@ from lsprotocol import types
 from pytest_lsp import LanguageClient
 from pytest_lsp.client import make_test_lsp_client
 
-from lsp_server.protocol import plain
+from lsp_server.config import Settings
+from lsp_server.features.training_loop import TrainingLoopFeature
+from lsp_server.protocol import TRAINING_PROGRESS_TITLE, plain
 from tests.lsp_server.conftest import load_profile
+from tests.support.feature_server import feature_server
 from training.background import INTERRUPTED, STATE_DIR, STATE_FILE
 from training.registry import RUN_DIR, scope_dir
 from training.trainer import CHECKPOINTS
@@ -37,6 +40,35 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 SOURCE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
 WAIT_S = 300.0  # not stuck: loading, converting and training the tiny model on a busy CPU
+
+
+@pytest.mark.parametrize(
+    ("layer", "why"),
+    [
+        pytest.param({}, None, id="the-defaults-train"),
+        pytest.param({"training": {"auto": False}}, "training.auto is off", id="turned-off"),
+        pytest.param({"completion": {"enabled": False}}, "completion.enabled", id="no-completion"),
+        pytest.param({"completion": {"runner": "http"}}, "http runner", id="http-runner"),
+        pytest.param({"completion": {"adapter": "/a"}}, "completion.adapter", id="named-adapter"),
+        pytest.param(
+            {"completion": {"adapterSource": "backend"}}, "backend's adapter", id="backend-serves"
+        ),
+    ],
+)
+def test_the_loop_is_off_where_a_trained_version_could_not_serve(
+    tmp_path: Path, layer: dict[str, Any], why: str | None
+) -> None:
+    server = feature_server(tmp_path)
+    feature = TrainingLoopFeature(server)  # type: ignore[arg-type]
+    feature.on_settings(Settings.model_validate({"cacheDir": str(tmp_path / "cache"), **layer}))
+    part = feature.status_parts()["training"]
+    if why is None:
+        assert part["state"] == "waiting", part
+        assert part["reason"] == "the completion model to load"
+    else:
+        assert part["state"] == "off" and why in part["reason"], part
+    server.workspace_root = None
+    assert feature.why_off(Settings()) == "the server has no workspace root"
 
 
 @pytest.fixture
@@ -189,7 +221,7 @@ async def test_training_pauses_while_completions_are_served_and_resumes(
     assert (scope_dir(cache, workspace=workspace) / RUN_DIR / CHECKPOINTS).is_dir()
     tokens = [
         reports for reports in client.progress_reports.values()
-        if any(getattr(r, "title", None) == "tabloop training" for r in reports)
+        if any(getattr(r, "title", None) == TRAINING_PROGRESS_TITLE for r in reports)
     ]  # fmt: skip
     assert tokens, "no $/progress for the training run"
     messages = [getattr(r, "message", None) or "" for r in tokens[0]]

@@ -80,7 +80,36 @@ function M.status_lines(status)
     end
     table.insert(lines, 'index:     ' .. table.concat(parts, ', '))
   end
+  local training = status.training
+  if type(training) == 'table' then
+    table.insert(lines, 'training:  ' .. M.training_summary(training))
+  end
   return lines
+end
+
+--- The background training of the next adapter: its state, step or reason, and the last run.
+---@param training table
+---@return string
+function M.training_summary(training)
+  local function given(value)
+    return value ~= nil and value ~= vim.NIL and value ~= ''
+  end
+  local text = tostring(training.state or '?')
+  local run = training.run
+  if type(run) == 'table' and given(run.step) then
+    text = text .. (' (step %s)'):format(tostring(run.step))
+  elseif given(training.reason) then
+    text = text .. (training.state == 'waiting' and ' for ' or ' (') .. tostring(training.reason)
+    text = text .. (training.state == 'waiting' and '' or ')')
+  end
+  local last = training.lastRun
+  if type(last) == 'table' and given(last.outcome) then
+    text = text .. '; last run ' .. tostring(last.outcome)
+    if given(last.version) then
+      text = text .. ' ' .. tostring(last.version)
+    end
+  end
+  return text
 end
 
 function M.show_status()

@@ -128,6 +128,10 @@ function M.format_status(status)
   elseif type(index.state) == 'string' and index.state ~= 'ready' then
     table.insert(parts, 'index ' .. index.state)
   end
+  local training = status.training or {}
+  if training.state == 'training' or training.state == 'paused' or training.state == 'judging' then
+    table.insert(parts, training.state) -- the next adapter is being trained in the background
+  end
   return table.concat(parts, ' · ')
 end
 

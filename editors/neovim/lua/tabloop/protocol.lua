@@ -20,9 +20,11 @@ return {
   MODEL_PROGRESS_TITLE = 'tabloop',
   INDEX_PROGRESS_TITLE = 'tabloop index',
   ADAPTER_PROGRESS_TITLE = 'tabloop adapter',
+  TRAINING_PROGRESS_TITLE = 'tabloop training',
   MODEL_PROGRESS_TOKEN_PREFIX = 'tabloop-model-',
   INDEX_PROGRESS_TOKEN_PREFIX = 'tabloop-index-',
   ADAPTER_PROGRESS_TOKEN_PREFIX = 'tabloop-adapter-',
+  TRAINING_PROGRESS_TOKEN_PREFIX = 'tabloop-training-',
   SEARCH_K_DEFAULT = 10,
   SEARCH_K_MAX = 100,
 }

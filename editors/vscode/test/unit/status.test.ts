@@ -1,7 +1,7 @@
 import * as assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
-import { describeStatus, indexProgress, type ServerStatus } from '../../src/status';
+import { describeStatus, describeTraining, indexProgress, type ServerStatus } from '../../src/status';
 
 const READY: ServerStatus = {
   version: '0.1.0',
@@ -79,4 +79,29 @@ describe('indexProgress', () => {
   ] as const) {
     it(`${JSON.stringify(index)} -> ${expected}`, () => assert.equal(indexProgress(index), expected));
   }
+});
+
+describe('describeTraining', () => {
+  it('shows a run in progress, paused or judging', () => {
+    const run = { step: 12, samples: 96, fraction: 0.4 };
+    assert.equal(describeTraining({ state: 'training', run }), 'training 40% (step 12)');
+    assert.equal(describeTraining({ state: 'paused', run }), 'paused 40% (step 12)');
+    assert.equal(describeTraining({ state: 'judging', run }), 'judging 40% (step 12)');
+  });
+
+  it('says what it waits for, why it is off, and how the last run ended', () => {
+    const waiting = describeTraining({
+      state: 'waiting',
+      reason: 'an idle editor',
+      lastRun: { outcome: 'promoted', version: 'v0002' },
+    });
+    assert.equal(waiting, 'waiting for an idle editor; last run promoted v0002');
+    assert.equal(describeTraining({ state: 'off', reason: 'training.auto is off' }), 'off (training.auto is off)');
+    assert.equal(describeTraining(undefined), 'not reported');
+  });
+
+  it('is a line of the status tooltip', () => {
+    const view = describeStatus({ ...READY, training: { state: 'paused', run: { step: 3 } } }, true);
+    assert.match(view.tooltip, /training: paused \(step 3\)/);
+  });
 });
