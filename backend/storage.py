@@ -28,9 +28,8 @@ from backend.db.migrate import upgrade
 from backend.db.models import ApiToken, StoredEvent, Tenant
 from backend.group_commit import GroupCommitter
 from common.paths import user_data_dir
-from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
+from telemetry.events import AnyEvent, DecisionEvent, NextEditEvent, OutcomeEvent
 
-AnyEvent = DecisionEvent | OutcomeEvent | RetentionEvent
 TOKEN_PREFIX = "tl_"
 TOKEN_CACHE_S = 10.0
 TOKEN_CACHE_MAX = 10_000
@@ -48,6 +47,7 @@ _PG_ARRAY_INSERT = (
     "INSERT INTO events (tenant_id, event_id, type, decision_id, label, time, received_at, body) "
     "SELECT %s, e->>'event_id', e->>'type', e->>'decision_id', "
     "CASE e->>'type' WHEN 'decision' THEN e->>'action' WHEN 'outcome' THEN e->>'kind' "
+    "WHEN 'next_edit' THEN e->>'kind' "
     "ELSE e->>'after_s' END, (e->>'time')::timestamptz, %s, e "
     "FROM jsonb_array_elements(%s::jsonb) AS e "
     "ON CONFLICT (tenant_id, event_id) DO NOTHING RETURNING event_id"
@@ -431,12 +431,15 @@ class Storage:
             ).all()
         decisions: dict[str, int] = {}
         outcomes: dict[str, int] = {}
+        next_edits: dict[str, int] = {}
         retention = 0
         for kind, label, count in counts:
             if kind == "decision":
                 decisions[label or ""] = int(count)
             elif kind == "outcome":
                 outcomes[label or ""] = int(count)
+            elif kind == "next_edit":
+                next_edits[label or ""] = int(count)
             else:
                 retention += int(count)
         return {
@@ -444,6 +447,7 @@ class Storage:
             "decisions": decisions,
             "outcomes": outcomes,
             "retention": retention,
+            "next_edits": next_edits,
         }
 
     def tenants(self) -> list[tuple[int, str]]:
@@ -486,6 +490,6 @@ def _same(value: datetime) -> datetime:
 def _label(item: AnyEvent) -> str | None:
     if isinstance(item, DecisionEvent):
         return item.action
-    if isinstance(item, OutcomeEvent):
+    if isinstance(item, OutcomeEvent | NextEditEvent):
         return item.kind
     return str(item.after_s)

@@ -30,6 +30,7 @@ from pydantic.alias_generators import to_camel
 from common import config as layered
 from common.config import Layer, SharedSettings
 from common.endpoint import MOVED_KEYS, BackendSection
+from completion.next_edit.settings import NextEditSettings
 from completion.policy_settings import PolicySettings
 from completion.settings import CompletionSettings
 from indexer.settings import IndexSettings
@@ -53,6 +54,7 @@ class Settings(BackendSection, SharedSettings):
         ),
     )
     completion: CompletionSettings = Field(default_factory=CompletionSettings)
+    next_edit: NextEditSettings = Field(default_factory=NextEditSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

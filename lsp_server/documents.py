@@ -85,8 +85,9 @@ def column_index(line: str, character: int, encoding: str) -> int:
 class TextChange:
     """One edit in code points: `[start, end)` of the text before it replaced by `text`.
 
-    `line` is the line `start` is on; `whole` marks a change of the whole text (full sync), not
-    an edit at a range.
+    `line` and `character` are where `start` is (line, code points into it); `removed` is the
+    text the edit replaced (empty for a whole-text change); `whole` marks a change of the whole
+    text (full sync), not an edit at a range.
     """
 
     start: int
@@ -94,6 +95,8 @@ class TextChange:
     text: str
     line: int = 0
     whole: bool = False
+    character: int = 0
+    removed: str = ""
 
     @property
     def delta(self) -> int:
@@ -230,11 +233,29 @@ class Document(TextDocument):
             end = self.server_position(change.range.end)
             offset = self.offset_at_server_position(start)
             until = max(offset, self.offset_at_server_position(end))
-            self._applied.append(TextChange(offset, until, change.text, line=start.line))
+            removed = self._between(start, end) if until > offset else ""
+            self._applied.append(
+                TextChange(
+                    offset,
+                    until,
+                    change.text,
+                    line=start.line,
+                    character=start.character,
+                    removed=removed,
+                )
+            )
             self.replace(start, end, change.text)
         else:
             self._applied.append(TextChange(0, self._length, change.text, whole=True))
             self._reset(change.text)
+
+    def _between(self, start: ServerTextPosition, end: ServerTextPosition) -> str:
+        """The text from `start` to `end` (code points), read from the lines they span."""
+        lines = self._lines
+        if start.line == end.line:
+            return lines[start.line][start.character : end.character]
+        middle = "".join(lines[start.line + 1 : end.line])
+        return lines[start.line][start.character :] + middle + lines[end.line][: end.character]
 
     def take_change(self) -> DocumentChange:
         """The changes applied since the last call, as one `DocumentChange` at this version."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Generator
 from typing import Any
 
 import attrs
@@ -31,6 +32,7 @@ from pygls.protocol import (
     JsonRPCNotification,
     JsonRPCRequestMessage,
     LanguageServerProtocol,
+    lsp_method,
 )
 
 from lsp_server.framing import INVALID_REQUEST, PARSE_ERROR, Refusal, readable_id
@@ -49,6 +51,19 @@ class TabloopProtocol(LanguageServerProtocol):
         super().__init__(*args, **kwargs)
         self.initialize_received = False
         self.shutdown_received = False
+        # `capabilities.experimental` of the `initialize` answer; features fill it in while
+        # the server's `initialize` handler resolves their settings.
+        self.experimental: dict[str, Any] = {}
+
+    @lsp_method(types.INITIALIZE)
+    def lsp_initialize(
+        self, params: types.InitializeParams
+    ) -> Generator[Any, Any, types.InitializeResult]:
+        """pygls's `initialize`, with the features' experimental capabilities added."""
+        result: types.InitializeResult = yield from super().lsp_initialize(params)
+        if self.experimental:
+            result.capabilities.experimental = dict(self.experimental)
+        return result
 
     def send_error(self, msg_id: int | str | None, code: int, message: str) -> None:
         """An error response; built here because lsprotocol leaves out an id that is null."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
+from telemetry.events import AnyEvent
 from telemetry.privacy import apply_level, effective_level
 from telemetry.sender import Sender
 from telemetry.settings import Level, TelemetrySettings
@@ -30,7 +30,6 @@ from telemetry.spool import Spool
 
 log = logging.getLogger(__name__)
 
-AnyEvent = DecisionEvent | OutcomeEvent | RetentionEvent
 SPOOL_FILE = "spool.sqlite3"
 WRITER_BATCH = 1000
 

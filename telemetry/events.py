@@ -186,11 +186,55 @@ class RetentionEvent(_Event):
         return self
 
 
-Event = Annotated[DecisionEvent | OutcomeEvent | RetentionEvent, Field(discriminator="type")]
-EVENT_ADAPTER: TypeAdapter[DecisionEvent | OutcomeEvent | RetentionEvent] = TypeAdapter(Event)
+NextEditKind = Literal["shown", "accepted", "rejected"]
+NextEditRejectReason = Literal["dismissed", "typed", "moved"]
 
 
-def parse_event(data: object) -> DecisionEvent | OutcomeEvent | RetentionEvent:
+class NextEditEvent(_Event):
+    """A predicted next edit the editor showed, and what the user did with it.
+
+    One event when the editor shows it (`shown`), one when it is accepted or rejected; all of a
+    prediction's events share its `decision_id`. Next edits are not decided by the gate, so
+    these events are kept apart from decisions and outcomes (their own `type`) and no trainer of
+    the gate reads them. `original` and `predicted` (the window before and after) only at `full`.
+    """
+
+    type: Literal["next_edit"] = "next_edit"
+    decision_id: Token
+    session_id: Token
+    install_id: Token
+    kind: NextEditKind
+    reason: NextEditRejectReason | None = None
+    language: Category
+    trigger: Literal["automatic", "invoked"]
+    model_id: Annotated[str, StringConstraints(max_length=200)]
+    edits: Annotated[int, Field(ge=1, le=1000)]
+    removed_chars: Chars = 0
+    inserted_chars: Chars = 0
+    window_lines: Chars = 0
+    latency: Latency = Field(default_factory=Latency)
+    time_to_outcome_ms: Millis = 0.0
+    client_name: Annotated[str, StringConstraints(max_length=64)] | None = None
+    client_version: Annotated[str, StringConstraints(max_length=64)] | None = None
+    # Only at privacy level `full`.
+    original: Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)] | None = None
+    predicted: Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)] | None = None
+
+    @model_validator(mode="after")
+    def _reason_for_rejections(self) -> NextEditEvent:
+        if (self.reason is None) != (self.kind != "rejected"):
+            raise ValueError("reason is for 'rejected', and 'rejected' needs one")
+        return self
+
+
+AnyEvent = DecisionEvent | OutcomeEvent | RetentionEvent | NextEditEvent
+"""Every event type of the schema."""
+
+Event = Annotated[AnyEvent, Field(discriminator="type")]
+EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(Event)
+
+
+def parse_event(data: object) -> AnyEvent:
     """Validate one event from decoded JSON; raises `pydantic.ValidationError`."""
     return EVENT_ADAPTER.validate_python(data)
 

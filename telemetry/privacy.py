@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent
+from telemetry.events import AnyEvent, DecisionEvent, NextEditEvent
 from telemetry.settings import Level
 
 # A category at `metrics` is a lowercase word such as a language id or a token class. Anything
@@ -50,13 +50,18 @@ def scrub_model_id(model_id: str) -> str:
     return "local:" + hashlib.sha256(model_id.encode()).hexdigest()[:12]
 
 
-def apply_level(
-    event: DecisionEvent | OutcomeEvent | RetentionEvent, level: Level
-) -> DecisionEvent | OutcomeEvent | RetentionEvent | None:
+def apply_level(event: AnyEvent, level: Level) -> AnyEvent | None:
     """The event as `level` allows it to be recorded, or None when nothing may be recorded."""
     if level == "off":
         return None
-    if level == "full" or not isinstance(event, DecisionEvent):
+    if level == "full":
+        return event
+    if isinstance(event, NextEditEvent):
+        scrubbed = scrub_model_id(event.model_id)
+        if event.original is None and event.predicted is None and scrubbed == event.model_id:
+            return event
+        return event.model_copy(update={"original": None, "predicted": None, "model_id": scrubbed})
+    if not isinstance(event, DecisionEvent):
         return event
     scrubbed_features = scrub_features(event.features)
     scrubbed_model = scrub_model_id(event.model_id)

@@ -20,13 +20,13 @@ from backend.db.models import StoredEvent
 from backend.policy.rewards import LoggedDecision, as_utc, join_rewards
 from backend.policy.settings import RewardSettings
 from backend.storage import Storage
-from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent, parse_event
+from telemetry.events import AnyEvent, DecisionEvent, OutcomeEvent, RetentionEvent, parse_event
 
 ID_CHUNK = 500  # decision ids per IN (...) query: well under every database's limit
 # A decision newer than this ahead of the trainer's clock is skipped: a broken client clock (or an
 # event stored before ingestion bounded times) would otherwise always sit in the holdout.
 FUTURE_SLACK = timedelta(days=1)
-Parsed = DecisionEvent | OutcomeEvent | RetentionEvent
+Parsed = AnyEvent
 
 
 @dataclass

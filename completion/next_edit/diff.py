@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from completion.next_edit.history import EditEvent
 from completion.next_edit.prompt import Window
@@ -28,13 +28,15 @@ JOIN_CHARS = 3
 @dataclass(frozen=True)
 class Edit:
     """Replace the text from (`start_line`, `start_character`) to (`end_line`,
-    `end_character`) (code points, document coordinates) with `text`."""
+    `end_character`) (code points, document coordinates) with `text`; `removed` is the text
+    replaced."""
 
     start_line: int
     start_character: int
     end_line: int
     end_character: int
     text: str
+    removed: str = field(default="", compare=False)
 
     @property
     def range(self) -> tuple[int, int, int, int]:
@@ -57,7 +59,7 @@ def window_edits(window: Window, predicted: str) -> list[Edit]:
             continue
         old, new = "".join(old_lines[i1:i2]), "".join(new_lines[j1:j2])
         spans.extend((starts[i1] + a, starts[i1] + b, text) for a, b, text in _char_spans(old, new))
-    return [_edit(window, start, end, text) for start, end, text in spans]
+    return [_edit(window, current, start, end, text) for start, end, text in spans]
 
 
 def _char_spans(old: str, new: str) -> list[tuple[int, int, str]]:
@@ -75,10 +77,10 @@ def _char_spans(old: str, new: str) -> list[tuple[int, int, str]]:
     return [(i1, i2, new[j1:j2]) for i1, i2, j1, j2 in spans]
 
 
-def _edit(window: Window, start: int, end: int, text: str) -> Edit:
+def _edit(window: Window, current: str, start: int, end: int, text: str) -> Edit:
     start_line, start_character = _position(window, start)
     end_line, end_character = _position(window, end)
-    return Edit(start_line, start_character, end_line, end_character, text)
+    return Edit(start_line, start_character, end_line, end_character, text, current[start:end])
 
 
 def _position(window: Window, offset: int) -> tuple[int, int]:

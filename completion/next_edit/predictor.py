@@ -53,8 +53,6 @@ Reason = Literal[
 ]
 """Why a prediction has the edits it has; only `predicted` has any."""
 
-NO_MODEL_REASONS: frozenset[Reason] = frozenset({"no_history", "no_recent_edit", "no_window"})
-
 
 @dataclass
 class NextEditTimings:
@@ -123,18 +121,12 @@ class NextEditPredictor:
                 setattr(prediction, name, value)
             return prediction
 
+        quick = self.quick_answer(path, cursor, history, now=now)
+        if quick is not None:
+            return quick
         latest = history.latest(path)
-        if latest is None:
-            return answer("no_history")
-        now = history.clock() if now is None else now
         line = cursor[0]
         radius = settings.window_lines
-        if (
-            now - latest.last_at > settings.recent_s
-            or line < latest.start - radius
-            or line > latest.end - 1 + radius
-        ):
-            return answer("no_recent_edit")
         lines = document_lines(text)
         window = choose_window(
             lines,
@@ -173,6 +165,36 @@ class NextEditPredictor:
         if reason == "predicted":
             found.edits = edits
         return found
+
+    def quick_answer(
+        self,
+        path: str,
+        cursor: tuple[int, int],
+        history: EditHistory,
+        *,
+        now: float | None = None,
+    ) -> NextEditPrediction | None:
+        """ "No change" when the history alone says so (no edit in `path`, or the latest one too
+        old or too far from the cursor), else None. Reads no text and no tokenizer: cheap
+        enough for the editor's event loop."""
+        started = time.perf_counter()
+        latest = history.latest(path)
+        reason: Reason | None = None
+        if latest is None:
+            reason = "no_history"
+        else:
+            now = history.clock() if now is None else now
+            line, radius = cursor[0], self.settings.window_lines
+            if (
+                now - latest.last_at > self.settings.recent_s
+                or line < latest.start - radius
+                or line > latest.end - 1 + radius
+            ):
+                reason = "no_recent_edit"
+        if reason is None:
+            return None
+        timings = NextEditTimings(total_ms=(time.perf_counter() - started) * 1000)
+        return NextEditPrediction([], None, reason, timings)
 
     def prompt(
         self, path: str, window: Window, history: EditHistory, latest: EditEvent | None
@@ -219,10 +241,18 @@ class NextEditPredictor:
 
     @staticmethod
     def _predicted_text(output: str, window: Window) -> str:
-        """The model's rewrite as the window's text: cut at a stop text, its line breaks the
-        window's, and no line break added at the document's end."""
+        """The model's rewrite as the window's text: cut at a stop text (or the start of one at
+        its end), its line breaks the window's, and no line break added at the document's
+        end."""
         cut = _stop(output)
         predicted = output if cut is None else output[:cut]
+        if cut is None:
+            # A server that cuts at a stop text may have sent its first characters already.
+            for stop in STOP_TEXTS:
+                partial = next(
+                    (k for k in range(len(stop) - 1, 1, -1) if predicted.endswith(stop[:k])), 0
+                )
+                predicted = predicted[: len(predicted) - partial]
         current = window.text
         if "\r\n" in current and "\r\n" not in predicted:
             predicted = predicted.replace("\n", "\r\n")

@@ -14,6 +14,7 @@ from lsp_server.features import (
     inline,
     learning,
     lifecycle,
+    next_edit,
     policy,
     prefetch,
     retrieval,
@@ -35,6 +36,7 @@ def create_server() -> TabloopServer:
     commands.register(server)
     telemetry.register(server)
     session.register(server)  # after telemetry: a decision's event before its outcomes
+    next_edit.register(server)
     retrieval.register(server)
     index.register(server)
     learning.register(server)

@@ -12,7 +12,13 @@ import httpx
 import pytest
 
 from backend.services.ingest import IngestLimits, TimeWindow, admit_valid
-from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent, parse_event
+from telemetry.events import (
+    DecisionEvent,
+    NextEditEvent,
+    OutcomeEvent,
+    RetentionEvent,
+    parse_event,
+)
 from tests.support.backend_server import BackendServer
 
 
@@ -80,9 +86,39 @@ def test_round_trip_is_idempotent(backend: BackendServer) -> None:
         "decisions": {"show": 1},
         "outcomes": {"partial": 1, "ignored": 1},
         "retention": 0,
+        "next_edits": {},
     }
     assert backend.metrics.value("tabloop_events_ingested_total", type="outcome") == 2
     assert backend.metrics.value("tabloop_events_duplicate_total") == 4
+
+
+def next_edit(kind: str = "shown", **over: Any) -> dict[str, Any]:
+    event = NextEditEvent(
+        decision_id=uuid.uuid4().hex,
+        session_id="s1",
+        install_id="i1",
+        kind=kind,
+        reason="typed" if kind == "rejected" else None,
+        language="python",
+        trigger="automatic",
+        model_id="Qwen/Qwen2.5-Coder-0.5B",
+        edits=2,
+        removed_chars=5,
+        inserted_chars=1,
+        window_lines=21,
+    )
+    return {**event.model_dump(mode="json"), **over}
+
+
+def test_next_edit_events_are_stored_apart_from_decisions(backend: BackendServer) -> None:
+    events = [next_edit("shown"), next_edit("accepted"), next_edit("rejected")]
+    answer = post(backend, batch(*events)).json()
+    assert answer["accepted"] == [e["event_id"] for e in events] and not answer["rejected"]
+    summary = backend.summary()
+    assert summary["next_edits"] == {"shown": 1, "accepted": 1, "rejected": 1}
+    assert summary["decisions"] == {} and summary["retention"] == 0
+    refused = post(backend, batch(next_edit("rejected", reason=None))).json()["rejected"]
+    assert refused and "reason" in refused[0]["error"]
 
 
 def test_same_id_twice_in_one_batch_is_stored_once(backend: BackendServer) -> None:

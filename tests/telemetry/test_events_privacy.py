@@ -10,7 +10,13 @@ from pydantic import ValidationError
 
 from completion.types import LATENCY_SKIP, CompletionRequest, Decision, Timings
 from lsp_server.features.telemetry import decision_event
-from telemetry.events import DecisionEvent, OutcomeEvent, RetentionEvent, parse_event
+from telemetry.events import (
+    DecisionEvent,
+    NextEditEvent,
+    OutcomeEvent,
+    RetentionEvent,
+    parse_event,
+)
 from telemetry.privacy import apply_level, effective_level, scrub_features, scrub_model_id
 
 SECRET_PREFIX = "def launch_codes_7f3a(key):\n    return "
@@ -210,3 +216,38 @@ def test_candidates_carry_their_request_rank_and_count() -> None:
     decision.rank = 0
     single = decision_event(decision, request, session_id="s", install_id="i", level="metrics")
     assert single.request_id is None and single.candidates == 1
+
+
+def _next_edit(**over: Any) -> NextEditEvent:
+    fields: dict[str, Any] = {
+        "decision_id": "p1",
+        "session_id": "s1",
+        "install_id": "i1",
+        "kind": "shown",
+        "language": "python",
+        "trigger": "automatic",
+        "model_id": "/home/me/models/qwen.gguf",
+        "edits": 1,
+        "original": "x = 1\n",
+        "predicted": "x = 2\n",
+        **over,
+    }
+    return NextEditEvent(**fields)
+
+
+@pytest.mark.parametrize(("level", "has_text"), [("metrics", False), ("full", True)])
+def test_next_edit_events_carry_the_window_only_at_full(level: str, has_text: bool) -> None:
+    event = apply_level(_next_edit(), level)  # type: ignore[arg-type]
+    assert isinstance(event, NextEditEvent)
+    assert (event.original is not None, event.predicted is not None) == (has_text, has_text)
+    assert event.model_id.startswith("local:") != has_text
+    assert apply_level(_next_edit(), "off") is None
+    assert parse_event(event.model_dump(mode="json")) == event
+
+
+def test_a_next_edit_rejection_needs_its_reason_and_only_it_has_one() -> None:
+    assert _next_edit(kind="rejected", reason="typed").reason == "typed"
+    with pytest.raises(ValidationError):
+        _next_edit(kind="rejected")
+    with pytest.raises(ValidationError):
+        _next_edit(kind="accepted", reason="typed")

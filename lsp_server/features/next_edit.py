@@ -1,0 +1,478 @@
+"""Next edits: `textDocument/copilotInlineEdit` (and `tabloop/nextEdit`), their outcomes.
+
+The feature keeps the workspace's edit history (`completion.next_edit.EditHistory`) from the
+document stream: each `didChange` edit, with the text it removed, is recorded under the
+document's workspace-relative path. The history stays in memory; it is never sent anywhere (at
+telemetry level `full` the shown window and its prediction travel with the next-edit events).
+
+A request is answered `{"edits": []}` at once, on the event loop, when the version it names is
+not the document's, when next edits are off or the model is not loaded, or when the predictor
+can tell without the model that there is nothing to predict (no recent edit near the cursor).
+Otherwise the prediction runs on the model thread, one per document: a newer request, an edit
+to the document, its closing or `$/cancelRequest` cancels the one in flight within one decode
+step, and an inline completion request starting anywhere does too (an inline suggestion is
+worth more than a rewrite that has to wait). An answer whose document changed meanwhile is
+empty. Every request leaves one `NextEditTiming` (`tabloop/nextEditTimings`).
+
+Outcomes: the editor says when it shows a prediction (`textDocument/didShowInlineEdit` or
+`tabloop/nextEditShown`), runs `tabloop.acceptNextEdit` when the user accepts it, and sends
+`tabloop/nextEditRejected` with a reason otherwise; each becomes a `NextEditEvent` for
+telemetry. The gate does not decide next edits, and their outcomes are not fed to the session
+signals the gate reads (its features describe inline suggestions; mixing next-edit outcomes in
+would change what they mean without retraining it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsprotocol import types
+from pydantic import ValidationError
+from pygls.uris import to_fs_path
+
+from completion.next_edit import Edit, EditHistory, NextEditPrediction, NextEditPredictor
+from completion.types import Cancelled, CancelToken
+from lsp_server.config import Settings
+from lsp_server.documents import Document, DocumentChange, DocumentListener, open_document
+from lsp_server.features.inline import language_of
+from lsp_server.features.telemetry import TelemetryFeature
+from lsp_server.protocol import (
+    ACCEPT_NEXT_EDIT_COMMAND,
+    ACCEPT_NEXT_EDIT_TITLE,
+    CONFIGURATION_SECTION,
+    DID_SHOW_INLINE_EDIT_NOTIFICATION,
+    NEXT_EDIT_CAPABILITY,
+    NEXT_EDIT_REJECTED_NOTIFICATION,
+    NEXT_EDIT_REQUEST,
+    NEXT_EDIT_SHOWN_NOTIFICATION,
+    NEXT_EDIT_TIMINGS_REQUEST,
+    TABLOOP_NEXT_EDIT_REQUEST,
+    NextEditItem,
+    NextEditOutcome,
+    NextEditParams,
+    NextEditRejectedParams,
+    NextEditResult,
+    NextEditShownParams,
+    NextEditTiming,
+    read_params,
+    to_wire,
+)
+from lsp_server.server import TabloopServer
+from telemetry.events import MAX_TEXT_CHARS, Latency, NextEditEvent, NextEditKind
+
+log = logging.getLogger(__name__)
+
+PREDICTIONS_KEPT = 256
+TIMINGS_KEPT = 1024
+
+
+@dataclass
+class Answered:
+    """A prediction the server answered with edits, kept for its outcomes."""
+
+    prediction_id: str
+    uri: str
+    language: str
+    trigger: str
+    prediction: NextEditPrediction
+    answered_at: float
+    shown_at: float | None = None
+    finished: bool = False
+
+
+@dataclass
+class NextEditCounters:
+    requests: int = 0
+    predicted: int = 0
+    model_calls: int = 0
+    shown: int = 0
+    accepted: int = 0
+    rejected: int = 0
+
+
+@dataclass
+class _Record:
+    """What one request has done so far; `timing()` is its record when the handler ends."""
+
+    request_id: str
+    started: float
+    outcome: NextEditOutcome = "error"
+    prediction: NextEditPrediction | None = None
+    edits: int = 0
+
+    def timing(self) -> NextEditTiming:
+        found = self.prediction
+        timings = found.timings if found is not None else None
+        window = found.window if found is not None else None
+        return {
+            "request_id": self.request_id,
+            "outcome": self.outcome,
+            "reason": found.reason if found is not None else "",
+            "reached_model": bool(timings and timings.reached_model),
+            "handler_ms": (time.perf_counter() - self.started) * 1000,
+            "window_ms": timings.window_ms if timings else 0.0,
+            "prompt_ms": timings.prompt_ms if timings else 0.0,
+            "model_ms": timings.model_ms if timings else 0.0,
+            "diff_ms": timings.diff_ms if timings else 0.0,
+            "window_lines": len(window.lines) if window is not None else 0,
+            "window_tokens": timings.window_tokens if timings else 0,
+            "prompt_tokens": timings.prompt_tokens if timings else 0,
+            "new_tokens": timings.new_tokens if timings else 0,
+            "draft_tokens": timings.draft_tokens if timings else 0,
+            "draft_accepted": timings.draft_accepted if timings else 0,
+            "edits": self.edits,
+        }
+
+
+@dataclass
+class NextEditFeature(DocumentListener):
+    """Owns the edit history, the predictor on the engine's runner, and the answered
+    predictions."""
+
+    server: TabloopServer
+    history: EditHistory = field(default_factory=EditHistory)
+    counters: NextEditCounters = field(default_factory=NextEditCounters)
+    in_flight: dict[str, CancelToken] = field(default_factory=dict)
+    answered: OrderedDict[str, Answered] = field(default_factory=OrderedDict)
+    timings: deque[NextEditTiming] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
+    _predictor: NextEditPredictor | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.server.settings.next_edit.enabled
+
+    def on_settings(self, settings: Settings) -> None:
+        """Advertise the feature (at `initialize`) and follow the window and budget settings."""
+        experimental = self.server.protocol.experimental
+        section = experimental.setdefault(CONFIGURATION_SECTION, {})
+        if settings.next_edit.enabled:
+            section[NEXT_EDIT_CAPABILITY] = True
+        else:
+            section.pop(NEXT_EDIT_CAPABILITY, None)
+            if not section:
+                experimental.pop(CONFIGURATION_SECTION, None)
+        if self._predictor is not None:
+            self._predictor.settings = settings.next_edit
+
+    def predictor(self) -> NextEditPredictor | None:
+        """The predictor on the engine's runner now (None before the model is loaded)."""
+        engine = self.server.engine
+        if engine is None:
+            return None
+        if self._predictor is None or self._predictor.runner is not engine.runner:
+            self._predictor = NextEditPredictor(engine.runner, self.server.settings.next_edit)
+        return self._predictor
+
+    def path_of(self, uri: str) -> str:
+        """The document's path as the prompt names it: relative to the workspace when inside
+        it (forward slashes), else the file's name, else the URI."""
+        path = to_fs_path(uri)
+        if not path:
+            return uri
+        root = self.server.workspace_root
+        if root is not None:
+            try:
+                return Path(path).relative_to(root).as_posix()
+            except ValueError:
+                pass
+        return Path(path).name or uri
+
+    # -- documents (a DocumentListener) ---------------------------------------------------
+
+    def did_change(self, change: DocumentChange) -> None:
+        self.cancel(change.uri, "document changed")
+        if not self.enabled or not change.edits:
+            return
+        document = open_document(self.server.workspace, change.uri)
+        if document is None:
+            return
+        path = self.path_of(change.uri)
+        lines = document.lines
+        # Several edits of one `didChange` (multiple cursors) are each read against the text
+        # after all of them; an edit that no longer matches it is not recorded.
+        for edit in change.edits:
+            if edit.whole:
+                self.history.forget(path)
+                continue
+            self.history.record_edit(
+                path, lines, edit.line, edit.character, edit.removed, edit.text
+            )
+
+    def did_close(self, uri: str) -> None:
+        self.cancel(uri, "document closed")
+
+    # -- requests -------------------------------------------------------------------------
+
+    def cancel(self, uri: str, reason: str) -> None:
+        token = self.in_flight.pop(uri, None)
+        if token is not None:
+            token.cancel(reason)
+
+    def cancel_all(self, reason: str) -> None:
+        for uri in list(self.in_flight):
+            self.cancel(uri, reason)
+
+    def on_completion(self, active: bool) -> None:
+        """An inline completion request began: it gets the model thread first."""
+        if active:
+            self.cancel_all("an inline completion request came")
+
+    async def answer(self, params: NextEditParams, request_id: str) -> NextEditResult:
+        """The next-edit request's answer; whatever happens, one timing record."""
+        self.counters.requests += 1
+        record = _Record(request_id, time.perf_counter())
+        try:
+            return await self._answer(params, record)
+        except asyncio.CancelledError:
+            record.outcome = "cancelled"
+            raise
+        except Exception:
+            log.exception("next edit failed")
+            record.outcome = "error"
+            return NextEditResult()
+        finally:
+            self.timings.append(record.timing())
+
+    async def _answer(self, params: NextEditParams, record: _Record) -> NextEditResult:
+        uri = params.text_document.uri
+        predictor = self.predictor()
+        if not self.enabled or predictor is None:
+            record.outcome = "not_ready"
+            return NextEditResult()
+        document = open_document(self.server.workspace, uri)
+        if document is None:
+            record.outcome = "no_document"
+            return NextEditResult()
+        version = params.text_document.version
+        if (document.version or 0) != version:
+            record.outcome = "stale"
+            return NextEditResult()
+        position = document.server_position(params.position)
+        cursor = (position.line, position.character)
+        path = self.path_of(uri)
+        lines = document.lines
+        quick = predictor.quick_answer(path, cursor, self.history)
+        if quick is not None:
+            # No model call, nothing to wait for: answered on the event loop.
+            record.prediction = quick
+            record.outcome = "no_change"
+            return NextEditResult()
+        token = CancelToken()
+        self.cancel(uri, "superseded")
+        self.in_flight[uri] = token
+        predict = functools.partial(predictor.predict, lines, path, cursor, self.history, token)
+        loop = asyncio.get_running_loop()
+        try:
+            prediction = await loop.run_in_executor(self.server.model_executor, predict)
+        except Cancelled:
+            record.outcome = "cancelled"
+            return NextEditResult()
+        except asyncio.CancelledError:
+            token.cancel("cancelled by the client")  # stop the model within one decode step
+            raise
+        finally:
+            if self.in_flight.get(uri) is token:
+                del self.in_flight[uri]
+        record.prediction = prediction
+        if prediction.timings.reached_model:
+            self.counters.model_calls += 1
+        current = open_document(self.server.workspace, uri)
+        if current is None or (current.version or 0) != version:
+            record.outcome = "stale"
+            return NextEditResult()
+        if not prediction.edits:
+            refused = prediction.reason in ("outside_window", "undo", "truncated")
+            record.outcome = "refused" if refused else "no_change"
+            return NextEditResult()
+        record.outcome = "shown"
+        record.edits = len(prediction.edits)
+        self.counters.predicted += 1
+        prediction_id = uuid.uuid4().hex
+        invoked = params.context is not None and params.context.trigger_kind == 1
+        answered = Answered(
+            prediction_id,
+            uri,
+            language_of(document),
+            "invoked" if invoked else "automatic",
+            prediction,
+            time.monotonic(),
+        )
+        self._remember(answered)
+        return NextEditResult(
+            [self._item(prediction_id, document, version, lines, edit) for edit in prediction.edits]
+        )
+
+    def _item(
+        self, prediction_id: str, document: Document, version: int, lines: Any, edit: Edit
+    ) -> NextEditItem:
+        encoding = document.encoding
+
+        def position(line: int, character: int) -> types.Position:
+            text = lines[line] if line < len(lines) else ""
+            return types.Position(line, client_column(text, character, encoding))
+
+        return NextEditItem(
+            id=prediction_id,
+            text_document=types.VersionedTextDocumentIdentifier(version=version, uri=document.uri),
+            range=types.Range(
+                start=position(edit.start_line, edit.start_character),
+                end=position(edit.end_line, edit.end_character),
+            ),
+            text=edit.text,
+            command=types.Command(
+                title=ACCEPT_NEXT_EDIT_TITLE,
+                command=ACCEPT_NEXT_EDIT_COMMAND,
+                arguments=[prediction_id],
+            ),
+        )
+
+    def _remember(self, answered: Answered) -> None:
+        self.answered[answered.prediction_id] = answered
+        while len(self.answered) > PREDICTIONS_KEPT:
+            self.answered.popitem(last=False)
+
+    # -- outcomes -------------------------------------------------------------------------
+
+    def shown(self, prediction_id: str) -> None:
+        """The editor displayed the prediction (recorded once)."""
+        answered = self.answered.get(prediction_id)
+        if answered is None or answered.shown_at is not None or answered.finished:
+            return
+        answered.shown_at = time.monotonic()
+        self.counters.shown += 1
+        self._event(answered, "shown")
+
+    def accepted(self, prediction_id: str) -> None:
+        """`tabloop.acceptNextEdit`: the editor applied the prediction's edits."""
+        answered = self.answered.get(prediction_id)
+        if answered is None or answered.finished:
+            log.warning("accept for an unknown next edit %r", prediction_id)
+            return
+        self.shown(prediction_id)  # a client that does not say it showed it still did
+        answered.finished = True
+        self.counters.accepted += 1
+        self._event(answered, "accepted")
+
+    def rejected(self, prediction_id: str, reason: str) -> None:
+        """`tabloop/nextEditRejected`: dismissed, typed over, or the cursor moved away."""
+        answered = self.answered.get(prediction_id)
+        if answered is None or answered.finished:
+            return
+        self.shown(prediction_id)
+        answered.finished = True
+        self.counters.rejected += 1
+        self._event(answered, "rejected", reason)
+
+    def _event(self, answered: Answered, kind: NextEditKind, reason: str | None = None) -> None:
+        telemetry = self.server.find_feature(TelemetryFeature)
+        client = telemetry.client if telemetry is not None else None
+        if client is None or client.level == "off":
+            return
+        prediction = answered.prediction
+        window = prediction.window
+        timings = prediction.timings
+        full = client.level == "full"
+        info = self.server.client_info
+        since = answered.shown_at if kind != "shown" and answered.shown_at else None
+        try:
+            event = NextEditEvent(
+                decision_id=answered.prediction_id,
+                session_id=client.session_id,
+                install_id=client.install_id,
+                kind=kind,
+                reason=reason,
+                language=answered.language if len(answered.language) <= 64 else "other",
+                trigger=answered.trigger,
+                model_id=self.server.engine.model_id[:200] if self.server.engine else "",
+                edits=min(len(prediction.edits), 1000),
+                removed_chars=sum(len(e.removed) for e in prediction.edits),
+                inserted_chars=sum(len(e.text) for e in prediction.edits),
+                window_lines=len(window.lines) if window is not None else 0,
+                latency=Latency(model_ms=timings.model_ms, total_ms=timings.total_ms),
+                time_to_outcome_ms=(time.monotonic() - since) * 1000 if since else 0.0,
+                client_name=info.name[:64] if info is not None else None,
+                client_version=info.version[:64] if info is not None and info.version else None,
+                original=window.text[:MAX_TEXT_CHARS] if full and window is not None else None,
+                predicted=prediction.predicted[:MAX_TEXT_CHARS] if full else None,
+            )
+        except ValidationError as exc:
+            log.warning("a next edit could not be made into an event: %s", exc)
+            return
+        client.record(event)
+
+    def status_parts(self) -> dict[str, Any]:
+        """The `nextEdit` part of `tabloop/status`."""
+        counters = self.counters
+        return {
+            "nextEdit": {
+                "enabled": self.enabled,
+                "requests": counters.requests,
+                "predicted": counters.predicted,
+                "modelCalls": counters.model_calls,
+                "shown": counters.shown,
+                "accepted": counters.accepted,
+                "rejected": counters.rejected,
+                "historyEvents": len(self.history),
+            }
+        }
+
+
+def client_column(line: str, character: int, encoding: str) -> int:
+    """An LSP column in `encoding`'s code units for `character` code points into `line`."""
+    prefix = line[:character]
+    if encoding == types.PositionEncodingKind.Utf32 or prefix.isascii():
+        return len(prefix)
+    if encoding == types.PositionEncodingKind.Utf8:
+        return len(prefix.encode("utf-8"))
+    return len(prefix.encode("utf-16-le")) // 2
+
+
+def register(server: TabloopServer) -> None:
+    feature = server.add_feature(NextEditFeature(server))
+    server.hooks.settings.append(feature.on_settings)
+    server.hooks.documents.append(feature)
+    server.hooks.completion.append(feature.on_completion)
+    server.hooks.shutdown.append(lambda: feature.cancel_all("shutdown"))
+
+    async def next_edit(ls: TabloopServer, params: Any) -> Any:
+        request_id = str(ls.protocol.msg_id or "")
+        parsed = read_params(params, NextEditParams)
+        result = NextEditResult() if parsed is None else await feature.answer(parsed, request_id)
+        # Spelled out: the converter leaves out fields at their default, and `[]` must be sent.
+        return {"edits": [to_wire(item) for item in result.edits]}
+
+    server.feature(NEXT_EDIT_REQUEST)(next_edit)
+    server.feature(TABLOOP_NEXT_EDIT_REQUEST)(next_edit)
+
+    def did_show(ls: TabloopServer, params: Any) -> None:
+        shown = read_params(params, NextEditShownParams)
+        if shown is not None:
+            feature.shown(shown.item.id)
+
+    server.feature(DID_SHOW_INLINE_EDIT_NOTIFICATION)(did_show)
+    server.feature(NEXT_EDIT_SHOWN_NOTIFICATION)(did_show)
+
+    @server.feature(NEXT_EDIT_REJECTED_NOTIFICATION)
+    def rejected(ls: TabloopServer, params: Any) -> None:
+        found = read_params(params, NextEditRejectedParams)
+        if found is not None:
+            feature.rejected(found.id, found.reason)
+
+    @server.command(ACCEPT_NEXT_EDIT_COMMAND)
+    def accept(ls: TabloopServer, *args: Any) -> None:
+        """The editor applied a prediction; arguments: [id]."""
+        arguments = list(args[0]) if len(args) == 1 and isinstance(args[0], list) else list(args)
+        feature.accepted(str(arguments[0]) if arguments else "")
+
+    @server.feature(NEXT_EDIT_TIMINGS_REQUEST)
+    def timings(ls: TabloopServer, params: Any) -> list[NextEditTiming]:
+        """Recent next-edit request timings, oldest first (for benchmarks)."""
+        return list(feature.timings)
