@@ -112,13 +112,17 @@ def generate(
     for hour in range(HOURS, 0, -1):
         for _ in range(requests_per_hour):
             at = now - timedelta(hours=hour) + timedelta(seconds=rng.uniform(0, 3590))
-            history.events.extend(_request(rng, at, serving_at(history, at)))
+            history.events.extend(_request(rng, at, serving_at(history, at), now=now))
     return history
 
 
-def _request(rng: random.Random, at: datetime, version: str) -> list[dict[str, Any]]:
+def _request(
+    rng: random.Random, at: datetime, version: str, *, now: datetime
+) -> list[dict[str, Any]]:
     language = LANGUAGES[rng.random() < 0.35]
     editor, editor_version = EDITORS[rng.random() < 0.4]
+    # Adapter v0001 serves; for the last 6 hours v0002 is a canary on the Neovim installation.
+    canary = editor == "neovim" and at > now - timedelta(hours=6)
     decision_id = uuid.uuid4().hex
     show = rng.random() < (0.62 if version != "builtin" else 0.5)
     chars = rng.randint(5, 120)
@@ -134,6 +138,7 @@ def _request(rng: random.Random, at: datetime, version: str) -> list[dict[str, A
         "trigger": "automatic",
         "policy_version": version,
         "model_id": "tiny",
+        "model_version": "v0002" if canary else "v0001",
         "action": "show" if show else "silence",
         "propensity": 0.9,
         "suggestion_chars": chars if show else 0,

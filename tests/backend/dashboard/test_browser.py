@@ -155,9 +155,13 @@ def test_every_page_shows_what_the_endpoints_say(
     page.screenshot(path=screenshots / "ingestion.png", full_page=True)
     record_screenshot(screenshots / "ingestion.png")
 
-    # By language and editor: a row and a series per language and per editor.
+    # By language, editor and model version: a row and a series per value of each.
     open_page(page, "breakdown")
-    for by, values in (("language", {"python", "typescript"}), ("editor", {"vscode", "neovim"})):
+    for by, values in (
+        ("language", {"python", "typescript"}),
+        ("editor", {"vscode", "neovim"}),
+        ("model", {"v0001", "v0002"}),
+    ):
         split = api(server, f"/v1/stats/by/{by}", window="24h")
         section = page.locator(f"section[data-split={by}]")
         shown = {}
@@ -252,7 +256,7 @@ def test_an_empty_tenant_shows_empty_states_not_blank_charts(
         open_page(page, "ingestion")
         assert page.locator(".empty-state").count() == 3
         open_page(page, "breakdown")
-        assert page.locator("section .empty-state").count() == 2
+        assert page.locator("section .empty-state").count() == 3  # language, editor, model
         page.select_option("#window", "30d")
         wait_ready(page, "breakdown")
         assert "30 days" in page.locator("#page h2").inner_text()

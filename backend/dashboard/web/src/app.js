@@ -9,6 +9,7 @@ const COLORS = ["#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c", "#0891b2"
   "#4b5563", "#65a30d", "#7c3aed", "#0d9488"];
 const BAND_COLORS = ["rgba(37,99,235,0.07)", "rgba(22,163,74,0.08)", "rgba(234,88,12,0.08)",
   "rgba(147,51,234,0.07)", "rgba(8,145,178,0.08)"];
+const MODEL_BAND_COLORS = ["rgba(147,51,234,0.18)", "rgba(13,148,136,0.18)", "rgba(202,138,4,0.18)", "rgba(219,39,119,0.18)"];
 const WINDOW_WORDS = { "1h": "hour", "24h": "24 hours", "7d": "7 days", "30d": "30 days" };
 
 const $ = (id) => document.getElementById(id);
@@ -86,12 +87,21 @@ function status(text, kind = "") {
 // -- charts ---------------------------------------------------------------------------------
 
 // Serving policy versions as shaded bands behind the series, promotions and rollbacks (and any
-// other registry action: canary, approval) as labelled vertical lines.
-function policyPlugin(bands, markers) {
+// other registry action: canary, approval) as labelled vertical lines. Model (adapter) versions:
+// a strip of bands along the top, their transitions as dotted lines labelled "model ...".
+function policyPlugin(bands, markers, modelBands = [], modelMarkers = []) {
   const colorOf = {};
   bands.forEach((b) => {
     if (!(b.version in colorOf)) colorOf[b.version] = BAND_COLORS[Object.keys(colorOf).length % BAND_COLORS.length];
   });
+  const modelColorOf = {};
+  modelBands.forEach((b) => {
+    if (!(b.version in modelColorOf)) modelColorOf[b.version] = MODEL_BAND_COLORS[Object.keys(modelColorOf).length % MODEL_BAND_COLORS.length];
+  });
+  const lines = [
+    ...markers.map((m) => ({ ...m, label: `${m.action} ${m.version}`, dash: [4, 3] })),
+    ...modelMarkers.map((m) => ({ ...m, label: `model ${m.action} ${m.version}`, dash: [1, 2] })),
+  ];
   return {
     hooks: {
       drawClear: [(u) => {
@@ -107,6 +117,15 @@ function policyPlugin(bands, markers) {
           ctx.fillStyle = "#6b7280";
           if (x1 - x0 > 30 * devicePixelRatio) ctx.fillText(band.version, x0 + 4, top + 12 * devicePixelRatio);
         }
+        const strip = 14 * devicePixelRatio;
+        for (const band of modelBands) {
+          const x0 = u.valToPos(band.start, "x", true);
+          const x1 = u.valToPos(band.end, "x", true);
+          ctx.fillStyle = modelColorOf[band.version];
+          ctx.fillRect(x0, top + height - strip, x1 - x0, strip);
+          ctx.fillStyle = "#374151";
+          if (x1 - x0 > 40 * devicePixelRatio) ctx.fillText(`model ${band.version}`, x0 + 4, top + height - 3 * devicePixelRatio);
+        }
         ctx.restore();
       }],
       draw: [(u) => {
@@ -114,17 +133,17 @@ function policyPlugin(bands, markers) {
         const { top, height } = u.bbox;
         ctx.save();
         ctx.font = `${Math.round(10 * devicePixelRatio)}px sans-serif`;
-        for (const m of markers) {
+        for (const m of lines) {
           const x = u.valToPos(m.t, "x", true);
-          ctx.strokeStyle = m.action === "rollback" ? "#dc2626" : m.action === "promote" ? "#16a34a" : "#9333ea";
-          ctx.setLineDash([4, 3]);
+          ctx.strokeStyle = m.action.endsWith("rollback") ? "#dc2626" : m.action.endsWith("promote") ? "#16a34a" : "#9333ea";
+          ctx.setLineDash(m.dash);
           ctx.lineWidth = devicePixelRatio;
           ctx.beginPath();
           ctx.moveTo(x, top);
           ctx.lineTo(x, top + height);
           ctx.stroke();
           ctx.fillStyle = ctx.strokeStyle;
-          ctx.fillText(`${m.action} ${m.version}`, x + 3, top + height - 4 * devicePixelRatio);
+          ctx.fillText(m.label, x + 3, top + height - (m.dash[0] === 1 ? 18 : 4) * devicePixelRatio);
         }
         ctx.restore();
       }],
@@ -158,7 +177,7 @@ function chart(title, key, times, series, opts = {}) {
       spanGaps: false,
       value: (u, v) => (v === null || v === undefined ? "–" : opts.percent ? pct(v) : nf.format(Math.round(v * 100) / 100)),
     }))],
-    plugins: opts.bands ? [policyPlugin(opts.bands, opts.markers || [])] : [],
+    plugins: opts.bands ? [policyPlugin(opts.bands, opts.markers || [], opts.modelBands || [], opts.modelMarkers || [])] : [],
   }, [times, ...series.map((s) => s.values)], box);
   state.charts.push(plot);
   return figure;
@@ -184,7 +203,7 @@ async function overview(root, tenant, window) {
   const data = await api("/v1/stats/overview", { tenant, window });
   const s = data.summary;
   root.append(el("h2", {}, `Overview of ${data.tenant}, last ${WINDOW_WORDS[window]}`),
-    el("p", { class: "sub" }, `Serving ${data.serving}. Shaded: the serving policy version; lines: promotions and rollbacks.`));
+    el("p", { class: "sub", id: "serving" }, `Serving policy ${data.serving}, model ${data.model_serving}. Shaded: the serving policy version; strip along the bottom: the serving model version; lines: promotions, canaries and rollbacks (dotted: the model's).`));
   root.append(el("div", { class: "cards", id: "summary" },
     card("requests", "Requests", s.requests, num(s.requests)),
     card("shown_share", "Shown", s.shown_share, pct(s.shown_share)),
@@ -200,7 +219,13 @@ async function overview(root, tenant, window) {
     return;
   }
   const t = data.series.t;
-  const opts = { bands: data.bands, markers: data.markers };
+  const opts = { bands: data.bands, markers: data.markers, modelBands: data.model_bands, modelMarkers: data.model_markers };
+  if (data.model_markers.length) {
+    root.append(el("section", { id: "model-transitions" }, el("h3", {}, "Model versions"),
+      table(["when", "action", "version", "who", "why"], data.model_markers.map((m) => el("tr", { "data-action": m.action },
+        el("td", {}, when(m.t)), el("td", {}, m.action), el("td", {}, m.version),
+        el("td", {}, m.actor || ""), el("td", {}, m.reason || ""))))));
+  }
   root.append(
     chart("Requests", "requests", t, [{ label: "requests", values: data.series.requests }], opts),
     chart("Shown share and accept rates", "rates", t, [
@@ -316,8 +341,8 @@ async function ingestion(root, tenant, window) {
 }
 
 async function breakdown(root, tenant, window) {
-  root.append(el("h2", {}, `By language and editor, last ${WINDOW_WORDS[window]}`));
-  for (const [by, title] of [["language", "Language"], ["editor", "Editor"]]) {
+  root.append(el("h2", {}, `By language, editor and model version, last ${WINDOW_WORDS[window]}`));
+  for (const [by, title] of [["language", "Language"], ["editor", "Editor"], ["model", "Model version"]]) {
     const data = await api(`/v1/stats/by/${by}`, { tenant, window });
     const section = el("section", { "data-split": by }, el("h3", {}, title));
     root.append(section);
