@@ -32,7 +32,7 @@ from lsp_server.features.training_loop import TrainingLoopFeature
 from lsp_server.protocol import TRAINING_PROGRESS_TITLE, plain
 from tests.lsp_server.conftest import load_profile
 from tests.support.feature_server import feature_server
-from training.background import INTERRUPTED, STATE_DIR, STATE_FILE
+from training.background import INTERRUPTED, OVER_MEMORY, STATE_DIR, STATE_FILE
 from training.registry import RUN_DIR, scope_dir
 from training.trainer import CHECKPOINTS
 
@@ -267,3 +267,26 @@ async def test_a_killed_training_resumes_after_a_server_restart(
     assert last["version"] == "v0001"
     assert done["training"]["state"] == "waiting"
     assert not checkpoints.exists()  # finished: the next run starts fresh
+
+
+async def test_a_run_over_the_memory_cap_is_stopped_and_not_retried_at_once(
+    workspace: Path, tiny_model_path: Path, tmp_path: Path, clients: list[LanguageClient]
+) -> None:
+    cache = tmp_path / "cache"
+    client = await start(workspace, options(cache, tiny_model_path, maxMemoryMb=1))
+    clients.append(client)
+    running = await until(client, lambda s: training_pid(s) is not None, "training run")
+    pid = training_pid(running)
+    assert pid is not None
+    stopped = await until(
+        client, lambda s: s["training"]["lastRun"]["outcome"] == OVER_MEMORY, "memory stop"
+    )
+    await wait_for(lambda: gone(pid), "stopped child")
+    assert stopped["training"]["state"] == "waiting"
+    assert "run" not in stopped["training"]
+    # Later looks do not start it again: it waits for new material or the minimum interval.
+    later = await until(client, lambda s: s["training"]["reason"] != "", "a reason to wait")
+    assert later["training"]["state"] == "waiting", later
+    assert (
+        "new material" in later["training"]["reason"] or "interval" in later["training"]["reason"]
+    )
