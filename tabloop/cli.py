@@ -193,6 +193,12 @@ def _bench_speculative() -> Command:
     return speculative.main
 
 
+def _bench_speculative_edits() -> Command:
+    from evaluation.bench import speculative_edits
+
+    return speculative_edits.main
+
+
 def _bench_adapters() -> Command:
     from evaluation.bench import adapters
 
@@ -231,6 +237,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "gate": Benchmark(_bench_gate),
     "edits": Benchmark(_bench_edits),
     "speculative": Benchmark(_bench_speculative),
+    "speculative-edits": Benchmark(_bench_speculative_edits),
     "adapters": Benchmark(_bench_adapters),
     "dashboard": Benchmark(_bench_dashboard),
     "scale": Benchmark(_bench_scale),

@@ -95,7 +95,10 @@ def _summary(plain: list[dict[str, Any]], spec: list[dict[str, Any]]) -> dict[st
         "tokens_per_forward_pass_plain": tokens_per_pass(plain_gens),
         "decode_tok_s": decode_tok_s(gens),
         "decode_tok_s_plain": decode_tok_s(plain_gens),
-        "decode_speedup_p50": round(statistics.median(decode_speedups), 3),
+        # None when no request decoded more than one token.
+        "decode_speedup_p50": (
+            round(statistics.median(decode_speedups), 3) if decode_speedups else None
+        ),
         "decode_speedup_total": round(
             sum(g.decode_ms for g in plain_gens) / sum(g.decode_ms for g in gens), 3
         ),

@@ -1,0 +1,263 @@
+"""Speculative edits against plain greedy decoding, on next-edit rewrites of real code.
+
+Windows of 10, 20 and 40 lines (`--lines`) are cut at random places in the top-level modules of
+this machine's Python standard library, and a realistic small edit is made in each: a name
+renamed at its first use in the window (the rest of its uses are what the model should rename
+next), or a number or string changed on one line. The model is asked for the updated window with
+the next-edit prompt (`completion.next_edit.prompt`: the edit as an original/updated block, then
+the original, current and updated window), up to the window's tokens plus 32, stopping at
+`<|file_sep|>`.
+
+Each prompt runs plain (`generate`) and with the current window as the draft
+(`DraftRunner.generate_with_draft`, for each draft length in `--tokens`), on one loaded runner
+with its prompt reuse off so every request reads its whole prompt; the order alternates from
+prompt to prompt so a change in the machine's load hits both alike. Plain greedy decoding is the
+baseline.
+
+Reported per window size: the share of requests whose output is identical (text, token count,
+stop reason; the figure that must be 1.0), drafted and accepted tokens, tokens per forward pass,
+decode tokens/s and the speed-up of the decode and of the whole request (p50 and total), and the
+configuration loaded (engine, weights, threads).
+
+    tabloop bench speculative-edits [--engine onnxruntime|torch] [--n 4] [--lines 10,20,40]
+        [--tokens 16] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SEED = 29
+MARGIN_TOKENS = 32  # tokens allowed past the window's own (`completion.next_edit` settings)
+MAX_LINE_CHARS = 120
+IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z_0-9]{2,}\b")
+NUMBER = re.compile(r"(?<![\w.])\d+(?![\w.])")
+STRING = re.compile(r"(['\"])([A-Za-z ]{2,})\1")
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One window of real code with one edit made in it, as the next-edit prompt shows it."""
+
+    path: str
+    start: int
+    original: tuple[str, ...]  # the window before the edit
+    current: tuple[str, ...]  # the window after it
+    line: int  # the edited line, in the window
+    kind: str  # "rename" or "change"
+
+
+def _renamed(lines: list[str], rng: random.Random) -> tuple[list[str], int] | None:
+    """`lines` with a name used at least twice renamed at its first use."""
+    import keyword
+
+    text = "".join(lines)
+    counts: dict[str, int] = {}
+    for name in IDENTIFIER.findall(text):
+        counts[name] = counts.get(name, 0) + 1
+    names = sorted(n for n, c in counts.items() if c >= 2 and not keyword.iskeyword(n))
+    if not names:
+        return None
+    name = rng.choice(names)
+    pattern = re.compile(rf"\b{re.escape(name)}\b")
+    for index, line in enumerate(lines):
+        if pattern.search(line):
+            changed = list(lines)
+            changed[index] = pattern.sub(f"{name}_new", line, count=1)
+            return changed, index
+    return None
+
+
+def _changed(lines: list[str], rng: random.Random) -> tuple[list[str], int] | None:
+    """`lines` with one number made larger or one short string reworded, on one line."""
+    candidates = [i for i, line in enumerate(lines) if NUMBER.search(line) or STRING.search(line)]
+    if not candidates:
+        return None
+    index = rng.choice(candidates)
+    line = lines[index]
+    number = NUMBER.search(line)
+    if number is not None:
+        line = line[: number.start()] + str(int(number.group()) + 1) + line[number.end() :]
+    else:
+        line = STRING.sub(lambda m: f"{m.group(1)}{m.group(2)} now{m.group(1)}", line, count=1)
+    changed = list(lines)
+    changed[index] = line
+    return changed, index
+
+
+def sample_rewrites(size: int, n: int, rng: random.Random) -> list[Rewrite]:
+    """`n` windows of `size` lines from the standard library, each with one edit made."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py") if p.stat().st_size < 200_000)
+    found: list[Rewrite] = []
+    while len(found) < n:
+        path = rng.choice(files)
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+        if len(lines) < size:
+            continue
+        start = rng.randrange(len(lines) - size + 1)
+        window = lines[start : start + size]
+        if sum(1 for line in window if line.strip()) < size // 2:
+            continue
+        if any(len(line) > MAX_LINE_CHARS for line in window):
+            continue
+        kind = "rename" if len(found) % 2 == 0 else "change"
+        edit = (_renamed if kind == "rename" else _changed)(window, rng)
+        if edit is None:
+            continue
+        current, line = edit
+        found.append(Rewrite(path.name, start, tuple(window), tuple(current), line, kind))
+    return found
+
+
+def prompt_for(rewrite: Rewrite) -> str:
+    """The next-edit prompt of `rewrite` (`completion.next_edit.prompt`)."""
+    from completion.next_edit.history import EditEvent
+    from completion.next_edit.prompt import Window, build_prompt, render_event
+
+    line = rewrite.start + rewrite.line
+    event = EditEvent(
+        path=rewrite.path,
+        start=line,
+        original=(rewrite.original[rewrite.line],),
+        updated=(rewrite.current[rewrite.line],),
+        first_at=0.0,
+        last_at=0.0,
+    )
+    window = Window(rewrite.start, rewrite.current)
+    return build_prompt(rewrite.path, [render_event(event)], "".join(rewrite.original), window)
+
+
+def stop_at_file_sep(text: str) -> int | None:
+    """Where the rewrite ends: its `<|file_sep|>` (or end of text)."""
+    from completion.next_edit.prompt import FILE_SEP
+
+    found = [i for mark in (FILE_SEP, "<|endoftext|>") if (i := text.find(mark)) >= 0]
+    return min(found) if found else None
+
+
+def _run(runner: Any, prompt: str, draft: str | None, max_new_tokens: int) -> dict[str, Any]:
+    from completion.types import CancelToken
+
+    started = time.perf_counter()
+    if draft is None:
+        generation = runner.generate(
+            prompt, max_new_tokens=max_new_tokens, stop=stop_at_file_sep, cancel=CancelToken()
+        )
+    else:
+        generation = runner.generate_with_draft(
+            prompt,
+            draft=draft,
+            max_new_tokens=max_new_tokens,
+            stop=stop_at_file_sep,
+            cancel=CancelToken(),
+        )
+    return {"request_ms": (time.perf_counter() - started) * 1000, "generation": generation}
+
+
+def _configuration(runner: Any) -> dict[str, Any]:
+    """What was loaded: engine, weights, threads."""
+    from completion.runners.onnx import OnnxRunner
+
+    if isinstance(runner, OnnxRunner):
+        return runner.describe()
+    import torch
+
+    return {
+        "engine": "torch",
+        "engine_version": torch.__version__,
+        "compute_type": str(runner.dtype),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    """Run every rewrite plain and drafted and print one JSON report."""
+    parser = argparse.ArgumentParser(prog="tabloop bench speculative-edits", description=__doc__)
+    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--engine", default="onnxruntime", choices=["onnxruntime", "torch"])
+    parser.add_argument("--cache-dir", default="")
+    parser.add_argument("--n", type=int, default=4, help="rewrites per window size")
+    parser.add_argument("--lines", default="10,20,40", help="window sizes in lines")
+    parser.add_argument("--tokens", default="", help="draft tokens per pass, comma-separated")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+    args = parser.parse_args(argv)
+
+    from common.paths import default_cache_dir
+    from completion.runners import load_runner
+    from completion.runners.onnx import OnnxRunner
+    from completion.runners.torch_runner import TorchRunner
+    from completion.settings import CompletionSettings
+    from evaluation.bench.speculative import _summary
+
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    settings = CompletionSettings(
+        model=args.model, engine=args.engine, threads=args.threads, cache=False
+    )
+    runner = load_runner(settings, cache_dir)
+    if not isinstance(runner, OnnxRunner | TorchRunner):  # the runners that check drafts
+        raise SystemExit(f"tabloop bench speculative-edits: {args.engine} cannot check drafts")
+    lengths = [int(k) for k in args.tokens.split(",") if k] or [runner.edit_draft_tokens]
+    sizes = [int(size) for size in args.lines.split(",") if size]
+    rng = random.Random(args.seed)
+
+    by_size: dict[str, Any] = {}
+    done = 0
+    for size in sizes:
+        rewrites = sample_rewrites(size, args.n, rng)
+        modes: list[int] = [0, *lengths]  # 0: plain
+        runs: dict[int, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        for index, rewrite in enumerate(rewrites):
+            prompt, draft = prompt_for(rewrite), "".join(rewrite.current)
+            max_new_tokens = runner.count_tokens(draft) + MARGIN_TOKENS
+            for mode in modes if index % 2 == 0 else modes[::-1]:
+                runner.edit_draft_tokens = max(mode, 1)
+                runs[mode].append(_run(runner, prompt, draft if mode else None, max_new_tokens))
+            done += 1
+            print(f"\r{done}/{len(sizes) * args.n}", end="", file=sys.stderr, flush=True)
+        plain = runs[0]
+        outputs = [a["generation"].text for a in plain]
+        by_size[str(size)] = {
+            "rewrites": len(rewrites),
+            "kinds": [r.kind for r in rewrites],
+            "window_tokens_p50": statistics.median(
+                runner.count_tokens("".join(r.current)) for r in rewrites
+            ),
+            "prompt_tokens_p50": statistics.median(a["generation"].prompt_tokens for a in plain),
+            "new_tokens_total": sum(a["generation"].new_tokens for a in plain),
+            # How the model answered: the current window copied, or changed.
+            "outputs_equal_to_window": sum(
+                out == "".join(r.current) for out, r in zip(outputs, rewrites, strict=True)
+            ),
+            "by_draft_tokens": {str(k): _summary(plain, runs[k]) for k in lengths},
+        }
+    print(file=sys.stderr)
+    report = {
+        "benchmark": "speculative-edits",
+        "command": "tabloop bench speculative-edits " + " ".join(argv),
+        "model_id": runner.model_id,
+        "configuration": _configuration(runner),
+        "load_average": round(os.getloadavg()[0], 2),
+        "baseline": "plain greedy decoding (generate) of the same prompts, same runner",
+        "by_window_lines": by_size,
+    }
+    runner.close()
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

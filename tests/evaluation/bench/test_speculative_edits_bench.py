@@ -1,0 +1,50 @@
+"""`tabloop bench speculative-edits`: the rewrites it samples, the prompt it asks with, and one
+run end to end on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from evaluation.bench.speculative_edits import main, prompt_for, sample_rewrites
+
+
+@pytest.mark.parametrize("size", [10, 20, 40])
+def test_each_rewrite_changes_one_line_of_its_window(size: int) -> None:
+    rewrites = sample_rewrites(size, 6, random.Random(size))
+    assert [r.kind for r in rewrites] == ["rename", "change"] * 3
+    for rewrite in rewrites:
+        assert len(rewrite.original) == len(rewrite.current) == size
+        pairs = zip(rewrite.original, rewrite.current, strict=True)
+        changed = [i for i, (before, after) in enumerate(pairs) if before != after]
+        assert changed == [rewrite.line]
+        if rewrite.kind == "rename":
+            # The renamed name is still used elsewhere in the window: what the model renames next.
+            (new,) = set(re.findall(r"\w+_new\b", rewrite.current[rewrite.line]))
+            name = new.removesuffix("_new")
+            assert re.search(rf"\b{name}\b", "".join(rewrite.current))
+
+
+def test_the_prompt_ends_where_the_updated_window_begins() -> None:
+    (rewrite,) = sample_rewrites(10, 1, random.Random(1))
+    prompt = prompt_for(rewrite)
+    current = "".join(rewrite.current)
+    assert prompt.endswith(f"{current}<|file_sep|>updated/{rewrite.path}\n")
+    assert f"<|file_sep|>original/{rewrite.path}\n{''.join(rewrite.original)}" in prompt
+    assert f"<|file_sep|>{rewrite.path}.diff\noriginal:\n{rewrite.original[rewrite.line]}" in prompt
+
+
+def test_runs_end_to_end(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--model", str(tiny_model_path), "--engine", "torch", "--n", "2", "--lines", "10"]
+    assert main([*argv, "--cache-dir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["configuration"]["engine"] == "torch"
+    size = report["by_window_lines"]["10"]
+    assert size["rewrites"] == 2
+    assert size["by_draft_tokens"]["16"]["identical_share"] == 1.0
