@@ -146,10 +146,16 @@ def test_incremental_edits_equal_full_replacement(
         edited.offset_at_position(end)
         begin = reference_offset(expected, start, encoding)
         stop = max(begin, reference_offset(expected, end, encoding))
+        before = expected
         expected = expected[:begin] + new_text + expected[stop:]
         edited.apply_change(
             types.TextDocumentContentChangePartial(range=types.Range(start, end), text=new_text)
         )
+        (change,) = edited.take_change().edits
+        # The change says what it replaced, and where it starts as (line, character).
+        assert change.removed == before[begin:stop]
+        line_start = sum(map(len, reference_lines(before)[: change.line]))
+        assert line_start + change.character == change.start == begin
         assert edited.source == expected
         assert list(edited.lines) == reference_lines(expected)
         assert (edited.length, edited.line_count) == (len(expected), len(reference_lines(expected)))

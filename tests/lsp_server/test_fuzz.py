@@ -25,7 +25,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lsp_server.protocol import STATUS_REQUEST, TIMINGS_REQUEST
+from lsp_server.protocol import (
+    ACCEPT_NEXT_EDIT_COMMAND,
+    DID_SHOW_INLINE_EDIT_NOTIFICATION,
+    NEXT_EDIT_REJECTED_NOTIFICATION,
+    NEXT_EDIT_REQUEST,
+    NEXT_EDIT_SHOWN_NOTIFICATION,
+    NEXT_EDIT_TIMINGS_REQUEST,
+    STATUS_REQUEST,
+    TABLOOP_NEXT_EDIT_REQUEST,
+    TIMINGS_REQUEST,
+)
 from tests.support.raw_lsp import RawServer, frame
 
 LONG = os.environ.get("TABLOOP_FUZZ_LONG") == "1"
@@ -88,6 +98,17 @@ uris = st.one_of(
     json_value,
 )
 text_documents = st.fixed_dictionaries({"uri": uris})
+versioned_documents = st.fixed_dictionaries(
+    {"uri": uris, "version": st.one_of(st.integers(-5, 2**31), json_value)}
+)
+next_edit_params = st.fixed_dictionaries(
+    {
+        "textDocument": versioned_documents,
+        "position": positions,
+        "context": st.fixed_dictionaries({"triggerKind": st.sampled_from([1, 2, 3, "x"])}),
+    }
+)
+next_edit_items = st.fixed_dictionaries({"item": st.fixed_dictionaries({"id": json_value})})
 ranges = st.fixed_dictionaries({"start": positions, "end": positions})
 
 REQUESTS = {
@@ -98,11 +119,16 @@ REQUESTS = {
             "context": st.fixed_dictionaries({"triggerKind": st.sampled_from([1, 2, 3, "x"])}),
         }
     ),
+    NEXT_EDIT_REQUEST: next_edit_params,
+    TABLOOP_NEXT_EDIT_REQUEST: next_edit_params,
     STATUS_REQUEST: st.one_of(st.none(), json_value),
     TIMINGS_REQUEST: st.one_of(st.none(), json_value),
+    NEXT_EDIT_TIMINGS_REQUEST: st.one_of(st.none(), json_value),
     "workspace/executeCommand": st.fixed_dictionaries(
         {
-            "command": st.sampled_from(["tabloop.accept", "no.such.command"]),
+            "command": st.sampled_from(
+                ["tabloop.accept", ACCEPT_NEXT_EDIT_COMMAND, "no.such.command"]
+            ),
             "arguments": st.lists(json_value, max_size=3),
         }
     ),
@@ -143,6 +169,14 @@ NOTIFICATIONS = {
         {"id": st.one_of(st.integers(), st.text(), json_value)}
     ),
     "tabloop/didShow": json_value,
+    DID_SHOW_INLINE_EDIT_NOTIFICATION: st.one_of(next_edit_items, json_value),
+    NEXT_EDIT_SHOWN_NOTIFICATION: st.one_of(next_edit_items, json_value),
+    NEXT_EDIT_REJECTED_NOTIFICATION: st.one_of(
+        st.fixed_dictionaries(
+            {"id": json_value, "reason": st.sampled_from(["dismissed", "typed", "moved", "x"])}
+        ),
+        json_value,
+    ),
     "$/setTrace": json_value,
 }
 
@@ -266,18 +300,21 @@ def edits(draw: st.DrawFn) -> Case:
             max_size=4,
         )
     )
+    version = next(_ids)
     change = {
         "jsonrpc": "2.0",
         "method": "textDocument/didChange",
-        "params": {"textDocument": {"uri": URI, "version": next(_ids)}, "contentChanges": changes},
+        "params": {"textDocument": {"uri": URI, "version": version}, "contentChanges": changes},
     }
     msg_id = fresh_id("int")
+    # An inline completion, or a next edit at the version just made (the edits are its history).
+    method = draw(st.sampled_from(["textDocument/inlineCompletion", NEXT_EDIT_REQUEST]))
     ask = {
         "jsonrpc": "2.0",
         "id": msg_id,
-        "method": "textDocument/inlineCompletion",
+        "method": method,
         "params": {
-            "textDocument": {"uri": URI},
+            "textDocument": {"uri": URI, "version": version},
             "position": {"line": draw(st.integers(0, 40)), "character": draw(st.integers(0, 90))},
             "context": {"triggerKind": 2},
         },
