@@ -3,15 +3,18 @@
 It advertises `capabilities.experimental.tabloop.nextEdit`, keeps the documents the editor opens
 and changes (pygls's workspace), and answers `textDocument/copilotInlineEdit` (and
 `tabloop/nextEdit`) from a script: the first rule whose `when` text occurs in the document gives
-the prediction, each `{find, replace}` pair one edit per occurrence of `find`. A request for an old
+the prediction. A request for an old
 version of the document, or a document no rule fits, is answered `{"edits": []}`. Everything the
 client sends about next edits (requests, cancellations, shows, rejections, `tabloop.acceptNextEdit`)
-is recorded and answered to the `scripted/log` request, so a test reads what the client did.
+is recorded and answered to the `scripted/log` request, so a test reads what the client did;
+`scripted/document` (`{"uri": ...}`) answers the server's copy of a document's text.
 
     python -m tests.support.next_edit_server --script FILE   # LSP on stdin/stdout
 
-The script (JSON): `{"rules": [{"when": str, "edits": [{"find": str, "replace": str}]}],
-"delay_ms": 0}`; `delay_ms` holds every answer back (a slow model), so that a test can see a
+The script (JSON): `{"rules": [{"when": str, "edits": [EDIT, ...]}], "delay_ms": 0}`, where EDIT
+is `{"find": str, "replace": str}` (every occurrence of `find` replaced) or `{"before": str,
+"insert": str}` (`insert` put in before the first occurrence of `before`); a rule without edits
+answers no change. `delay_ms` holds every answer back (a slow model), so that a test can see a
 request cancelled by the next one.
 """
 
@@ -47,14 +50,30 @@ SHOWN_METHODS = (DID_SHOW_INLINE_EDIT_NOTIFICATION, NEXT_EDIT_SHOWN_NOTIFICATION
 REJECTED = NEXT_EDIT_REJECTED_NOTIFICATION
 ACCEPT = ACCEPT_NEXT_EDIT_COMMAND
 LOG_REQUEST = "scripted/log"
+DOCUMENT_REQUEST = "scripted/document"
+
+
+@dataclass(frozen=True)
+class ScriptedEdit:
+    """Every occurrence of `find` replaced by `text`; `insert_only`: `text` before the first."""
+
+    find: str
+    text: str
+    insert_only: bool = False
+
+    @classmethod
+    def read(cls, data: dict[str, str]) -> ScriptedEdit:
+        if "before" in data:
+            return cls(data["before"], data["insert"], insert_only=True)
+        return cls(data["find"], data["replace"])
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A prediction: used when `when` occurs in the document; `(find, replace)` per occurrence."""
+    """A prediction: used when `when` occurs in the document."""
 
     when: str
-    edits: tuple[tuple[str, str], ...]
+    edits: tuple[ScriptedEdit, ...]
 
 
 @dataclass
@@ -66,7 +85,7 @@ class Script:
     def read(cls, path: Path) -> Script:
         data = json.loads(path.read_text(encoding="utf-8"))
         rules = [
-            Rule(rule["when"], tuple((edit["find"], edit["replace"]) for edit in rule["edits"]))
+            Rule(rule["when"], tuple(ScriptedEdit.read(edit) for edit in rule["edits"]))
             for rule in data.get("rules", [])
         ]
         return cls(rules, int(data.get("delay_ms", 0)))
@@ -86,11 +105,14 @@ def predicted_edits(script: Script, text: str, uri: str, version: int) -> list[d
     if rule is None:
         return []
     found: list[tuple[int, int, str]] = []
-    for find, replace in rule.edits:
-        start = text.find(find)
-        while find and start >= 0:
-            found.append((start, start + len(find), replace))
-            start = text.find(find, start + len(find))
+    for edit in rule.edits:
+        start = text.find(edit.find)
+        if edit.insert_only and start >= 0:
+            found.append((start, start, edit.text))
+            continue
+        while edit.find and start >= 0:
+            found.append((start, start + len(edit.find), edit.text))
+            start = text.find(edit.find, start + len(edit.find))
     prediction = uuid.uuid4().hex
     return [
         {
@@ -168,6 +190,10 @@ def create_server(script: Script) -> LanguageServer:
     @server.feature(LOG_REQUEST)
     def read_log(_params: Any) -> list[dict[str, Any]]:
         return log
+
+    @server.feature(DOCUMENT_REQUEST)
+    def read_document(params: Any) -> str:
+        return server.workspace.get_text_document(plain(params)["uri"]).source
 
     return server
 

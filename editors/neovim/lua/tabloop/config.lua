@@ -14,6 +14,10 @@ local M = {}
 ---@field cmd? string[] The server command; default `tabloop serve --stdio`.
 ---@field search_results integer How many hits `:TabloopSearch` asks for.
 ---@field inline_completion boolean Ghost text where Neovim has it (0.12+); false: completion items instead.
+---@field next_edit tabloop.NextEditOptions Next-edit suggestions.
+
+---@class tabloop.NextEditOptions
+---@field enabled boolean Ask for the next edit after a pause in typing; false also turns it off in the server (`nextEdit.enabled`).
 
 ---@type tabloop.Options
 M.defaults = {
@@ -28,6 +32,7 @@ M.defaults = {
   cmd = nil,
   search_results = 20,
   inline_completion = true,
+  next_edit = { enabled = true },
 }
 
 ---@type tabloop.Options
@@ -40,6 +45,9 @@ function M.server_settings()
   settings.telemetry = settings.telemetry or {}
   if settings.telemetry.clientEnabled == nil then
     settings.telemetry.clientEnabled = M.options.telemetry
+  end
+  if not M.options.next_edit.enabled then
+    settings.nextEdit = vim.tbl_extend('keep', settings.nextEdit or {}, { enabled = false })
   end
   return settings
 end

@@ -1,8 +1,9 @@
---- tabloop for Neovim: ghost-text suggestions from the tabloop language server, codebase search
---- by meaning, and status. `lsp/tabloop.lua` is the server config; this module is what runs when
---- the server attaches to a buffer.
+--- tabloop for Neovim: ghost-text suggestions and next edits from the tabloop language server,
+--- codebase search by meaning, and status. `lsp/tabloop.lua` is the server config; this module is
+--- what runs when the server attaches to a buffer.
 local config = require('tabloop.config')
 local inline = require('tabloop.inline')
+local next_edit = require('tabloop.next_edit')
 local protocol = require('tabloop.protocol')
 
 local M = {}
@@ -59,26 +60,49 @@ local function map(mode, lhs, rhs, bufnr, desc, expr)
   end
 end
 
+--- The ghost-text keys (0.12), which also take and dismiss a next edit; with no ghost text, the
+--- accept and dismiss keys alone, for next edits, when the server offers them.
+---@param client vim.lsp.Client
 ---@param bufnr integer
-local function set_keymaps(bufnr)
+local function set_keymaps(client, bufnr)
   local keys = config.options.keymaps
-  if config.use_inline() then
-    local accept_key = keys.accept
-    map('i', accept_key, function()
-      if inline.accept(bufnr) then
-        return ''
-      end
-      return vim.keycode(accept_key --[[@as string]])
-    end, bufnr, 'tabloop: accept the suggestion', true)
+  local ghost = config.use_inline()
+  if not (ghost or (config.options.next_edit.enabled and next_edit.offered(client))) then
+    return
+  end
+  local accept_key, dismiss_key = keys.accept, keys.dismiss
+  map('i', accept_key, function()
+    if ghost and inline.accept(bufnr) then
+      return ''
+    end
+    if next_edit.visible(bufnr) then
+      vim.schedule(function()
+        next_edit.accept(bufnr)
+      end)
+      return ''
+    end
+    return vim.keycode(accept_key --[[@as string]])
+  end, bufnr, ghost and 'tabloop: accept the suggestion' or 'tabloop: accept the next edit', true)
+  map('i', dismiss_key, function()
+    local shown = next_edit.visible(bufnr) ~= nil
+    if shown or ghost then
+      vim.schedule(function()
+        next_edit.reject(bufnr, 'dismissed')
+        if ghost then
+          inline.dismiss(bufnr)
+        end
+      end)
+      return ''
+    end
+    return vim.keycode(dismiss_key --[[@as string]])
+  end, bufnr, ghost and 'tabloop: dismiss the suggestion' or 'tabloop: dismiss the next edit', true)
+  if ghost then
     map('i', keys.next, function()
       inline.select(1)
     end, bufnr, 'tabloop: next suggestion')
     map('i', keys.prev, function()
       inline.select(-1)
     end, bufnr, 'tabloop: previous suggestion')
-    map('i', keys.dismiss, function()
-      inline.dismiss(bufnr)
-    end, bufnr, 'tabloop: dismiss the suggestion')
   end
 end
 
@@ -91,7 +115,8 @@ function M.attach(client, bufnr)
   else
     require('tabloop.completion').attach(client, bufnr)
   end
-  set_keymaps(bufnr)
+  next_edit.attach(client, bufnr)
+  set_keymaps(client, bufnr)
 end
 
 --- Ask the server for its status; `callback(err, status)`.

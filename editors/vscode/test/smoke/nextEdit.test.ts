@@ -124,6 +124,9 @@ describe('next edits in a VS Code host, against a scripted server', { skip: skip
     const id = extension.nextEdit.current!.id;
     await vscode.commands.executeCommand(NEXT_EDIT_COMMANDS.accept);
     assert.equal(document.getText(), 'def area(w, h):\n    return w * h\n');
+    // The server's copy follows (the client sent the edit as didChange).
+    const serverText = await extension.client!.sendRequest<string>('scripted/document', { uri: document.uri.toString() });
+    assert.equal(serverText, document.getText());
     const accepted = await waitFor('the acceptance', 5_000, async () => (await serverLog()).find((e) => e.command === ACCEPT_NEXT_EDIT_COMMAND));
     assert.deepEqual(accepted.arguments, [id]);
     // The accepted edit counts as typing: the next prediction comes for the new text, which the
