@@ -345,3 +345,47 @@ async def test_a_5mb_document_with_very_long_lines_stays_bounded(
     )
     timing = await last_timing(client)
     assert timing["window_tokens"] <= WINDOW_TOKENS and timing["prompt_tokens"] < 1000
+
+
+async def wait_for_model_call(calls: int) -> None:
+    """Until the scripted model has been asked more than `calls` times (seconds at most)."""
+    deadline = time.monotonic() + 30
+    while len(MODEL.prompts) <= calls and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert len(MODEL.prompts) > calls
+
+
+async def test_a_newer_request_or_an_inline_request_cancels_the_one_in_flight(
+    client: LanguageClient, workspace: Path
+) -> None:
+    document = Document(client, workspace, "rename.py", SOURCE)
+    document.rename_width()
+    MODEL.token_delay_s = 0.2  # a slow model: each rewrite takes seconds
+    try:
+        calls = len(MODEL.prompts)
+        first = asyncio.ensure_future(document.ask())
+        await wait_for_model_call(calls)
+        MODEL.token_delay_s = 0.0
+        second = await document.ask()
+        assert await first == []
+        assert len(second) == 1
+        timings = plain(await client.protocol.send_request_async(NEXT_EDIT_TIMINGS_REQUEST, {}))
+        assert [t["outcome"] for t in timings[-2:]] == ["cancelled", "shown"]
+
+        MODEL.token_delay_s = 0.2
+        calls = len(MODEL.prompts)
+        pending = asyncio.ensure_future(document.ask())
+        await wait_for_model_call(calls)
+        await client.text_document_inline_completion_async(
+            types.InlineCompletionParams(
+                text_document=types.TextDocumentIdentifier(uri=document.uri),
+                position=types.Position(1, 4),
+                context=types.InlineCompletionContext(
+                    trigger_kind=types.InlineCompletionTriggerKind.Invoked
+                ),
+            )
+        )
+        assert await pending == []
+        assert (await last_timing(client))["outcome"] == "cancelled"
+    finally:
+        MODEL.token_delay_s = 0.0
