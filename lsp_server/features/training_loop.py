@@ -147,6 +147,7 @@ class TrainingLoopFeature:
             self._schedule_check(0.0)
 
     def on_shutdown(self) -> None:
+        self.off_reason = "the server is shutting down"  # no look is scheduled after this
         self._cancel_check()
         if self._resume_timer is not None:
             self._resume_timer.cancel()
