@@ -223,6 +223,12 @@ def _bench_syntax() -> Command:
     return syntax.main
 
 
+def _bench_train() -> Command:
+    from evaluation.bench import train
+
+    return train.main
+
+
 # The one list of benchmarks: `tabloop bench`, its help and `make bench` read it.
 BENCHMARKS: dict[str, Benchmark] = {
     "lsp": Benchmark(_bench_lsp, make=True),
@@ -242,6 +248,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "dashboard": Benchmark(_bench_dashboard),
     "scale": Benchmark(_bench_scale),
     "syntax": Benchmark(_bench_syntax),
+    "train": Benchmark(_bench_train),
 }
 
 

@@ -11,7 +11,12 @@ skips exactly the examples already seen).
 The objective (docs/learning.md): for code examples the mean negative log-likelihood of the
 middle's tokens; for feedback examples a policy-gradient term, advantage times clipped inverse
 propensity times the middle's mean log-likelihood (for a rejected suggestion held at a floor, so
-it is pushed down only until it is unlikely).
+it is pushed down only until it is unlikely); with `kl_weight` a KL anchor to a reference model
+at the middle's positions (`training.objective`).
+
+What makes a step cheaper (each a setting): the frozen base in bfloat16 (`base_dtype`), bfloat16
+autocast (`autocast`), the LM head at the middle's positions only (`middle_only`) and activation
+checkpointing (`checkpointing`); the micro-batch sizing follows them (`bytes_per_example`).
 """
 
 from __future__ import annotations
@@ -29,16 +34,29 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from completion.adapters import save_adapter
 from completion.fim import FimTemplate
 from training.budget import Budget
 from training.examples import FimExample
 from training.lora import LoraShape
+from training.objective import (
+    REFERENCES,
+    Reference,
+    ReferenceModel,
+    TokenBatch,
+    kl_to_reference,
+    middle_logits,
+    pack,
+    per_row_mean,
+    token_logprobs,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+BaseDtype = Literal["float32", "bfloat16"]
+BASE_DTYPES: tuple[BaseDtype, ...] = ("float32", "bfloat16")
 
 KILL_AT_STEP_ENV = "TABLOOP_TRAIN_KILL_AT_STEP"
 """Fault injection for the resume test: the process SIGKILLs itself part-way into this step."""
@@ -69,14 +87,37 @@ class TrainSettings:
     pg_weight: float = 0.5
     logprob_floor: float = -5.0
     lora: LoraShape = field(default_factory=LoraShape)
+    base_dtype: BaseDtype = "bfloat16"  # the frozen base model's weights (the LoRA's: float32)
+    autocast: bool = True  # bfloat16 autocast of the forward pass
+    middle_only: bool = True  # the LM head only where a middle token is predicted
+    checkpointing: bool = True  # activation checkpointing of the decoder layers
+    kl_weight: float = 0.0  # the KL anchor's weight (0: none)
+    kl_reference: Reference = "start"  # the adapter the run started from, or the base model
+
+    def __post_init__(self) -> None:
+        if self.base_dtype not in BASE_DTYPES:
+            raise ValueError(f"base_dtype {self.base_dtype!r}: one of {', '.join(BASE_DTYPES)}")
+        if self.kl_reference not in REFERENCES:
+            raise ValueError(f"kl_reference {self.kl_reference!r}: one of {', '.join(REFERENCES)}")
+        if self.kl_weight < 0:
+            raise ValueError(f"kl_weight must be at least 0, not {self.kl_weight}")
+        if self.kl_weight > 0 and not self.middle_only:
+            raise ValueError("the KL anchor needs middle_only (the head at the middle's positions)")
 
     def identity(self, micro_batch: int) -> str:
-        """What a checkpoint must have been made with to be resumed (the budget may change)."""
+        """What a checkpoint must have been made with to be resumed (the budget may change, and
+        so may activation checkpointing, which recomputes the same values)."""
         fields = asdict(self)
         fields["micro_batch"] = micro_batch
         fields.pop("checkpoint_every")
         fields.pop("keep_checkpoints")
+        fields.pop("checkpointing")
         return json.dumps(fields, sort_keys=True)
+
+    @property
+    def low_precision(self) -> bool:
+        """Whether activations are mostly bfloat16 (a bfloat16 base or autocast)."""
+        return self.base_dtype == "bfloat16" or self.autocast
 
 
 @dataclass(frozen=True)
@@ -111,6 +152,7 @@ class TrainResult:
     # training window's counts and marks, and what the weights started from.
     window: dict[str, Any] | None = None
     warm_start: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None  # the run's `TrainSettings`
 
 
 @dataclass
@@ -203,8 +245,21 @@ def available_memory_bytes(device: str) -> int:
     return 2 << 30
 
 
-def bytes_per_example(config: Any, sequence_tokens: int, kept_positions: int) -> int:
-    """A generous estimate of the activation memory one example needs in a training step."""
+def bytes_per_example(
+    config: Any,
+    sequence_tokens: int,
+    kept_positions: int,
+    *,
+    element_bytes: int = 4,
+    checkpointing: bool = False,
+    kl: bool = False,
+) -> int:
+    """A generous estimate of the memory one example needs in a training step: the activations
+    kept for the backward pass (`element_bytes` each: 4 in float32, about 3 when most are
+    bfloat16 and the LoRA path's are float32; with activation checkpointing only each decoder
+    layer's input is kept, and one layer's activations are recomputed at a time) and the
+    float32 logits, log-softmax and gradient at the `kept_positions` (twice as many with the
+    reference's for a KL anchor)."""
     hidden = int(getattr(config, "hidden_size", 1024))
     layers = int(getattr(config, "num_hidden_layers", 24))
     inner = int(getattr(config, "intermediate_size", 4 * hidden))
@@ -212,10 +267,15 @@ def bytes_per_example(config: Any, sequence_tokens: int, kept_positions: int) ->
     vocab = int(getattr(config, "vocab_size", 32000))
     # Saved activations per token and layer, fitted to a measurement: Qwen2.5-Coder-0.5B at 456
     # tokens held about 3 GB per example in float32 on a CPU.
-    per_token_layer = (24 * hidden + 6 * inner) * 4
-    attention = heads * sequence_tokens * sequence_tokens * 4 * 2
-    logits = kept_positions * vocab * 4 * 3
-    return layers * (sequence_tokens * per_token_layer + attention) + logits
+    per_token_layer = (24 * hidden + 6 * inner) * element_bytes
+    attention = heads * sequence_tokens * sequence_tokens * element_bytes * 2
+    layer = sequence_tokens * per_token_layer + attention
+    if checkpointing:
+        activations = layers * sequence_tokens * hidden * element_bytes + layer
+    else:
+        activations = layers * layer
+    logits = kept_positions * vocab * 4 * (6 if kl else 3)
+    return activations + logits
 
 
 def size_micro_batch(effective_batch: int, free_bytes: int, per_example: int) -> int:
@@ -223,6 +283,13 @@ def size_micro_batch(effective_batch: int, free_bytes: int, per_example: int) ->
     memory (the machine keeps working beside the trainer)."""
     fits = max(1, (free_bytes // 3) // max(per_example, 1))
     return max(d for d in range(1, effective_batch + 1) if effective_batch % d == 0 and d <= fits)
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Activation checkpointing of a (peft-wrapped) causal LM's decoder layers, non-reentrant
+    (so the frozen embeddings need no `enable_input_require_grads`)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner.activation_checkpointing_enable({"use_reentrant": False})
 
 
 def _sha256(path: Path) -> str:
@@ -264,7 +331,14 @@ class Trainer:
         self.micro_batch = settings.micro_batch or size_micro_batch(
             settings.effective_batch,
             available_memory_bytes(self.device),
-            bytes_per_example(model.config, sequence, settings.max_middle_tokens + 1),
+            bytes_per_example(
+                model.config,
+                sequence,
+                settings.max_middle_tokens + 1,
+                element_bytes=3 if settings.low_precision else 4,
+                checkpointing=settings.checkpointing,
+                kl=settings.kl_weight > 0,
+            ),
         )
         if settings.effective_batch % self.micro_batch:
             raise ValueError(
@@ -281,6 +355,12 @@ class Trainer:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup)
         )
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+        if settings.checkpointing:
+            enable_checkpointing(model)
+        # Made before any checkpoint is loaded: the weights the run started from.
+        self.reference = (
+            ReferenceModel(model, settings.kl_reference) if settings.kl_weight > 0 else None
+        )
 
     # --- checkpoints ---
 
@@ -386,38 +466,58 @@ class Trainer:
 
     # --- steps ---
 
+    def _autocast(self) -> Any:
+        import contextlib
+
+        import torch
+
+        if not self.settings.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16)
+
+    def _mean_logprobs(self, batch: list[_Encoded]) -> tuple[Any, Any]:
+        """([batch] each middle's mean token log-likelihood, [batch] its KL to the reference or
+        None), with the LM head at the middle's positions only (`middle_only`) or, as before,
+        at the last positions of the batch (as many as its longest middle has)."""
+
+        packed = pack([(e.ids, e.prompt_len) for e in batch], self._pad)
+        if not self.settings.middle_only:
+            return self._mean_logprobs_last_positions(packed), None
+        with self._autocast():
+            # The reference first: taking the start weights swaps them in and back in place,
+            # which must not happen between the forward pass and its backward.
+            reference = (
+                self.reference.logits(packed, self.device) if self.reference is not None else None
+            )
+            logits = middle_logits(self.model, packed, self.device)
+        picked, logprobs = token_logprobs(logits, packed, full=reference is not None)
+        kl = kl_to_reference(logprobs, reference, packed) if reference is not None else None
+        return per_row_mean(picked, packed), kl
+
+    def _mean_logprobs_last_positions(self, packed: TokenBatch) -> Any:
+        """The loss as first built: `logits_to_keep` over the batch's last positions."""
+        import torch
+
+        kept = int(packed.counts.max()) + 1
+        longest = packed.ids.shape[1]
+        with self._autocast():
+            out = self.model(
+                input_ids=packed.ids.to(self.device),
+                attention_mask=packed.mask.to(self.device),
+                position_ids=packed.positions.to(self.device),
+                logits_to_keep=kept,
+                use_cache=False,
+            )
+        logprobs = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
+        columns = packed.columns.to(self.device) - (longest - kept)
+        picked = logprobs[packed.rows.to(self.device), columns, packed.targets.to(self.device)]
+        return per_row_mean(picked, packed)
+
     def _micro_loss(self, batch: list[_Encoded]) -> tuple[Any, float]:
         """Sum over the micro-batch of each example's loss, divided by the effective batch."""
         import torch
 
-        device = self.device
-        longest = max(len(e.ids) for e in batch)
-        kept = max(len(e.ids) - e.prompt_len for e in batch) + 1
-        ids = torch.full((len(batch), longest), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), longest), dtype=torch.long)
-        labels = torch.full((len(batch), longest), -100, dtype=torch.long)
-        for row, example in enumerate(batch):
-            start = longest - len(example.ids)  # left padding: every middle ends at the end
-            ids[row, start:] = torch.tensor(example.ids)
-            mask[row, start:] = 1
-            labels[row, start + example.prompt_len :] = torch.tensor(
-                example.ids[example.prompt_len :]
-            )
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            position_ids=positions.to(device),
-            logits_to_keep=kept,
-            use_cache=False,
-        )
-        logits = out.logits[:, :-1].float()
-        targets = labels[:, longest - kept + 1 :].to(device)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        valid = targets != -100
-        picked = logprobs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        picked = picked * valid
-        mean_logprob = picked.sum(1) / valid.sum(1).clamp(min=1)
+        mean_logprob, kl = self._mean_logprobs(batch)
         losses = []
         for row, example in enumerate(batch):
             if example.feedback:
@@ -432,8 +532,10 @@ class Trainer:
                 losses.append(-coefficient * logprob)
             else:
                 losses.append(-mean_logprob[row])
-        total = torch.stack(losses).sum() / self.settings.effective_batch
-        return total, float(-mean_logprob.detach().mean())
+        total = torch.stack(losses).sum()
+        if kl is not None:
+            total = total + self.settings.kl_weight * kl.sum()
+        return total / self.settings.effective_batch, float(-mean_logprob.detach().mean())
 
     def run(
         self,
@@ -551,4 +653,5 @@ class Trainer:
             peak_rss_mb=round(_peak_rss_mb(), 1),
             adapter=str(adapter),
             stream_ended=ended,
+            settings=asdict(self.settings),
         )

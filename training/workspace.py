@@ -119,14 +119,15 @@ def load_trainable(
     settings: TrainSettings,
     warm_from: tuple[int, Path] | WarmStart | None = None,
 ) -> TrainableModel:
-    """`model` (a `completion.model` value) in float32 with LoRA layers on it: the weights of
+    """`model` (a `completion.model` value) in `settings.base_dtype` with float32 LoRA layers on
+    it: the weights of
     the adapter `warm_from` names (version, directory) when it fits this run (trained on this
     base model, with this LoRA shape, and intact), else fresh ones from the seed; the base
     model's identity is the one the local runner serves it under, so the adapter fits it."""
     import torch
 
     source = resolve_source(model, cache_dir)
-    tokenizer, base = load_model(source, "float32", cache_dir)
+    tokenizer, base = load_model(source, settings.base_dtype, cache_dir)
     base_model_id = f"{source.name}@{source.revision}"
     torch.manual_seed(settings.seed)  # a fresh adapter's initial weights come from the seed
     specials = list(getattr(tokenizer, "all_special_tokens", []))

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from itertools import islice
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from training.examples import FimExample
 from training.trainer import (
     CHECKPOINTS,
     KILL_AT_STEP_ENV,
+    TrainResult,
     TrainSettings,
     mixed_stream,
     size_micro_batch,
@@ -129,10 +131,17 @@ def test_sigkill_and_resume_gives_the_same_adapter(
         assert torch.allclose(a[name], b[name], rtol=0, atol=1e-5), name
 
 
-def _train(workspace: Path, model: Path, cache: Path, work: Path, samples: int) -> object:
-    settings = TrainSettings(
-        micro_batch=2, effective_batch=4, checkpoint_every=1, max_prompt_tokens=96
-    )
+SMALL = TrainSettings(micro_batch=2, effective_batch=4, checkpoint_every=1, max_prompt_tokens=96)
+
+
+def _train(
+    workspace: Path,
+    model: Path,
+    cache: Path,
+    work: Path,
+    samples: int,
+    settings: TrainSettings = SMALL,
+) -> TrainResult:
     result, _ = train_workspace(
         workspace,
         model=str(model),
@@ -154,8 +163,8 @@ def test_corrupt_checkpoint_is_refused_and_the_previous_one_used(
     data[len(data) // 2] ^= 0xFF
     newest.write_bytes(bytes(data))
     result = _train(workspace, tiny_model_path, tmp_path, work, samples=12)
-    assert result.resumed_from_step == 1  # type: ignore[attr-defined]
-    assert "does not match its checksum" in result.refused_checkpoints[0]  # type: ignore[attr-defined]
+    assert result.resumed_from_step == 1
+    assert "does not match its checksum" in result.refused_checkpoints[0]
 
 
 def test_checkpoint_of_other_settings_is_refused(
@@ -170,3 +179,30 @@ def test_checkpoint_of_other_settings_is_refused(
     )  # fmt: skip
     assert result.resumed_from_step == 0
     assert "other settings" in result.refused_checkpoints[0]
+
+
+def test_a_run_resumes_across_activation_checkpointing_but_not_across_the_math(
+    workspace: Path, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Activation checkpointing recomputes the same values, so a checkpoint made with it resumes
+    without it; the base model's dtype, autocast, the head's positions and the KL anchor change
+    what is computed, so a checkpoint made with other values of them is refused."""
+    work = tmp_path / "run"
+    first = _train(workspace, tiny_model_path, tmp_path, work, 4)
+    assert first.settings is not None and first.settings["checkpointing"] is True
+    assert first.settings["base_dtype"] == "bfloat16" and first.settings["autocast"] is True
+    resumed = _train(
+        workspace, tiny_model_path, tmp_path, work, 8, replace(SMALL, checkpointing=False)
+    )
+    assert resumed.resumed_from_step == 1 and resumed.steps == 2
+    for change in (
+        {"base_dtype": "float32"},
+        {"autocast": False},
+        {"middle_only": False},
+        {"kl_weight": 0.1},
+    ):
+        settings = replace(SMALL, **change)
+        other = _train(workspace, tiny_model_path, tmp_path, work, 4, settings)
+        assert other.resumed_from_step == 0, change  # refused: it starts over
+        assert other.refused_checkpoints, change
+        assert all("other settings" in r for r in other.refused_checkpoints), change

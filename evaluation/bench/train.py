@@ -1,0 +1,217 @@
+"""What a training step costs: the trainer as first built against its cheaper settings, in one run.
+
+Each configuration trains a fresh LoRA adapter in a process of its own (peak resident memory
+never goes down, so two configurations in one process would hide the second's) on the same
+fill-in-the-middle examples (the training files of a standard-library package, the same seed),
+with the same thread count and the same sample budget, sizing its micro-batch from free memory
+as `tabloop train model` does. Reported per configuration: samples/s and tokens/s over the whole
+run and after the first optimiser step (which pays for allocating every buffer), samples per
+CPU-second (all threads; less sensitive than wall-clock rates to other work on the machine, more
+to threads spinning while they wait), the process's
+peak resident memory (loading included), the micro-batch chosen, the final loss and the settings.
+`today` is the trainer as first built (float32 base, no autocast, logits for the batch's last
+positions, no activation checkpointing); `default` is `TrainSettings()`.
+
+    tabloop bench train [--samples 16] [--configs today,autocast,bf16,default] [--threads 2]
+                        [--corpus email] [--model bundled] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+BASELINE = "today"
+CONFIGS: dict[str, dict[str, Any]] = {
+    BASELINE: {
+        "base_dtype": "float32",
+        "autocast": False,
+        "middle_only": False,
+        "checkpointing": False,
+    },
+    "autocast": {"base_dtype": "float32", "checkpointing": False},
+    "bf16": {"checkpointing": False},
+    "default": {},
+    "kl": {"kl_weight": 0.1},
+}
+DEFAULT_CONFIGS = "today,autocast,bf16,default"
+
+
+def settings_of(name: str, args: argparse.Namespace) -> Any:
+    """The `TrainSettings` of configuration `name` (the shared choices from `args`)."""
+    from training.trainer import TrainSettings
+
+    if name not in CONFIGS:
+        raise SystemExit(
+            f"tabloop bench train: unknown configuration {name!r}: {', '.join(CONFIGS)}"
+        )
+    return TrainSettings(
+        seed=args.seed,
+        effective_batch=args.effective_batch,
+        max_prompt_tokens=args.max_prompt_tokens,
+        checkpoint_every=10_000,
+        **CONFIGS[name],
+    )
+
+
+def corpus_root(corpus: str) -> Path:
+    """A directory: as given, or a package of the standard library by name."""
+    path = Path(corpus)
+    if path.is_dir():
+        return path.resolve()
+    stdlib = Path(sysconfig.get_paths()["stdlib"]) / corpus
+    if not stdlib.is_dir():
+        raise SystemExit(f"tabloop bench train: {corpus!r} is neither a directory nor a package")
+    return stdlib
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """Train configuration `args.child` in this process and measure it."""
+    import torch
+
+    from training.budget import Budget
+    from training.examples import split_files, stream_code_examples, workspace_files
+    from training.trainer import Progress, Trainer
+    from training.workspace import load_trainable
+
+    torch.set_num_threads(args.threads)
+    settings = settings_of(args.child, args)
+    root = corpus_root(args.corpus)
+    train_files, _held_out = split_files(workspace_files(root))
+    started = time.perf_counter()
+    trainable = load_trainable(args.model, Path(args.cache_dir), settings)
+    load_s = time.perf_counter() - started
+    from completion.fim import template_for
+
+    steps: list[tuple[float, int, int]] = []
+
+    def progress(p: Progress) -> None:
+        steps.append((time.perf_counter(), p.samples, p.tokens))
+
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as work:
+        trainer = Trainer(
+            trainable.model,
+            trainable.tokenizer,
+            template_for(trainable.family),
+            trainable.base_model_id,
+            settings,
+            Path(work),
+            device="cpu",
+        )
+        began = time.perf_counter()
+        cpu_began = time.process_time()
+        result = trainer.run(
+            lambda: stream_code_examples(root, train_files, args.seed),
+            Budget(samples=args.samples),
+            progress,
+        )
+        run_s = time.perf_counter() - began
+        cpu_s = time.process_time() - cpu_began
+    report: dict[str, Any] = {
+        "config": args.child,
+        "load_s": round(load_s, 2),
+        "steps": result.steps,
+        "samples": result.samples,
+        "tokens": result.tokens,
+        "run_s": round(run_s, 2),
+        "samples_per_s": round(result.samples / run_s, 4),
+        "tokens_per_s": round(result.tokens / run_s, 1),
+        "cpu_s": round(cpu_s, 1),
+        "samples_per_cpu_s": round(result.samples / cpu_s, 4),
+        "micro_batch": result.micro_batch,
+        "accumulation": result.accumulation,
+        "final_loss": result.loss,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "settings": asdict(settings),
+    }
+    if len(steps) >= 2:
+        (t0, s0, k0), (t1, s1, k1) = steps[0], steps[-1]
+        report["after_first_step"] = {
+            "samples_per_s": round((s1 - s0) / (t1 - t0), 4),
+            "tokens_per_s": round((k1 - k0) / (t1 - t0), 1),
+        }
+    return report
+
+
+def _run_child(args: argparse.Namespace, name: str) -> dict[str, Any]:
+    command = [
+        sys.executable, "-m", "evaluation.bench.train", "--child", name,
+        "--model", args.model, "--cache-dir", args.cache_dir, "--threads", str(args.threads),
+        "--samples", str(args.samples), "--corpus", args.corpus, "--seed", str(args.seed),
+        "--effective-batch", str(args.effective_batch),
+        "--max-prompt-tokens", str(args.max_prompt_tokens),
+    ]  # fmt: skip
+    print(f"bench train: {name}...", file=sys.stderr, flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return {"config": name, "error": done.stderr.strip().splitlines()[-3:]}
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tabloop bench train", description=__doc__)
+    parser.add_argument("--model", default="bundled")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help=", ".join(CONFIGS))
+    parser.add_argument("--samples", type=int, default=16, help="training examples each")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--corpus", default="email", help="a directory or a stdlib package")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--effective-batch", type=int, default=8)
+    parser.add_argument("--max-prompt-tokens", type=int, default=384)
+    parser.add_argument("--cache-dir", default="")
+    parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
+    parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Measure each configuration in a child process; one JSON report, `today` the baseline."""
+    args = _parser().parse_args(argv)
+    if args.samples < 1 or args.threads < 1:
+        raise SystemExit("tabloop bench train: --samples and --threads must be at least 1")
+    if not args.cache_dir:
+        from common.paths import default_cache_dir
+
+        args.cache_dir = str(default_cache_dir())
+    if args.child:
+        print(json.dumps(child(args)))
+        return 0
+    names = [BASELINE] + [n for n in args.configs.split(",") if n and n != BASELINE]
+    for name in names:
+        settings_of(name, args)  # an unknown name fails before anything runs
+    results = {name: _run_child(args, name) for name in names}
+    base = results[BASELINE]
+    ratios: dict[str, dict[str, float]] = {}
+    for name, result in results.items():
+        if "error" in result or "error" in base:
+            continue
+        ratios[name] = {
+            key: round(result[key] / base[key], 3)
+            for key in ("samples_per_s", "tokens_per_s", "samples_per_cpu_s", "peak_rss_mb")
+        }
+    report = {
+        "benchmark": "train",
+        "command": "tabloop bench train " + " ".join(argv),
+        "model": args.model,
+        "corpus": str(corpus_root(args.corpus)),
+        "threads": args.threads,
+        "samples_each": args.samples,
+        "baseline": BASELINE,
+        "results": results,
+        "ratio_to_baseline": ratios,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

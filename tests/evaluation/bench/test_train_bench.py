@@ -1,0 +1,46 @@
+"""`tabloop bench train` end to end on the tiny model: each configuration in its own process, on
+the same examples, against the trainer as first built."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evaluation.bench import train
+
+
+def test_each_configuration_trains_in_its_own_process_on_the_same_examples(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [
+        "--model", str(tiny_model_path), "--configs", "default", "--samples", "4",
+        "--effective-batch", "2", "--max-prompt-tokens", "64", "--corpus", "json",
+        "--threads", "1", "--cache-dir", str(tmp_path), "--json",
+    ]  # fmt: skip
+    assert train.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["baseline"] == "today" and report["command"].startswith("tabloop bench train")
+    results = report["results"]
+    assert list(results) == ["today", "default"]
+    for name, result in results.items():
+        assert "error" not in result, result
+        assert result["config"] == name and result["samples"] == 4 and result["steps"] == 2
+        assert result["samples_per_s"] > 0 and result["peak_rss_mb"] > 0
+    # The same examples: the same token count in every configuration.
+    assert len({r["tokens"] for r in results.values()}) == 1
+    today, default = results["today"]["settings"], results["default"]["settings"]
+    assert (today["base_dtype"], today["autocast"], today["middle_only"]) == (
+        "float32",
+        False,
+        False,
+    )
+    assert today["checkpointing"] is False
+    assert default["base_dtype"] == "bfloat16" and default["checkpointing"] is True
+    assert report["ratio_to_baseline"]["today"]["samples_per_s"] == 1.0
+
+
+def test_an_unknown_configuration_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="unknown configuration 'fast'"):
+        train.main(["--configs", "fast", "--cache-dir", str(tmp_path)])

@@ -1,0 +1,155 @@
+"""The training objective's tensors: the middle's token log-likelihoods and the KL anchor.
+
+The model body runs over the whole left-padded batch, but the LM head (151,936 outputs on the
+bundled model) runs only at the positions that predict a middle's token (`TokenBatch.rows`,
+`columns`): no logits for the prompt, for padding, or for a short middle's slack beside a long
+one. The KL anchor compares, at those same positions, the adapted model's next-token distribution
+with a reference's: the base model (the LoRA layers disabled) or the adapter the run started from
+(the warm start, or the base model when it started fresh).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Reference = Literal["start", "base"]
+REFERENCES: tuple[Reference, ...] = ("start", "base")
+
+
+@dataclass
+class TokenBatch:
+    """A left-padded batch (every middle ends at the last position) and its target tokens."""
+
+    ids: Any  # [batch, length] token ids
+    mask: Any  # [batch, length] 1 where a token is, 0 for padding
+    positions: Any  # [batch, length] position ids (0 at each row's first token)
+    rows: Any  # [targets] the row of each middle token
+    columns: Any  # [targets] the position whose output predicts it
+    targets: Any  # [targets] the token
+    counts: Any  # [batch] middle tokens per row
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def pack(sequences: Sequence[tuple[Sequence[int], int]], pad: int) -> TokenBatch:
+    """`(ids, prompt_len)` pairs (a prompt followed by its middle) as one left-padded batch."""
+    import torch
+
+    longest = max(len(ids) for ids, _ in sequences)
+    ids = torch.full((len(sequences), longest), pad, dtype=torch.long)
+    mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+    rows, columns, targets, counts = [], [], [], []
+    for row, (tokens, prompt_len) in enumerate(sequences):
+        if not 0 < prompt_len < len(tokens):
+            raise ValueError(f"a sequence needs a prompt and a middle ({prompt_len}/{len(tokens)})")
+        start = longest - len(tokens)
+        ids[row, start:] = torch.tensor(list(tokens))
+        mask[row, start:] = 1
+        for k in range(prompt_len, len(tokens)):
+            rows.append(row)
+            columns.append(start + k - 1)
+            targets.append(tokens[k])
+        counts.append(len(tokens) - prompt_len)
+    return TokenBatch(
+        ids,
+        mask,
+        (mask.cumsum(1) - 1).clamp(min=0),
+        torch.tensor(rows),
+        torch.tensor(columns),
+        torch.tensor(targets),
+        torch.tensor(counts),
+    )
+
+
+def _body_and_head(model: Any) -> tuple[Any, Any]:
+    """The transformer body and the LM head of a causal LM (peft-wrapped or not)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(inner, inner.base_model_prefix), inner.get_output_embeddings()
+
+
+def middle_logits(model: Any, batch: TokenBatch, device: str) -> Any:
+    """[targets, vocabulary] logits at the target positions only (the body's hidden states
+    everywhere, the head where a middle token is predicted)."""
+    body, head = _body_and_head(model)
+    hidden = body(
+        input_ids=batch.ids.to(device),
+        attention_mask=batch.mask.to(device),
+        position_ids=batch.positions.to(device),
+        use_cache=False,
+    ).last_hidden_state
+    return head(hidden[batch.rows.to(device), batch.columns.to(device)])
+
+
+def per_row_mean(values: Any, batch: TokenBatch) -> Any:
+    """[batch] the mean of per-target `values` over each row's middle tokens."""
+    import torch
+
+    sums = torch.zeros(batch.size, dtype=values.dtype, device=values.device)
+    sums = sums.index_add(0, batch.rows.to(values.device), values)
+    return sums / batch.counts.to(values.device).clamp(min=1)
+
+
+def token_logprobs(logits: Any, batch: TokenBatch, full: bool) -> tuple[Any, Any | None]:
+    """(the log-likelihood of each target token, the [targets, vocabulary] log-softmax when
+    `full`, else None: cross-entropy alone keeps less for the backward pass)."""
+    import torch
+    import torch.nn.functional as F
+
+    targets = batch.targets.to(logits.device)
+    if not full:
+        return -F.cross_entropy(logits.float(), targets, reduction="none"), None
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1), logprobs
+
+
+def kl_to_reference(logprobs: Any, reference_logits: Any, batch: TokenBatch) -> Any:
+    """[batch] KL(adapted ‖ reference) of the next-token distributions, averaged over each
+    row's middle positions; `logprobs` is the adapted model's log-softmax there."""
+    import torch
+    import torch.nn.functional as F
+
+    reference = torch.log_softmax(reference_logits.float(), dim=-1)
+    per_token = F.kl_div(reference, logprobs, log_target=True, reduction="none").sum(-1)
+    return per_row_mean(per_token, batch)
+
+
+class ReferenceModel:
+    """The reference the KL anchor compares with, evaluated without gradients and without
+    dropout: the base model (the adapter disabled) or the LoRA weights the run started from."""
+
+    def __init__(self, model: Any, reference: Reference) -> None:
+        if reference not in REFERENCES:
+            raise ValueError(f"unknown KL reference {reference!r}; one of {REFERENCES}")
+        self.model = model
+        self.reference = reference
+        self._start = (
+            {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+            if reference == "start"
+            else {}
+        )
+
+    def logits(self, batch: TokenBatch, device: str) -> Any:
+        import torch
+
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                if self.reference == "base":
+                    with self.model.disable_adapter():
+                        return middle_logits(self.model, batch, device)
+                params = dict(self.model.named_parameters())
+                current = {name: params[name].detach().clone() for name in self._start}
+                for name, value in self._start.items():
+                    params[name].copy_(value)
+                try:
+                    return middle_logits(self.model, batch, device)
+                finally:
+                    for name, value in current.items():
+                        params[name].copy_(value)
+        finally:
+            self.model.train(training)
