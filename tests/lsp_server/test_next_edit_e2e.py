@@ -29,6 +29,7 @@ from lsp_server.protocol import (
     NEXT_EDIT_TIMINGS_REQUEST,
     TABLOOP_NEXT_EDIT_REQUEST,
 )
+from tests.lsp_server.test_e2e import wait_until_ready
 from tests.support.backend_server import BackendServer
 from tests.support.completion_server import serve_completions
 from tests.support.scripted_model import ScriptedModel
@@ -119,12 +120,7 @@ async def client(
         )
     )
     lsp_client.initialize_result = result  # type: ignore[attr-defined]
-    deadline = time.monotonic() + 120
-    while True:
-        status = await status_of(lsp_client)
-        if status["model"]["state"] != "loading" or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.1)
+    status = await wait_until_ready(lsp_client)
     assert status["model"]["state"] == "ready", status
     yield
     await lsp_client.shutdown_session()
