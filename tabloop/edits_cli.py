@@ -72,14 +72,13 @@ def train_edits_main(argv: list[str]) -> int:
         budget = _budget(args)
     except ValueError as exc:
         parser.error(str(exc))
-    from completion.next_edit import NextEditSettings
     from training.edit_training import edit_train_settings, train_edits
     from training.lora import LoraShape
 
     repo = Path(args.repo).resolve()
     settings = config.resolve(repo).settings
     cache_dir = settings.cache_path()
-    next_edit = NextEditSettings()
+    next_edit = settings.next_edit
     train_settings = edit_train_settings(
         TrainSettings(
             seed=args.seed,

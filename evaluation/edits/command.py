@@ -111,7 +111,7 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
     resolved = config.resolve(repo)
     settings = resolved.settings
     cache_dir = settings.cache_path()
-    next_edit = NextEditSettings()
+    next_edit = settings.next_edit
     base = settings.completion
     runs: list[tuple[str, CompletionSettings]] = []
     if args.adapter:

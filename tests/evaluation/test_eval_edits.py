@@ -38,7 +38,9 @@ def repo(tmp_path: Path, tiny_model_path: Path) -> tuple[Path, list[str]]:
     ids = make_repo(root, [{"m.py": module(k)} for k in range(len(NAMES) + 1)])
     # The repository's tabloop configuration (untracked: the replay reads commits only).
     (root / "tabloop.toml").write_text(
-        f'[completion]\nmodel = "{tiny_model_path}"\nengine = "torch"\n', encoding="utf-8"
+        f'[completion]\nmodel = "{tiny_model_path}"\nengine = "torch"\n'
+        "[next_edit]\nwindow_lines = 8\n",
+        encoding="utf-8",
     )
     return root, ids
 
@@ -92,7 +94,7 @@ def test_train_on_older_commits_and_judge_on_newer(
         configuration = run_report["configuration"]
         assert configuration["model_id"].startswith("tiny-model-v1@")
         assert configuration["engine"] == "torch"
-        assert configuration["next_edit"]["window_lines"] == 10
+        assert configuration["next_edit"]["window_lines"] == 8  # the repository's setting
     assert report["adapted"]["configuration"]["adapter"] == str(adapter)
     assert report["base"]["configuration"]["adapter"] is None
     assert (
