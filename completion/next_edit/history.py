@@ -120,11 +120,14 @@ class EditHistory:
         """An edit in document `path`: at (`line`, `character`, code points) `removed` was
         replaced by `inserted`; `lines` are the document's lines (with their breaks) after it.
 
-        False when nothing was recorded: the edit changed nothing, or `lines` do not hold
-        `inserted` at that place (they are not the text after this edit).
+        False when nothing was recorded: the edit changed nothing, the position is not in the
+        document, or `lines` do not hold `inserted` at that place (they are not the text after
+        this edit).
         """
         if removed == inserted or not 0 <= line < len(lines):
             return False
+        if not 0 <= character <= len(lines[line].rstrip("\r\n")):
+            return False  # a position past the line's end is not a place in it
         now = self.clock() if now is None else now
         count = breaks(inserted) + 1
         after_text = "".join(lines[line : line + count])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from completion.next_edit.history import MAX_EVENT_CHARS, EditHistory
 from completion.next_edit.text import document_lines
@@ -153,3 +155,55 @@ def test_regions_match_the_document_at_its_edges(
     assert tuple(document_lines(text)[event.start : event.end]) == event.updated
     restored = event.original_text
     assert removed in restored
+
+
+@st.composite
+def edit_sessions(draw: st.DrawFn) -> list[tuple[float, int, int, int, str]]:
+    """(pause before, line, character, characters removed, text inserted) per edit."""
+    return draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from([0.1, 0.3, 2.0]),
+                st.integers(0, 45),
+                st.integers(0, 9),
+                st.integers(0, 12),
+                st.sampled_from(["", "x", "yy\n", "\n", "z\nw", "\r\n"]),
+            ),
+            min_size=1,
+            max_size=25,
+        )
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(session=edit_sessions())
+def test_the_latest_event_is_the_document_now_and_before_its_first_edit(
+    session: list[tuple[float, int, int, int, str]],
+) -> None:
+    clock = Clock()
+    history = EditHistory(clock=clock)
+    buffer = Buffer(history)
+    before_event = buffer.text  # the text before the latest event's first edit
+    for pause, line, character, length, inserted in session:
+        clock.now += pause
+        lines = list(document_lines(buffer.text))
+        line = min(line, len(lines) - 1)
+        offset = sum(map(len, lines[:line])) + min(character, len(lines[line].rstrip("\r\n")))
+        if buffer.text[offset - 1 : offset + 1] == "\r\n":
+            offset -= 1  # never split a line break in two
+        removed = buffer.text[offset : offset + length]
+        if removed.endswith("\r") and buffer.text[offset + length : offset + length + 1] == "\n":
+            removed = removed[:-1]
+        events_before = history.events()
+        text_before = buffer.text
+        recorded = buffer.edit(line, offset - sum(map(len, lines[:line])), removed, inserted)
+        events = history.events()
+        if recorded and (len(events) != len(events_before) or events[-1].edits == 1):
+            before_event = text_before
+    event = history.events()[-1] if len(history) else None
+    if event is None or not event.complete:
+        return
+    now = document_lines(buffer.text)
+    assert tuple(now[event.start : event.end]) == event.updated
+    then = document_lines(before_event)
+    assert tuple(then[event.start : event.start + len(event.original)]) == event.original
