@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -213,12 +214,17 @@ class TrainingLoopFeature:
             since = time.monotonic() - self._last_request
             activity = Activity(self._active, since, load_per_core())
             settings = self.server.settings.training
-            reason = wait_reason(settings, material, activity, self.record, time.time())
+            record = self.record
+            if record.pid is not None:  # a run was going on when its server ended
+                record = replace(record, outcome=INTERRUPTED)
+            reason = wait_reason(settings, material, activity, record, time.time())
             if reason is None:
                 reason = await loop.run_in_executor(None, self._take_workspace)
             if reason is None and self.off_reason is None and self.child is None:
                 self._start(resuming=material.unfinished)
             else:
+                if self.child is None:
+                    self._release()  # taken, but turned off meanwhile
                 self.waiting_for = reason or ""
         except Exception:
             log.warning("could not look whether a training run is due", exc_info=True)
@@ -289,7 +295,7 @@ class TrainingLoopFeature:
         record = self.record
         if not resuming:  # a resumed run keeps the start and the data it was planned with
             record.last_started, record.feedback_upto = time.time(), upto
-        record.outcome, record.reason, record.version = None, "", None
+        # The last run's outcome stays in the record (and the status) until this one ends.
         record.pid, record.pid_created = child.pid, child.created
         record.save(state_dir / STATE_FILE)
         log.info(
@@ -297,6 +303,9 @@ class TrainingLoopFeature:
             child.pid,
         )  # fmt: skip
         self.child, self.phase, self.last_step, self.waiting_for = child, "training", {}, ""
+        if self._active:  # a completion began while the workspace was being taken
+            child.pause()
+            self.pauses += 1
         self._reader = ProgressReader(progress_file)
         self._progress = WorkDoneProgress(
             self.server, TRAINING_PROGRESS_TOKEN_PREFIX, TRAINING_PROGRESS_TITLE
@@ -360,6 +369,7 @@ class TrainingLoopFeature:
         self.child, self.phase = None, ""
         record = self.record
         report = self._report() if code == 0 else None
+        record.version = record.resumed_from_step = record.steps = None
         if report is not None:
             record.outcome, record.reason = outcome_of_report(report)
             record.version = report.get("version")
