@@ -365,7 +365,9 @@ class GitHistory:
         return listed[::-1]
 
     def describe_range(self, commits: Sequence[str]) -> str:
-        """`A^..B` naming `commits` (oldest first): A is the oldest, B the newest."""
+        """`A^..B` for `commits` (oldest first): A is the oldest, B the newest. Every commit of
+        the list is in the range and none older than A; in a history with merges the range may
+        also hold side-branch commits that a `--last` count left out (never an ancestor of A)."""
         if not commits:
             return ""
         return f"{commits[0][:12]}^..{commits[-1][:12]}"
