@@ -172,8 +172,8 @@ class NextEditFeature(DocumentListener):
         return self._predictor
 
     def path_of(self, uri: str) -> str:
-        """The document's path as the prompt names it: relative to the workspace when inside
-        it (forward slashes), else the file's name, else the URI."""
+        """The document's path as the prompt names it (and the history keys it): relative to
+        the workspace when inside it, else the whole path (forward slashes), else the URI."""
         path = to_fs_path(uri)
         if not path:
             return uri
@@ -183,7 +183,7 @@ class NextEditFeature(DocumentListener):
                 return Path(path).relative_to(root).as_posix()
             except ValueError:
                 pass
-        return Path(path).name or uri
+        return Path(path).as_posix()
 
     # -- documents (a DocumentListener) ---------------------------------------------------
 
