@@ -115,11 +115,15 @@ def train_edits_main(argv: list[str]) -> int:
     finally:
         bar.close()
     record = trained.record()
-    record.pop("commits_list")
+    newest = record.pop("commits_list")[-1]
+    history = GitHistory(repo)
+    newer = history.commits(f"{newest}..HEAD", 0, (".py",))
     report: dict[str, Any] = {
         "command": "tabloop train edits " + " ".join(argv),
         "adapter": result.adapter,
         "trained_on": record,
+        # What is left to judge it on: the commits after the newest it was trained on.
+        "newer_commits": {"range": history.describe_range(newer), "count": len(newer)},
         "training": asdict(result),
     }
     print(json.dumps(report, indent=2))

@@ -64,6 +64,7 @@ def test_train_on_older_commits_and_judge_on_newer(
     )
     assert trained["trained_on"]["range"] == f"{ids[1][:12]}^..{ids[5][:12]}"
     assert trained["trained_on"]["commit_count"] == 5
+    assert trained["newer_commits"] == {"range": f"{ids[6][:12]}^..{ids[8][:12]}", "count": 3}
     # Five edit points, and five no-change points of which 30% of the whole are kept.
     assert trained["trained_on"]["examples"] == {
         "dropped_no_change_over_share": 3,
