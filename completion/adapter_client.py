@@ -1,7 +1,8 @@
 """The editor side of adapter serving: fetch the tenant's serving adapter from the backend.
 
 `AdapterFetcher.fetch()` asks `GET /v1/model` with the entity tag of what it holds (an unchanged
-version costs a 304), downloads the files of a new version into a fresh directory of the cache,
+version costs a 304) and the installation's id (while a canary runs, the backend answers the
+version of this installation's arm, the same one every time), downloads the files of a new version into a fresh directory of the cache,
 checks every file against the SHA-256 the backend announced and the manifest against the
 announced checksum, and only then renames the directory into place. It answers the local
 directory of the version that serves (or None: the tenant's base model serves) and remembers it
@@ -61,9 +62,12 @@ class AdapterFetcher:
         *,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        client_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token or None
+        # The installation's id: while a canary runs, the backend answers this client's arm.
+        self._params = {"install_id": client_key} if client_key else {}
         self.root = Path(cache_dir)
         self._timeout_s = timeout_s
         self._transport = transport
@@ -105,7 +109,7 @@ class AdapterFetcher:
 
     def _fetch(self) -> Fetched:
         headers = {"If-None-Match": self._etag} if self._etag else {}
-        answer = self._http().get("/v1/model", headers=headers)
+        answer = self._http().get("/v1/model", headers=headers, params=self._params)
         if answer.status_code == 304:
             return self.serving
         answer.raise_for_status()
@@ -163,7 +167,7 @@ class AdapterFetcher:
         """Stream one file to `path`; its SHA-256."""
         digest = hashlib.sha256()
         size = 0
-        with self._http().stream("GET", f"/v1/model/files/{name}") as answer:
+        with self._http().stream("GET", f"/v1/model/files/{name}", params=self._params) as answer:
             if answer.status_code != 200:
                 answer.read()
                 answer.raise_for_status()

@@ -4,7 +4,8 @@ tabloop train model [--workspace DIR | --tenant T --db URL]
                     [--budget 20m | --samples N | --tokens N] [--replay-share 0.25]
                     [--held-out-share 0.2] [--promote] [--fresh] [--json]
 tabloop model list [--workspace DIR | --tenant T] [--json]
-tabloop model promote V [--force] [--margin M] [--workspace DIR | --tenant T]
+tabloop model promote V [--force] [--margin M] [--canary-share S] [--workspace DIR | --tenant T]
+tabloop model approve V [--canary-share S] [--workspace DIR | --tenant T]
 tabloop model rollback [--workspace DIR | --tenant T]
 tabloop model evaluate V [--n 50] [--workspace DIR]
 
@@ -14,7 +15,12 @@ a new candidate version, evaluated against the serving one on the held-out files
 from the serving adapter's weights when they fit (else fresh, and the report says why) and
 trains on the workspace's feedback since the serving version's mark, newest first, with a
 replayed share of older feedback (`training.window`); the report's `window` gives the counts.
-A promoted version reaches a running server without a restart (it follows the registry).
+A promoted version reaches a running server without a restart (it follows the registry). It is
+a canary first: a workspace's serves half of the language server's sessions and is judged on the
+local feedback (`training.local_canary`), a tenant's serves `--canary-share` of the tenant's
+installations and is judged by the backend on their decision events (`backend.adapters.canary`);
+either is then promoted or rolled back by itself. `--canary-share 0` serves it at once; `rollback`
+during a canary rolls the canary back.
 
 With `--tenant T --db URL` the adapter is a backend tenant's, trained from the tenant's events
 that carry text (telemetry level `full`; `backend/adapters/`) and kept in the tenant's registry
@@ -34,8 +40,10 @@ from typing import Any
 from lsp_server import config
 from training.background import ProgressLog
 from training.budget import Budget, parse_duration
+from training.canary import ModelCanarySettings
 from training.examples import split_files, workspace_files
 from training.feedback import FEEDBACK_FILE, FeedbackStore
+from training.local_canary import LOCAL_CANARY
 from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
 from training.trainer import Progress, TrainSettings
 from training.window import DEFAULT_HELD_OUT_SHARE, DEFAULT_REPLAY_SHARE, WindowSettings
@@ -227,7 +235,9 @@ def train_model_main(argv: list[str]) -> int:
         )
     if args.promote and "evaluation" in report:
         try:
-            report["promoted"] = registry.promote(record.version)
+            report["promoted"] = registry.promote(
+                record.version, canary_share=LOCAL_CANARY.share, actor="trainer"
+            )
         except AdapterRegistryError as exc:
             report["not_promoted"] = str(exc)
     feedback.close()
@@ -313,6 +323,24 @@ def _evaluate(
     return report
 
 
+def _canary_share(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--canary-share",
+        type=float,
+        help="share of clients the version serves first (0: all at once; default: a "
+        f"workspace's {LOCAL_CANARY.share:g} of sessions, a tenant's "
+        f"{ModelCanarySettings().share:g} of installations)",
+    )
+
+
+def _share(args: argparse.Namespace) -> float:
+    if args.canary_share is not None:
+        if not 0.0 <= args.canary_share <= 1.0:
+            raise SystemExit("tabloop model: --canary-share must be in [0, 1]")
+        return float(args.canary_share)
+    return ModelCanarySettings().share if getattr(args, "tenant", None) else LOCAL_CANARY.share
+
+
 def _print(report: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(report, indent=2, default=str))
@@ -331,8 +359,13 @@ def model_main(argv: list[str]) -> int:
     p.add_argument("version", help="v0003 or 3")
     p.add_argument("--force", action="store_true", help="promote without an evaluated gain")
     p.add_argument("--margin", type=float, default=0.005)
+    _canary_share(p)
     _scope(p)
-    p = sub.add_parser("rollback", help="serve the previously promoted version again")
+    p = sub.add_parser("approve", help="release a version waiting for approval")
+    p.add_argument("version", help="v0003 or 3")
+    _canary_share(p)
+    _scope(p)
+    p = sub.add_parser("rollback", help="roll the canary back, else serve the previous version")
     _scope(p)
     p = sub.add_parser("evaluate", help="evaluate a version against the serving one")
     p.add_argument("version")
@@ -347,10 +380,20 @@ def model_main(argv: list[str]) -> int:
                 {**asdict(v), "name": v.name, "serving": v.version == serving}
                 for v in registry.versions()
             ]
+            canary = registry.canary()
             if args.json:
-                print(json.dumps({"serving": serving, "versions": rows}, indent=2))
+                state = {
+                    "serving": serving,
+                    "canary": asdict(canary) if canary is not None else None,
+                    "pending": registry.pending(),
+                    "transitions": registry.transitions(),
+                    "versions": rows,
+                }
+                print(json.dumps(state, indent=2))
             else:
                 print(f"serving: {'base model' if serving is None else f'v{serving:04d}'}")
+                if canary is not None:
+                    print(f"canary: v{canary.version:04d} at {canary.share:.0%}")
                 for row in rows:
                     evaluation = row.get("evaluation") or {}
                     gain = evaluation.get("edit_similarity_difference", {}).get("mean")
@@ -358,8 +401,14 @@ def model_main(argv: list[str]) -> int:
             return 0
         version = int(str(getattr(args, "version", "0")).lstrip("v") or 0)
         if args.action == "promote":
-            reason = registry.promote(version, margin=args.margin, force=args.force)
-            print(f"v{version:04d} serves ({reason})")
+            share = _share(args)
+            reason = registry.promote(
+                version, margin=args.margin, force=args.force, canary_share=share
+            )
+            print(f"v{version:04d} {'is a canary' if 0 < share < 1 else 'serves'} ({reason})")
+        elif args.action == "approve":
+            became = registry.approve(version, canary_share=_share(args))
+            print(f"v{version:04d} approved: {became}")
         elif args.action == "rollback":
             previous = registry.rollback()
             print(f"now serving: {'base model' if previous is None else f'v{previous:04d}'}")

@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS feedback (
     outcome TEXT NOT NULL,
     reward REAL NOT NULL,
     propensity REAL NOT NULL,
-    workspace TEXT
+    workspace TEXT,
+    model_version TEXT
 )
 """
 _INDEX = "CREATE INDEX IF NOT EXISTS feedback_workspace ON feedback (workspace, id)"
@@ -71,6 +72,9 @@ class Feedback:
     outcome: str  # accepted, partial, ignored, dismissed
     reward: float
     propensity: float
+    model_version: str | None = None
+    """The adapter version that wrote the suggestion (`lsp_server.features.adapters`), by which a
+    workspace's canary is judged (`training.local_canary`); None: not known (older rows)."""
 
 
 class FeedbackStore:
@@ -92,7 +96,8 @@ class FeedbackStore:
         with self._lock, self._db:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(_SCHEMA)
-            _add_workspace_column(self._db)
+            _add_column(self._db, "workspace")
+            _add_column(self._db, "model_version")
             self._db.execute(_INDEX)
 
     def record(self, item: Feedback) -> None:
@@ -104,7 +109,7 @@ class FeedbackStore:
         with self._lock, self._db:
             self._db.execute(
                 "INSERT INTO feedback (created, path, prefix, suggestion, suffix, outcome, reward,"
-                " propensity, workspace) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " propensity, workspace, model_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     time.time(),
                     item.path,
@@ -115,6 +120,7 @@ class FeedbackStore:
                     float(item.reward),
                     float(item.propensity),
                     self.workspace,
+                    item.model_version,
                 ),
             )
             self._db.execute(
@@ -199,18 +205,35 @@ class FeedbackStore:
             by_id = {row[0]: Feedback(*row[1:]) for row in found}
             yield from (by_id[i] for i in chunk if i in by_id)
 
+    def rewards_by_model(self, versions: Iterable[str], since: float) -> dict[str, list[float]]:
+        """The rewards of this workspace's rows kept since `since` (time.time()) whose
+        suggestion one of `versions` wrote, per version."""
+        wanted = list(dict.fromkeys(versions))
+        found: dict[str, list[float]] = {version: [] for version in wanted}
+        marks = ", ".join("?" * len(wanted))
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT model_version, reward FROM feedback WHERE workspace IS ? AND created >= ?"
+                f" AND model_version IN ({marks}) ORDER BY id",
+                (self.workspace, since, *wanted),
+            ).fetchall()
+        for version, reward in rows:
+            found[str(version)].append(float(reward))
+        return found
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
 
-def _add_workspace_column(db: sqlite3.Connection) -> None:
-    """Migrate a store from before rows carried their workspace: the old rows keep none."""
+def _add_column(db: sqlite3.Connection, name: str) -> None:
+    """Migrate a store from before rows carried `name` (their workspace, the model version that
+    wrote them): the old rows keep none."""
     columns = {row[1] for row in db.execute("PRAGMA table_info(feedback)")}
-    if "workspace" in columns:
+    if name in columns:
         return
     try:
-        db.execute("ALTER TABLE feedback ADD COLUMN workspace TEXT")
+        db.execute(f"ALTER TABLE feedback ADD COLUMN {name} TEXT")
     except sqlite3.OperationalError as exc:  # another process migrated it meanwhile
         if "duplicate column" not in str(exc):
             raise
@@ -243,7 +266,10 @@ class FeedbackRecorder:
         self.kept = kept
         self._pending: OrderedDict[str, Feedback] = OrderedDict()
 
-    def shown(self, decision: Decision, request: CompletionRequest) -> None:
+    def shown(
+        self, decision: Decision, request: CompletionRequest, model_version: str | None = None
+    ) -> None:
+        """A suggestion was shown (`model_version`: the adapter version that wrote it)."""
         if not decision.shown:
             return
         self._pending[decision.decision_id] = Feedback(
@@ -254,6 +280,7 @@ class FeedbackRecorder:
             "",
             0.0,
             max(min(decision.propensity, 1.0), MIN_PROPENSITY),
+            model_version,
         )
         while len(self._pending) > self.kept:
             self._pending.popitem(last=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,11 +26,16 @@ from lsp_server.config import Settings
 from lsp_server.progress import WorkDoneProgress
 from lsp_server.protocol import ADAPTER_PROGRESS_TITLE, ADAPTER_PROGRESS_TOKEN_PREFIX
 from lsp_server.server import TabloopServer
+from telemetry.client import install_id
+from telemetry.events import BASE_MODEL_VERSION
+from training.local_canary import workspace_label
 from training.registry import REGISTRY_FILE, AdapterRegistry, AdapterRegistryError, scope_dir
 
 log = logging.getLogger(__name__)
 
 REGISTRY_POLL_S = 30.0
+NAMED_ADAPTER = "custom"
+"""The model version of an adapter named in `completion.adapter` (no registry's version)."""
 
 
 class AdapterFeature:
@@ -47,6 +53,20 @@ class AdapterFeature:
         self._fetcher_key: tuple[str, str] | None = None
         self._fetch_error: str | None = None
         self._adapter_key: tuple[object, ...] | None = None
+        # Which arm of a workspace canary this server serves: one per session.
+        self.session_key = uuid.uuid4().hex
+        self._labels: dict[Path, str] = {}  # adapter directory -> its model version
+
+    def model_version(self) -> str:
+        """The model version serving now (`base`: no adapter, or a runner that serves none)."""
+        engine = self.server.engine
+        if engine is None:
+            return BASE_MODEL_VERSION
+        serving = RunnerCapabilities.of(engine.runner).adapters
+        adapter = serving.adapter if serving is not None else None
+        if adapter is None:
+            return BASE_MODEL_VERSION
+        return self._labels.get(adapter, NAMED_ADAPTER)
 
     def on_settings(self, settings: Settings) -> None:
         if self._timer is None:
@@ -154,7 +174,9 @@ class AdapterFeature:
         """
         named = self.server.settings.completion.adapter
         if named:  # the settings name one: it serves, whatever is promoted
-            return Path(named).expanduser(), ("setting", named)
+            path = Path(named).expanduser()
+            self._labels[path] = NAMED_ADAPTER
+            return path, ("setting", named)
         source = self.server.settings.completion.adapter_source
         fetcher = self._fetcher()
         if fetcher is not None:
@@ -169,6 +191,8 @@ class AdapterFeature:
             else:
                 self._fetch_error = None
             if remote.path is not None or source == "backend":
+                if remote.path is not None and remote.version is not None:
+                    self._labels[remote.path] = remote.version
                 return remote.path, ("backend", remote.checksum)
         registry = self.registry() if source != "backend" else None
         if registry is None:
@@ -178,7 +202,12 @@ class AdapterFeature:
         if stamp == self._registry_stamp:
             return None, stamp  # unchanged: nothing is swapped
         try:
-            return registry.serving_path(), stamp
+            version = registry.serving_for(self.session_key)
+            if version is None:
+                return None, stamp
+            path = registry.path(version)
+            self._labels[path] = workspace_label(version)
+            return path, stamp
         except AdapterRegistryError as exc:
             log.warning("keeping the serving adapter: %s", exc)
             return None, self._registry_stamp or ()
@@ -195,7 +224,9 @@ class AdapterFeature:
                 self._fetcher_obj.close()
             scope = hashlib.sha256(f"{url}\n{token}".encode()).hexdigest()[:16]
             root = settings.cache_path() / "adapters" / f"backend-{scope}"
-            self._fetcher_obj = AdapterFetcher(url, token or None, root)
+            # The installation's id, as telemetry sends it: the backend's canary arm follows it.
+            client = install_id(settings.cache_path() / "telemetry")
+            self._fetcher_obj = AdapterFetcher(url, token or None, root, client_key=client)
             self._fetcher_key = key
         return self._fetcher_obj
 

@@ -7,21 +7,31 @@ for that workspace finds it. Superseded and unseen suggestions say nothing about
 and are not kept; nor is anything when the server has no workspace root (no workspace's adapter
 could learn from it). The adapters trained from it are served by
 `lsp_server.features.adapters`.
+
+Each row carries the model version that wrote the suggestion, and while the workspace's adapter
+registry runs a canary, it is judged from these rows every `CANARY_EVERY` rows kept
+(`training.local_canary`): promoted, or rolled back when its suggestions fare worse.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
+from lsp_server.features.adapters import AdapterFeature
 from lsp_server.server import TabloopServer
 from telemetry.events import OutcomeEvent
 from training.feedback import FEEDBACK_FILE, FeedbackRecorder, FeedbackStore
-from training.registry import workspace_key
+from training.local_canary import settle_local_canary
+from training.registry import REGISTRY_FILE, workspace_key
 
 log = logging.getLogger(__name__)
+
+CANARY_EVERY = 25
+"""Rows kept between two judgements of a workspace's running canary."""
 
 
 class LearningFeature:
@@ -31,6 +41,7 @@ class LearningFeature:
         self.server = server
         self.store: FeedbackStore | None = None
         self._recorder = FeedbackRecorder()
+        self._kept = 0
 
     def on_settings(self, settings: Settings) -> None:
         wanted = settings.completion.feedback_rows
@@ -54,15 +65,29 @@ class LearningFeature:
 
     def on_decision(self, decision: Decision, request: CompletionRequest) -> None:
         if self.store is not None:
-            self._recorder.shown(decision, request)
+            adapters = self.server.find_feature(AdapterFeature)
+            version = adapters.model_version() if adapters is not None else None
+            self._recorder.shown(decision, request, version)
 
     def on_outcome(self, event: OutcomeEvent) -> None:
         kept = self._recorder.settled(event)
         store = self.store
         if kept is None or store is None:
             return
-        future = asyncio.get_running_loop().run_in_executor(None, store.record, kept)
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, store.record, kept)
         future.add_done_callback(_log_failure)
+        self._kept += 1
+        if self._kept % CANARY_EVERY == 0:
+            loop.run_in_executor(None, self.judge_canary, store).add_done_callback(_log_failure)
+
+    def judge_canary(self, store: FeedbackStore) -> dict[str, object] | None:
+        """Judge the workspace's running adapter canary on its feedback (a worker thread)."""
+        adapters = self.server.find_feature(AdapterFeature)
+        registry = adapters.registry() if adapters is not None else None
+        if registry is None or not (registry.root / REGISTRY_FILE).is_file():
+            return None
+        return settle_local_canary(registry, store)
 
     def on_shutdown(self) -> None:
         if self.store is not None:
@@ -70,9 +95,9 @@ class LearningFeature:
             self.store = None
 
 
-def _log_failure(future: asyncio.Future[None]) -> None:
+def _log_failure(future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is not None:
-        log.warning("could not keep feedback: %s", future.exception())
+        log.warning("feedback: %s", future.exception())
 
 
 def register(server: TabloopServer) -> None:

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from completion.types import CompletionRequest, Decision
 from lsp_server.config import Settings
+from lsp_server.features.adapters import AdapterFeature
 from lsp_server.protocol import (
     TELEMETRY_ENABLED_NOTIFICATION,
     TelemetryEnabledParams,
@@ -75,10 +76,12 @@ def decision_event(
     level: Level,
     candidates: int = 1,
     client: types.ClientInfo | None = None,
+    model_version: str | None = None,
 ) -> DecisionEvent:
     """The telemetry event of one decision (or one of `candidates`); text only at `full`.
     `client` is the editor's `clientInfo` from `initialize` (its name and version, cut to the
-    schema's 64 characters)."""
+    schema's 64 characters). `model_version` names the adapter version that serves
+    (`AdapterFeature.model_version`)."""
     text = decision.text
     full = level == "full"
     return DecisionEvent(
@@ -114,6 +117,7 @@ def decision_event(
         candidates=candidates,
         client_name=client.name[:64] if client is not None else None,
         client_version=client.version[:64] if client is not None and client.version else None,
+        model_version=model_version if model_version and _TOKEN.match(model_version) else None,
     )
 
 
@@ -197,6 +201,8 @@ class TelemetryFeature:
         client = self.client
         candidates = [decision, *decision.alternatives] if decision.shown else [decision]
         if client is not None and client.level != "off":
+            adapters = self.server.find_feature(AdapterFeature)
+            model_version = adapters.model_version() if adapters is not None else None
             for candidate in candidates:
                 try:
                     event = decision_event(
@@ -207,6 +213,7 @@ class TelemetryFeature:
                         level=client.level,
                         candidates=len(candidates),
                         client=self.server.client_info,
+                        model_version=model_version,
                     )
                 except ValidationError as exc:
                     if not self._invalid_reported:

@@ -21,6 +21,14 @@ class FeatureServer(SimpleNamespace):
     def run_task(self, coro: Any, name: str) -> Any:
         return asyncio.ensure_future(coro)
 
+    def add_feature(self, feature: Any) -> Any:
+        """As the real server: findable by its class (`find_feature`)."""
+        self.__dict__.setdefault("features", {})[type(feature)] = feature
+        return feature
+
+    def find_feature(self, kind: type[Any]) -> Any:
+        return self.__dict__.get("features", {}).get(kind)
+
 
 def feature_server(tmp_path: Path, rows: int = 100, engine: Any = None) -> FeatureServer:
     settings = Settings.model_validate(

@@ -29,15 +29,28 @@ def test_list_promote_rollback(
     save_adapter(attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", base_id, {})
     registry = AdapterRegistry(scope_dir(cache, workspace=workspace))
     registry.add(tmp_path / "a", base_id, {})
+    registry.add(tmp_path / "a", base_id, {})
 
     ws = ["--workspace", str(workspace)]
     assert main(["model", "promote", "v0001", *ws]) == 1
     assert "not been evaluated" in capsys.readouterr().err
-    assert main(["model", "promote", "1", "--force", *ws]) == 0
+    assert main(["model", "promote", "1", "--force", "--canary-share", "0", *ws]) == 0
     assert "v0001 serves (forced)" in capsys.readouterr().out
     assert main(["model", "list", "--json", *ws]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["serving"] == 1 and listed["versions"][0]["status"] == "serving"
+    # A promotion is a canary first (half of the sessions); a rollback then rolls it back.
+    assert main(["model", "promote", "2", "--force", *ws]) == 0
+    assert "v0002 is a canary (forced; canary at 50% of clients)" in capsys.readouterr().out
+    assert main(["model", "list", "--json", *ws]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["serving"] == 1 and listed["canary"]["version"] == 2
+    assert [t["action"] for t in listed["transitions"]] == ["promote", "canary"]
+    assert main(["model", "rollback", *ws]) == 0
+    assert "now serving: v0001" in capsys.readouterr().out
+    assert registry.canary() is None and registry.get(2).status == "rolled-back"
+    assert main(["model", "approve", "2", *ws]) == 1
+    assert "not waiting for approval" in capsys.readouterr().err
     assert main(["model", "rollback", *ws]) == 0
     assert "now serving: base model" in capsys.readouterr().out
     assert main(["model", "rollback", *ws]) == 1
