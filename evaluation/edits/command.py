@@ -27,7 +27,7 @@ from typing import Any
 from completion.next_edit import NextEditPredictor, NextEditSettings
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
-from evaluation.edits.metrics import outcome, score
+from evaluation.edits.metrics import PredictionResult, outcome, score
 from evaluation.edits.predicting import predict_points
 from lsp_server import config
 from training.edit_examples import read_edit_training
@@ -73,11 +73,15 @@ def _load(completion: CompletionSettings, cache_dir: Path) -> ModelRunner:
 
 
 def _paired(
-    points: list[EditPoint], ours: dict[str, Any], theirs: dict[str, Any]
+    points: list[EditPoint],
+    ours: dict[str, Any],
+    theirs: dict[str, Any],
+    results: dict[str, list[PredictionResult]],
 ) -> dict[str, Any]:
-    """Where the two runs' outcomes differ, point by point (ours first)."""
+    """The adapted run against the base one on the same points: the ratio of their exact
+    matches on edit points, and where their outcomes differ (`adapted<-base`)."""
     changed: dict[str, int] = {}
-    for point, a, b in zip(points, ours["_results"], theirs["_results"], strict=True):
+    for point, a, b in zip(points, results["adapted"], results["base"], strict=True):
         first, second = outcome(point, a), outcome(point, b)
         if first != second:
             key = f"{first}<-{second}"
@@ -134,6 +138,7 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
     }
     points: list[EditPoint] = []
+    results: dict[str, list[PredictionResult]] = {}
     for number, (name, completion) in enumerate(runs):
         runner = _load(completion, cache_dir)
         try:
@@ -162,16 +167,16 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
                 "draft_tokens": predicted.draft_tokens,
                 "draft_accepted": predicted.draft_accepted,
                 "first_error": errors[0] if errors else None,
-                "_results": predicted.results,
             }
+            results[name] = predicted.results
         finally:
             runner.close()
     if len(runs) == 2:
-        report["paired"] = _paired(points, report["adapted"], report["base"])
+        report["paired"] = _paired(points, report["adapted"], report["base"], results)
     for name, _ in runs:
-        report[name].pop("_results")
         trained = report[name]["configuration"].get("adapter_trained_on")
-        if trained and set(trained.get("commits_list", [])) & set(commits):
+        # Its commits are many: checked here, and only counted in the report.
+        if trained and set(trained.pop("commits_list", [])) & set(commits):
             report[name]["warning"] = "the adapter was trained on commits of this range"
     return report
 

@@ -98,10 +98,9 @@ def test_train_on_older_commits_and_judge_on_newer(
         assert configuration["next_edit"]["window_lines"] == 8  # the repository's setting
     assert report["adapted"]["configuration"]["adapter"] == str(adapter)
     assert report["base"]["configuration"]["adapter"] is None
-    assert (
-        report["adapted"]["configuration"]["adapter_trained_on"]["range"]
-        == (trained["trained_on"]["range"])
-    )
+    trained_on = report["adapted"]["configuration"]["adapter_trained_on"]
+    assert (trained_on["range"], trained_on["commit_count"]) == (trained["trained_on"]["range"], 5)
+    assert "commits_list" not in trained_on
     assert "warning" not in report["adapted"]
     assert set(report["paired"]) == {"exact_match_ratio", "points_differing", "outcome_changes"}
 
