@@ -3,6 +3,9 @@
 tabloop train model [--workspace DIR | --tenant T --db URL]
                     [--budget 20m | --samples N | --tokens N] [--replay-share 0.25]
                     [--held-out-share 0.2] [--promote] [--fresh] [--json]
+                    [--base-dtype bfloat16] [--[no-]autocast] [--[no-]middle-only]
+                    [--[no-]checkpointing] [--kl-weight 0] [--kl-reference start|base]
+                    [--objective fim|kto]
 tabloop model list [--workspace DIR | --tenant T] [--json]
 tabloop model promote V [--force] [--margin M] [--canary-share S] [--workspace DIR | --tenant T]
 tabloop model approve V [--canary-share S] [--workspace DIR | --tenant T]
@@ -101,6 +104,56 @@ class _Bar:
         self.bar.close()
 
 
+def _objective_flags(parser: argparse.ArgumentParser) -> None:
+    """What a training step computes and in which precision (`TrainSettings`, docs/learning.md)."""
+    from training.objective import REFERENCES
+    from training.trainer import BASE_DTYPES, OBJECTIVES
+
+    defaults = TrainSettings()
+    on_off = argparse.BooleanOptionalAction
+    parser.add_argument(
+        "--base-dtype",
+        choices=BASE_DTYPES,
+        default=defaults.base_dtype,
+        help="the frozen base model's weights (the LoRA weights are float32)",
+    )
+    parser.add_argument(
+        "--autocast", action=on_off, default=defaults.autocast, help="bfloat16 autocast"
+    )
+    parser.add_argument(
+        "--middle-only",
+        action=on_off,
+        default=defaults.middle_only,
+        help="the LM head only at the positions that predict the middle's tokens",
+    )
+    parser.add_argument(
+        "--checkpointing",
+        action=on_off,
+        default=defaults.checkpointing,
+        help="activation checkpointing (recompute each layer in the backward pass)",
+    )
+    parser.add_argument(
+        "--kl-weight",
+        type=float,
+        default=defaults.kl_weight,
+        help="weight of the KL anchor to the reference model (0: none)",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default=defaults.objective,
+        help="fim: this trainer's loss on code and feedback; kto: trl's KTOTrainer on the "
+        "window's accepted and rejected suggestions against the base model (one pass, not "
+        "resumable)",
+    )
+    parser.add_argument(
+        "--kl-reference",
+        choices=REFERENCES,
+        default=defaults.kl_reference,
+        help="the KL anchor's reference: the adapter the run starts from, or the base model",
+    )
+
+
 def train_model_main(argv: list[str]) -> int:
     """Entry point of `tabloop train model`."""
     parser = argparse.ArgumentParser(
@@ -120,6 +173,7 @@ def train_model_main(argv: list[str]) -> int:
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps")
     parser.add_argument("--max-prompt-tokens", type=int, default=384)
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    _objective_flags(parser)
     parser.add_argument("--eval-n", type=int, default=50, help="held-out cursors; 0 skips")
     parser.add_argument(
         "--replay-share",
@@ -150,22 +204,31 @@ def train_model_main(argv: list[str]) -> int:
         help="tenant: fewest training examples (text-carrying events with an outcome) to train",
     )
     args = parser.parse_args(argv)
+    from training.lora import LoraShape
+
     try:
         budget = _budget(args)
         window = WindowSettings(args.replay_share, args.held_out_share)
+        train_settings = TrainSettings(
+            seed=args.seed,
+            learning_rate=args.learning_rate,
+            effective_batch=args.effective_batch,
+            micro_batch=args.micro_batch,
+            checkpoint_every=args.checkpoint_every,
+            max_prompt_tokens=args.max_prompt_tokens,
+            lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
+            base_dtype=args.base_dtype,
+            autocast=args.autocast,
+            middle_only=args.middle_only,
+            checkpointing=args.checkpointing,
+            kl_weight=args.kl_weight,
+            kl_reference=args.kl_reference,
+            objective=args.objective,
+        )
     except ValueError as exc:
         parser.error(str(exc))
-    from training.lora import LoraShape
-
-    train_settings = TrainSettings(
-        seed=args.seed,
-        learning_rate=args.learning_rate,
-        effective_batch=args.effective_batch,
-        micro_batch=args.micro_batch,
-        checkpoint_every=args.checkpoint_every,
-        max_prompt_tokens=args.max_prompt_tokens,
-        lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
-    )
+    if args.tenant and args.objective != "fim":
+        parser.error("--objective kto trains a workspace's adapter; a tenant's uses fim")
     if args.tenant:
         return _train_tenant(args, parser, budget, train_settings, window)
     if args.db:

@@ -41,6 +41,12 @@ from completion.fim import FimTemplate
 from training.budget import Budget
 from training.examples import FimExample
 from training.lora import LoraShape
+from training.memory import (
+    available_memory_bytes,
+    bytes_per_example,
+    enable_checkpointing,
+    size_micro_batch,
+)
 from training.objective import (
     REFERENCES,
     Reference,
@@ -57,6 +63,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 BaseDtype = Literal["float32", "bfloat16"]
 BASE_DTYPES: tuple[BaseDtype, ...] = ("float32", "bfloat16")
+Objective = Literal["fim", "kto"]
+OBJECTIVES: tuple[Objective, ...] = ("fim", "kto")
 
 KILL_AT_STEP_ENV = "TABLOOP_TRAIN_KILL_AT_STEP"
 """Fault injection for the resume test: the process SIGKILLs itself part-way into this step."""
@@ -93,6 +101,7 @@ class TrainSettings:
     checkpointing: bool = True  # activation checkpointing of the decoder layers
     kl_weight: float = 0.0  # the KL anchor's weight (0: none)
     kl_reference: Reference = "start"  # the adapter the run started from, or the base model
+    objective: Objective = "fim"  # this trainer's loss, or trl's KTO on feedback (training.kto)
 
     def __post_init__(self) -> None:
         if self.base_dtype not in BASE_DTYPES:
@@ -101,6 +110,8 @@ class TrainSettings:
             raise ValueError(f"kl_reference {self.kl_reference!r}: one of {', '.join(REFERENCES)}")
         if self.kl_weight < 0:
             raise ValueError(f"kl_weight must be at least 0, not {self.kl_weight}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective {self.objective!r}: one of {', '.join(OBJECTIVES)}")
         if self.kl_weight > 0 and not self.middle_only:
             raise ValueError("the KL anchor needs middle_only (the head at the middle's positions)")
 
@@ -226,70 +237,6 @@ def mixed_stream(
             break
         if not produced:
             return
-
-
-def available_memory_bytes(device: str) -> int:
-    """Memory free for training on `device` (CUDA: free device memory; CPU: MemAvailable)."""
-    import torch
-
-    if device.startswith("cuda"):
-        free, _total = torch.cuda.mem_get_info()
-        return int(free)
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 2 << 30
-
-
-def bytes_per_example(
-    config: Any,
-    sequence_tokens: int,
-    kept_positions: int,
-    *,
-    element_bytes: int = 4,
-    checkpointing: bool = False,
-    kl: bool = False,
-) -> int:
-    """A generous estimate of the memory one example needs in a training step: the activations
-    kept for the backward pass (`element_bytes` each: 4 in float32, about 3 when most are
-    bfloat16 and the LoRA path's are float32; with activation checkpointing only each decoder
-    layer's input is kept, and one layer's activations are recomputed at a time) and the
-    float32 logits, log-softmax and gradient at the `kept_positions` (twice as many with the
-    reference's for a KL anchor)."""
-    hidden = int(getattr(config, "hidden_size", 1024))
-    layers = int(getattr(config, "num_hidden_layers", 24))
-    inner = int(getattr(config, "intermediate_size", 4 * hidden))
-    heads = int(getattr(config, "num_attention_heads", 16))
-    vocab = int(getattr(config, "vocab_size", 32000))
-    # Saved activations per token and layer, fitted to a measurement: Qwen2.5-Coder-0.5B at 456
-    # tokens held about 3 GB per example in float32 on a CPU.
-    per_token_layer = (24 * hidden + 6 * inner) * element_bytes
-    attention = heads * sequence_tokens * sequence_tokens * element_bytes * 2
-    layer = sequence_tokens * per_token_layer + attention
-    if checkpointing:
-        activations = layers * sequence_tokens * hidden * element_bytes + layer
-    else:
-        activations = layers * layer
-    logits = kept_positions * vocab * 4 * (6 if kl else 3)
-    return activations + logits
-
-
-def size_micro_batch(effective_batch: int, free_bytes: int, per_example: int) -> int:
-    """The largest divisor of `effective_batch` whose activations fit in a third of the free
-    memory (the machine keeps working beside the trainer)."""
-    fits = max(1, (free_bytes // 3) // max(per_example, 1))
-    return max(d for d in range(1, effective_batch + 1) if effective_batch % d == 0 and d <= fits)
-
-
-def enable_checkpointing(model: Any) -> None:
-    """Activation checkpointing of a (peft-wrapped) causal LM's decoder layers, non-reentrant
-    (so the frozen embeddings need no `enable_input_require_grads`)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    inner.activation_checkpointing_enable({"use_reentrant": False})
 
 
 def _sha256(path: Path) -> str:

@@ -215,6 +215,12 @@ def train_workspace(
     rewards = dict(feedback.keys(plan.upto)) if feedback is not None else {}
     chosen = select_window(rewards, plan.mark, window or WindowSettings())
     trainable = load_trainable(model, cache_dir, settings, plan.warm_source(registry))
+    if settings.objective == "kto":
+        result = _train_kto(trainable, settings, feedback, chosen, rewards, budget, work_dir)
+        result.device = device or result.device
+        result.window = chosen.summary()
+        result.warm_start = trainable.warm_start.summary()
+        return result, held_out
     trainer = Trainer(
         trainable.model,
         trainable.tokenizer,
@@ -229,3 +235,32 @@ def train_workspace(
     result.window = chosen.summary()
     result.warm_start = trainable.warm_start.summary()
     return result, held_out
+
+
+def _train_kto(
+    trainable: TrainableModel,
+    settings: TrainSettings,
+    feedback: FeedbackStore | None,
+    window: TrainingWindow,
+    rewards: dict[OutcomeKey, float],
+    budget: Budget,
+    work_dir: Path,
+) -> TrainResult:
+    """The window's feedback, one epoch (or the budget's samples), through trl's KTO."""
+    from training.kto import run_kto
+
+    if feedback is None or not window.new:
+        raise ValueError("the kto objective trains on feedback, and the window holds none")
+    examples = stream_feedback_examples(feedback, window, rewards, settings.seed)
+    limit = budget.samples or len(window.epoch(settings.seed, 0))
+    return run_kto(
+        trainable.model,
+        trainable.tokenizer,
+        template_for(trainable.family),
+        trainable.base_model_id,
+        examples,
+        settings,
+        limit,
+        work_dir,
+        "cpu",
+    )

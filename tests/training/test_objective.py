@@ -14,8 +14,9 @@ import torch
 from completion.fim import template_for
 from training.examples import FimExample
 from training.lora import LoraShape
+from training.memory import bytes_per_example
 from training.objective import ReferenceModel, middle_logits, pack, per_row_mean
-from training.trainer import Trainer, TrainSettings, _Encoded, bytes_per_example, encode
+from training.trainer import Trainer, TrainSettings, _Encoded, encode
 from training.workspace import load_trainable
 
 EXACT = TrainSettings(

@@ -16,13 +16,13 @@ from safetensors.torch import load_file
 from completion.adapters import WEIGHTS
 from training.budget import Budget, parse_duration
 from training.examples import FimExample
+from training.memory import size_micro_batch
 from training.trainer import (
     CHECKPOINTS,
     KILL_AT_STEP_ENV,
     TrainResult,
     TrainSettings,
     mixed_stream,
-    size_micro_batch,
 )
 from training.workspace import train_workspace
 
