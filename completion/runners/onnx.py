@@ -6,7 +6,9 @@ On a 2-core CPU this engine decodes the bundled model about 3.6 times faster tha
 without VNNI, where its 8-bit prompt reading is no faster than torch float32), and tries to make up
 for it by reading less: the engine holds its KV cache between calls, and the runner keeps
 the state of the previous prompt and rolls it back (`rewind_to`) to where the new prompt differs, so
-a keystroke reads only what changed and the code after the cursor.
+a keystroke reads only what changed and the code after the cursor. Rewrites checked against a
+draft (next edits, `generate_with_draft`) keep a cache of their own, so a next edit asked between
+keystrokes does not cost the completions that follow it their kept prompt, nor the reverse.
 
 The same request always gives the same text, whatever came before it. The engine computes a token's
 state identically whether its prompt is read at once or in chunks of two or more tokens (its matrix
@@ -49,6 +51,7 @@ from completion.types import CancelToken, Generation, StopRule
 log = logging.getLogger(__name__)
 
 Precision = Literal["int4", "int8"]
+Purpose = Literal["complete", "edit"]  # which cache a call reads its prompt into
 
 CHUNK = 24  # prompt tokens per engine call: about 100 ms on 2 cores, the longest a cancel waits
 MIN_CHUNK = 2  # a one-token read takes another kernel (see above)
@@ -109,9 +112,13 @@ class OnnxRunner(ConvertedRunner):
         self.reuse_prefix = reuse_prefix
         self._lock = threading.Lock()
         self._vocab: VocabIndex | None = None
+        # The active cache: its generator, the tokens it can hold, and the prompt tokens whose
+        # state it holds; the other purpose's cache waits in `_parked`.
         self._generator: Any = None
-        self._length = 0  # tokens the generator can hold
-        self._kept: list[int] = []  # prompt tokens whose state the generator holds
+        self._length = 0
+        self._kept: list[int] = []
+        self._purpose: Purpose = "complete"
+        self._parked: dict[Purpose, tuple[Any, int, list[int]]] = {}
         self._random = random.Random()
         self.edit_draft_tokens = EDIT_DRAFT_TOKENS
         self.load_s = time.perf_counter() - started
@@ -141,6 +148,7 @@ class OnnxRunner(ConvertedRunner):
                 raise RuntimeError("the runner is closed")
             self.model = prepared.generator  # this engine's loaded model
             self._generator, self._length, self._kept = None, 0, []
+            self._parked.clear()
             self.path = prepared.path
             self.adapter = prepared.adapter
             self.model_id = prepared.model_id
@@ -161,22 +169,29 @@ class OnnxRunner(ConvertedRunner):
 
     # -- what the engine asks -----------------------------------------------------------------
 
-    def _reusable(self, ids: list[int]) -> int:
-        """How many first tokens of `ids` the kept state serves (0: read it all)."""
+    def _reusable(self, ids: list[int], kept: list[int] | None = None) -> int:
+        """How many first tokens of `ids` the kept state (`kept`, else the active cache's)
+        serves (0: read it all)."""
         if not self.reuse_prefix:
             return 0
-        reused = min(common_prefix_length(self._kept, ids), len(ids) - MIN_CHUNK)
+        held = self._kept if kept is None else kept
+        reused = min(common_prefix_length(held, ids), len(ids) - MIN_CHUNK)
         return reused if reused >= MIN_CHUNK else 0
 
+    def _completion_kept(self) -> list[int]:
+        if self._purpose == "complete":
+            return self._kept
+        return self._parked.get("complete", (None, 0, []))[2]
+
     def tokens_to_read(self, prompt: str) -> int:
-        """Prompt tokens the engine would compute for `prompt` now."""
+        """Prompt tokens the engine would compute for completion prompt `prompt` now."""
         ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
-        return len(ids) - self._reusable(ids)
+        return len(ids) - self._reusable(ids, self._completion_kept())
 
     @property
     def kept_tokens(self) -> int:
-        """Prompt tokens whose state the engine holds for the next request."""
-        return len(self._kept)
+        """Prompt tokens whose state the engine holds for the next completion request."""
+        return len(self._completion_kept())
 
     @property
     def output_variant(self) -> str:
@@ -184,6 +199,13 @@ class OnnxRunner(ConvertedRunner):
         return ""
 
     # -- generation ---------------------------------------------------------------------------
+
+    def _use(self, purpose: Purpose) -> None:
+        """Make `purpose`'s cache the active one, parking the other's as it is."""
+        if purpose != self._purpose:
+            self._parked[self._purpose] = (self._generator, self._length, self._kept)
+            self._generator, self._length, self._kept = self._parked.pop(purpose, (None, 0, []))
+            self._purpose = purpose
 
     def _generator_for(self, needed: int) -> Any:
         """The generator, made again (its state lost) when it cannot hold `needed` tokens."""
@@ -291,6 +313,7 @@ class OnnxRunner(ConvertedRunner):
         a word character follows it (`VocabIndex.allowed`).
         """
         with self._lock:
+            self._use("complete")
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
             result, row = self._prefill(ids, max_new_tokens, cancel)
             if row is None:
@@ -330,6 +353,7 @@ class OnnxRunner(ConvertedRunner):
         differently from `generate`'s (docs/models.md measures how often).
         """
         with self._lock:
+            self._use("edit")
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
             result, row = self._prefill(ids, max_new_tokens + 1, cancel)
             if row is None:
@@ -436,6 +460,7 @@ class OnnxRunner(ConvertedRunner):
         tokens (in that order) and continue greedily from the same prompt state.
         """
         with self._lock:
+            self._use("complete")
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
             best, row = self._prefill(ids, max_new_tokens, cancel)
             if row is None:
@@ -473,5 +498,6 @@ class OnnxRunner(ConvertedRunner):
         """Release the engine's model and its cache."""
         with self._lock:
             self._generator = None
+            self._parked.clear()
             self.model = None
             self._kept = []

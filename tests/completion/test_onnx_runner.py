@@ -297,3 +297,22 @@ def test_a_runner_left_open_exits_cleanly(tiny_model_path: Path, cache_dir: Path
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) > 0
+
+
+def test_a_rewrite_between_keystrokes_keeps_the_completion_prompt(runner: OnnxRunner) -> None:
+    first, second = typing_prompts()[-2:]
+    typed = runner.generate(first, max_new_tokens=4, stop=never, cancel=CancelToken())
+    kept = runner.kept_tokens
+    assert kept > 0 and runner.tokens_to_read(first) <= 2
+    rewrite = "<|file_sep|>current/a.py\n" + BODY[:200] + "<|file_sep|>updated/a.py\n"
+    edit = runner.generate_with_draft(
+        rewrite, draft=BODY[:200], max_new_tokens=8, stop=never, cancel=CancelToken()
+    )
+    assert edit.prefill_done and edit.reused_tokens == 0
+    assert runner.kept_tokens == kept  # the rewrite read into a cache of its own
+    after = runner.generate(second, max_new_tokens=4, stop=never, cancel=CancelToken())
+    assert after.reused_tokens >= kept - typed.new_tokens - 8  # only the typed lines read again
+    again = runner.generate_with_draft(
+        rewrite, draft=BODY[:200], max_new_tokens=8, stop=never, cancel=CancelToken()
+    )
+    assert again.text == edit.text and again.reused_tokens == edit.prompt_tokens - 2
