@@ -268,6 +268,8 @@ class AdapterRegistry:
             raise AdapterRegistryError(f"canary share {canary_share} outside [0, 1]")
         with self._locked() as state:
             entry = self._entry(state, version)
+            if state["serving"] == version and state["canary"] is None:
+                return f"v{version:04d} serves already"  # a replayed promotion changes nothing
             if state["canary"] is not None:
                 running = version_label(state["canary"]["version"])
                 raise AdapterRegistryError(

@@ -68,6 +68,9 @@ def registry(tmp_path: Path) -> AdapterRegistry:
 
 def test_a_promotion_with_a_share_is_a_canary_until_judged(registry: AdapterRegistry) -> None:
     registry.promote(1, force=True)
+    # Promoting what serves already changes nothing (no canary of a version beside itself).
+    assert "serves already" in registry.promote(1, force=True, canary_share=0.5)
+    assert registry.canary() is None and len(registry.transitions()) == 1
     reason = registry.promote(2, force=True, canary_share=0.25, actor="trainer")
     assert "canary at 25%" in reason
     canary = registry.canary()

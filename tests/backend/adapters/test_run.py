@@ -38,6 +38,12 @@ def _run(command: list[str], cache: Path, **env: str) -> subprocess.CompletedPro
     return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True)
 
 
+def _serve_now(tenant: str) -> list[str]:
+    """`tabloop model promote 1` for `tenant`, serving every client at once (no canary)."""
+    promote = ["model", "promote", "1", "--force", "--canary-share", "0", "--tenant", tenant]
+    return [sys.executable, "-m", "tabloop", *promote]
+
+
 def _tensors(adapter: Path) -> dict[str, torch.Tensor]:
     return load_file(str(adapter / WEIGHTS))
 
@@ -84,10 +90,7 @@ def test_a_tenant_run_trains_evaluates_and_registers_an_adapter(
     assert [v["name"] for v in registry["versions"]] == ["v0001"]
     assert registry["versions"][0]["train"]["through_event_id"] > 0
     assert registry["versions"][0]["evaluation"] == evaluation
-    forced = _run(
-        [sys.executable, "-m", "tabloop", "model", "promote", "1", "--force", "--tenant", tenant],
-        cache,
-    )
+    forced = _run(_serve_now(tenant), cache)
     assert forced.returncode == 0, forced.stderr
     back = _run([sys.executable, "-m", "tabloop", "model", "rollback", "--tenant", tenant], cache)
     assert back.returncode == 0, back.stderr
@@ -173,10 +176,7 @@ def test_the_next_tenant_version_warm_starts_and_trains_on_what_is_new(
     assert report["warm_start"]["fresh"] and report["window"]["since"] is None
     assert (report["window"]["new"], report["window"]["held_out"]) == (24, 6)
     tenant = sqlite_backend.principal.tenant
-    promoted = _run(
-        [sys.executable, "-m", "tabloop", "model", "promote", "1", "--force", "--tenant", tenant],
-        cache,
-    )
+    promoted = _run(_serve_now(tenant), cache)
     assert promoted.returncode == 0, promoted.stderr
     post(sqlite_backend, [replace(i, minute=i.minute + 30) for i in logged(20)])
     second = _run(_train(sqlite_backend, tiny_model_path, "--eval-n", "0"), cache)
