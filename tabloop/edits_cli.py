@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from lsp_server import config
-from tabloop.model_cli import _Bar, _budget
+from tabloop.model_cli import _Bar, _budget, train_settings_of, trainer_flags
 from training.edit_replay import DEFAULT_COMMITS, GitHistory, ReplayError
-from training.trainer import TrainSettings
 
 EDIT_RUNS = "edit-adapters"
 
@@ -53,16 +52,9 @@ def train_edits_main(argv: list[str]) -> int:
         "--last", type=int, default=400, help="without --commits: this many commits (0: all)"
     )
     parser.add_argument("--out", help="run directory (default: under the cache directory)")
-    parser.add_argument("--budget", help="wall-clock budget, e.g. 20m (the default), 1h, 90s")
-    parser.add_argument("--samples", type=int, help="budget in training examples")
-    parser.add_argument("--tokens", type=int, help="budget in tokens (prompt and target)")
-    parser.add_argument("--model", help="base model (default: the configured completion.model)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--learning-rate", type=float, default=2e-4)
-    parser.add_argument("--effective-batch", type=int, default=8)
-    parser.add_argument("--micro-batch", type=int, default=0, help="0: sized from free memory")
-    parser.add_argument("--max-prompt-tokens", type=int, default=1800)
-    parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
+    # A prompt holds up to three recent edits and the window three times (about 1,300 tokens
+    # at the default nextEdit budgets); the trainer keeps three quarters of this for it.
+    trainer_flags(parser, max_prompt_tokens=1800)
     parser.add_argument("--no-change-share", type=float, default=0.3)
     parser.add_argument("--fresh", action="store_true", help="discard an unfinished run")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
@@ -70,26 +62,18 @@ def train_edits_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         budget = _budget(args)
+        chosen = train_settings_of(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if chosen.objective != "fim":
+        parser.error("--objective: next edits train with fim (the examples' own loss)")
     from training.edit_training import edit_train_settings, train_edits
-    from training.lora import LoraShape
 
     repo = Path(args.repo).resolve()
     settings = config.resolve(repo).settings
     cache_dir = settings.cache_path()
     next_edit = settings.next_edit
-    train_settings = edit_train_settings(
-        TrainSettings(
-            seed=args.seed,
-            learning_rate=args.learning_rate,
-            effective_batch=args.effective_batch,
-            micro_batch=args.micro_batch,
-            max_prompt_tokens=args.max_prompt_tokens,
-            lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
-        ),
-        next_edit,
-    )
+    train_settings = edit_train_settings(chosen, next_edit)
     run_dir = Path(args.out) if args.out else cache_dir / EDIT_RUNS / repo.name
     if args.fresh:
         shutil.rmtree(run_dir, ignore_errors=True)

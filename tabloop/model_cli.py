@@ -154,14 +154,8 @@ def _objective_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def train_model_main(argv: list[str]) -> int:
-    """Entry point of `tabloop train model`."""
-    parser = argparse.ArgumentParser(
-        prog="tabloop train model",
-        description="Train a LoRA adapter of the completion model on a workspace's code and its "
-        "local feedback, evaluate it on held-out files, and add it to the adapter registry.",
-    )
-    _scope(parser)
+def trainer_flags(parser: argparse.ArgumentParser, *, max_prompt_tokens: int) -> None:
+    """The budget, the base model and the trainer's settings (`train model`, `train edits`)."""
     parser.add_argument("--budget", help="wall-clock budget, e.g. 20m (the default), 1h, 90s")
     parser.add_argument("--samples", type=int, help="budget in training examples")
     parser.add_argument("--tokens", type=int, help="budget in tokens (prompt and target)")
@@ -171,9 +165,42 @@ def train_model_main(argv: list[str]) -> int:
     parser.add_argument("--effective-batch", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=0, help="0: sized from free memory")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps")
-    parser.add_argument("--max-prompt-tokens", type=int, default=384)
+    parser.add_argument("--max-prompt-tokens", type=int, default=max_prompt_tokens)
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
     _objective_flags(parser)
+
+
+def train_settings_of(args: argparse.Namespace) -> TrainSettings:
+    """The `TrainSettings` of `trainer_flags`' arguments (ValueError for a bad combination)."""
+    from training.lora import LoraShape
+
+    return TrainSettings(
+        seed=args.seed,
+        learning_rate=args.learning_rate,
+        effective_batch=args.effective_batch,
+        micro_batch=args.micro_batch,
+        checkpoint_every=args.checkpoint_every,
+        max_prompt_tokens=args.max_prompt_tokens,
+        lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
+        base_dtype=args.base_dtype,
+        autocast=args.autocast,
+        middle_only=args.middle_only,
+        checkpointing=args.checkpointing,
+        kl_weight=args.kl_weight,
+        kl_reference=args.kl_reference,
+        objective=args.objective,
+    )
+
+
+def train_model_main(argv: list[str]) -> int:
+    """Entry point of `tabloop train model`."""
+    parser = argparse.ArgumentParser(
+        prog="tabloop train model",
+        description="Train a LoRA adapter of the completion model on a workspace's code and its "
+        "local feedback, evaluate it on held-out files, and add it to the adapter registry.",
+    )
+    _scope(parser)
+    trainer_flags(parser, max_prompt_tokens=384)
     parser.add_argument("--eval-n", type=int, default=50, help="held-out cursors; 0 skips")
     parser.add_argument(
         "--replay-share",
@@ -204,27 +231,10 @@ def train_model_main(argv: list[str]) -> int:
         help="tenant: fewest training examples (text-carrying events with an outcome) to train",
     )
     args = parser.parse_args(argv)
-    from training.lora import LoraShape
-
     try:
         budget = _budget(args)
         window = WindowSettings(args.replay_share, args.held_out_share)
-        train_settings = TrainSettings(
-            seed=args.seed,
-            learning_rate=args.learning_rate,
-            effective_batch=args.effective_batch,
-            micro_batch=args.micro_batch,
-            checkpoint_every=args.checkpoint_every,
-            max_prompt_tokens=args.max_prompt_tokens,
-            lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
-            base_dtype=args.base_dtype,
-            autocast=args.autocast,
-            middle_only=args.middle_only,
-            checkpointing=args.checkpointing,
-            kl_weight=args.kl_weight,
-            kl_reference=args.kl_reference,
-            objective=args.objective,
-        )
+        train_settings = train_settings_of(args)
     except ValueError as exc:
         parser.error(str(exc))
     if args.tenant and args.objective != "fim":
