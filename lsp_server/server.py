@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 ModelState = Literal["disabled", "loading", "ready", "error"]
 FeatureT = TypeVar("FeatureT")
+ModelWork = Literal["inline", "next_edit"]  # what a request wants the model for
 
 DECISIONS_KEPT = 2048
 TIMINGS_KEPT = 1024
@@ -58,8 +59,9 @@ class Hooks:
     """Extension points between features. Callbacks run on the event loop and must not block."""
 
     decision: list[Callable[[Decision, CompletionRequest], None]] = field(default_factory=list)
-    # A completion request began (True) or its handler ended (False), however it ended.
-    completion: list[Callable[[bool], None]] = field(default_factory=list)
+    # A request that wants the model began (True) or its handler ended (False), however it
+    # ended, and its kind: `inline` (a completion) or `next_edit`.
+    completion: list[Callable[[bool, ModelWork], None]] = field(default_factory=list)
     accept: list[Callable[[str, list[Any]], None]] = field(default_factory=list)
     outcome: list[Callable[[OutcomeEvent], None]] = field(default_factory=list)
     retention: list[Callable[[RetentionEvent], None]] = field(default_factory=list)
@@ -272,11 +274,12 @@ class TabloopServer(LanguageServer):
         if self.in_flight.get(uri) is token:
             del self.in_flight[uri]
 
-    def completion_activity(self, active: bool) -> None:
-        """A completion request began (`active`) or ended: the `completion` hooks hear it."""
+    def completion_activity(self, active: bool, kind: ModelWork = "inline") -> None:
+        """A request of `kind` that wants the model began (`active`) or ended: the `completion`
+        hooks hear it."""
         for hook in self.hooks.completion:
             try:
-                hook(active)
+                hook(active, kind)
             except Exception:
                 log.exception("completion hook failed")
 

@@ -30,6 +30,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ from lsp_server.protocol import (
     read_params,
     to_wire,
 )
-from lsp_server.server import TabloopServer
+from lsp_server.server import ModelWork, TabloopServer
 from telemetry.events import MAX_TEXT_CHARS, Latency, NextEditEvent, NextEditKind
 
 log = logging.getLogger(__name__)
@@ -194,17 +195,7 @@ class NextEditFeature(DocumentListener):
         document = open_document(self.server.workspace, change.uri)
         if document is None:
             return
-        path = self.path_of(change.uri)
-        lines = document.lines
-        # Several edits of one `didChange` (multiple cursors) are each read against the text
-        # after all of them; an edit that no longer matches it is not recorded.
-        for edit in change.edits:
-            if edit.whole:
-                self.history.forget(path)
-                continue
-            self.history.record_edit(
-                path, lines, edit.line, edit.character, edit.removed, edit.text
-            )
+        record_change(self.history, self.path_of(change.uri), change, document.lines)
 
     def did_close(self, uri: str) -> None:
         self.cancel(uri, "document closed")
@@ -220,9 +211,9 @@ class NextEditFeature(DocumentListener):
         for uri in list(self.in_flight):
             self.cancel(uri, reason)
 
-    def on_completion(self, active: bool) -> None:
+    def on_completion(self, active: bool, kind: ModelWork) -> None:
         """An inline completion request began: it gets the model thread first."""
-        if active:
+        if active and kind == "inline":
             self.cancel_all("an inline completion request came")
 
     async def answer(self, params: NextEditParams, request_id: str) -> NextEditResult:
@@ -270,6 +261,7 @@ class NextEditFeature(DocumentListener):
         self.in_flight[uri] = token
         predict = functools.partial(predictor.predict, lines, path, cursor, self.history, token)
         loop = asyncio.get_running_loop()
+        self.server.completion_activity(True, "next_edit")  # background training pauses
         try:
             prediction = await loop.run_in_executor(self.server.model_executor, predict)
         except Cancelled:
@@ -279,6 +271,7 @@ class NextEditFeature(DocumentListener):
             token.cancel("cancelled by the client")  # stop the model within one decode step
             raise
         finally:
+            self.server.completion_activity(False, "next_edit")
             if self.in_flight.get(uri) is token:
                 del self.in_flight[uri]
         record.prediction = prediction
@@ -423,6 +416,25 @@ class NextEditFeature(DocumentListener):
                 "historyEvents": len(self.history),
             }
         }
+
+
+def record_change(
+    history: EditHistory, path: str, change: DocumentChange, lines: Sequence[str]
+) -> None:
+    """Record the edits of one `didChange` in `history` under `path`, `lines` being the
+    document's lines after them all: each edit against the lines right after it (several edits
+    come from multiple cursors, or from an editor that sends a deletion and the text typed in its
+    place as one notification). A whole-text change is recorded as the edit it makes (its
+    `narrowed` change); one that removes or inserts more than a history block holds forgets the
+    document's events instead."""
+    for edit, after in change.lines_after_each(lines):
+        if edit.whole:
+            found = edit.narrowed
+            if found is None or max(len(found.removed), len(found.text)) > history.max_event_chars:
+                history.forget(path)
+                continue
+            edit = found
+        history.record_edit(path, after, edit.line, edit.character, edit.removed, edit.text)
 
 
 def client_column(line: str, character: int, encoding: str) -> int:

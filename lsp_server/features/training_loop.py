@@ -36,7 +36,7 @@ from lsp_server.features.adapters import AdapterFeature
 from lsp_server.features.learning import LearningFeature
 from lsp_server.progress import WorkDoneProgress
 from lsp_server.protocol import TRAINING_PROGRESS_TITLE, TRAINING_PROGRESS_TOKEN_PREFIX
-from lsp_server.server import TabloopServer
+from lsp_server.server import ModelWork, TabloopServer
 from training.background import (
     FAILED,
     INTERRUPTED,
@@ -159,9 +159,9 @@ class TrainingLoopFeature:
 
     # --- yielding to typing ---
 
-    def on_completion(self, active: bool) -> None:
-        """A completion request began or ended: pause the child at once, continue it when the
-        editor has been quiet for `training.pauseAfterMs`."""
+    def on_completion(self, active: bool, _kind: ModelWork) -> None:
+        """A request for the model (a completion or a next edit) began or ended: pause the
+        child at once, continue it when the editor has been quiet for `training.pauseAfterMs`."""
         self._last_request = time.monotonic()
         if self._resume_timer is not None:
             self._resume_timer.cancel()

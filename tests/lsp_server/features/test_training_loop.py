@@ -29,7 +29,12 @@ from pytest_lsp.client import make_test_lsp_client
 
 from lsp_server.config import Settings
 from lsp_server.features.training_loop import TrainingLoopFeature
-from lsp_server.protocol import TRAINING_PROGRESS_TITLE, plain
+from lsp_server.protocol import (
+    NEXT_EDIT_TIMINGS_REQUEST,
+    TABLOOP_NEXT_EDIT_REQUEST,
+    TRAINING_PROGRESS_TITLE,
+    plain,
+)
 from tests.lsp_server.conftest import load_profile
 from tests.support.feature_server import feature_server
 from training.background import INTERRUPTED, OVER_MEMORY, STATE_DIR, STATE_FILE
@@ -211,6 +216,27 @@ async def test_training_pauses_while_completions_are_served_and_resumes(
     await until(client, lambda s: s["training"]["state"] in ("training", "judging"), "resume")
     step = paused["training"]["run"]["step"]
     await until(client, lambda s: (s["training"].get("run") or {}).get("step", 0) > step, "step")
+
+    # A next edit wants the model too: an edit, then the request at it stops the child again.
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(types.Position(0, 8), types.Position(0, 9)), text="x"
+                )
+            ],
+        )
+    )
+    position = {"line": 0, "character": 9}
+    params = {"textDocument": {"uri": uri, "version": 2}, "position": position}
+    await client.protocol.send_request_async(TABLOOP_NEXT_EDIT_REQUEST, params)
+    assert process_state(pid) == "T"
+    timings = plain(await client.protocol.send_request_async(NEXT_EDIT_TIMINGS_REQUEST, {}))
+    assert timings[-1]["reached_model"] is True
+    again = await status(client)
+    assert again["training"]["state"] == "paused" and again["training"]["run"]["pauses"] == 2
+    await wait_for(lambda: process_state(pid) not in ("T", "t"), "continued child")
 
     # Shut down while it runs: the child is stopped, not left behind, and its run is unfinished.
     await client.shutdown_session()
