@@ -316,6 +316,7 @@ async def test_metrics_level_sends_no_code_paths_or_identifiers(
             assert canary.encode() not in body, f"{canary!r} left the machine"
     for _, event in decisions:
         assert event["prompt"] is None and event["suggestion"] is None
+        assert event["model_version"] == "base"  # no adapter serves: the base model made it
     status = plain(await client.protocol.send_request_async("tabloop/status", {}))
     assert status["telemetry"]["level"] == "metrics"
     assert status["telemetry"]["spool"]["dropped_events"] == 0
