@@ -2,13 +2,13 @@
 
 `AdapterFetcher.fetch()` asks `GET /v1/model` with the entity tag of what it holds (an unchanged
 version costs a 304) and the installation's id (while a canary runs, the backend answers the
-version of this installation's arm, the same one every time), downloads the files of a new version into a fresh directory of the cache,
-checks every file against the SHA-256 the backend announced and the manifest against the
-announced checksum, and only then renames the directory into place. It answers the local
-directory of the version that serves (or None: the tenant's base model serves) and remembers it
-on disk, so the next start serves it without a backend. Anything that goes wrong (no backend, a
-network error, a file that does not match) raises `AdapterFetchError` and leaves what was fetched
-before untouched: the caller keeps serving what it serves.
+version of this installation's arm, the same one every time), downloads the files of a new version
+into a fresh directory of the cache, checks every file against the SHA-256 the backend announced
+and the manifest against the announced checksum, and only then renames the directory into place. It
+answers the local directory of the version that serves (or None: the tenant's base model serves)
+and remembers it on disk, so the next start serves it without a backend. Anything that goes wrong
+(no backend, a network error, a file that does not match) raises `AdapterFetchError` and leaves
+what was fetched before untouched: the caller keeps serving what it serves.
 
 Whether the adapter fits the loaded model is the runner's check (`completion.adapters`), made
 before the model is touched, like for any other adapter.
