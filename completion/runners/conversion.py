@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -24,7 +23,6 @@ from typing import Any, Literal
 
 from completion.bundled import file_lock
 from completion.runners.loading import ModelSource, ensure_plain_copy
-from completion.runners.onnx_build import LAYOUT as ONNX_LAYOUT
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +102,6 @@ def verify(target: Path) -> str | None:
     manifest = read_manifest(target)
     if manifest is None:
         return "no manifest (never finished converting)"
-    return _old_layout(manifest) or _damage(target, manifest)
-
-
-def _old_layout(manifest: dict[str, Any]) -> str | None:
-    if manifest.get("engine") == "onnxruntime" and manifest.get("layout", 1) != ONNX_LAYOUT:
-        return f"built in layout {manifest.get('layout', 1)}, not {ONNX_LAYOUT} (an older tabloop)"
-    return None
-
-
-def _damage(target: Path, manifest: dict[str, Any]) -> str | None:
-    """What in `target` does not match its manifest, or None."""
     files = manifest.get("files")
     weights = str(manifest.get("weights", "model.bin"))
     if not isinstance(files, dict) or weights not in files:
@@ -130,42 +117,6 @@ def _damage(target: Path, manifest: dict[str, Any]) -> str | None:
         if _sha256(path) != expected.get("sha256"):
             return f"{name} does not match its checksum"
     return None
-
-
-def _file_entries(directory: Path) -> dict[str, dict[str, Any]]:
-    return {
-        item.name: {"size": item.stat().st_size, "sha256": _sha256(item)}
-        for item in sorted(directory.iterdir())
-        if item.is_file() and item.name != MANIFEST
-    }
-
-
-def _write_manifest(directory: Path, record: dict[str, Any]) -> None:
-    work = directory / f".{MANIFEST}.tmp"
-    work.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    work.chmod(0o644)
-    os.replace(work, directory / MANIFEST)
-
-
-def upgrade_layout(target: Path) -> bool:
-    """Bring a whole ONNX build of layout 1 in `target` to the current layout in place (its
-    8-bit embedding, seconds instead of a build); False when it is not such a build or the step
-    fails (the caller builds it again)."""
-    manifest = read_manifest(target)
-    if manifest is None or _old_layout(manifest) is None or manifest.get("layout", 1) != 1:
-        return False
-    if _damage(target, manifest) is not None:
-        return False
-    if manifest.get("quantization") == "int8":
-        from completion.runners.onnx_build import quantize_embedding_in_child
-
-        try:
-            quantize_embedding_in_child(target)
-        except RuntimeError as exc:
-            log.warning("could not bring %s to the current layout: %s", target, exc)
-            return False
-    _write_manifest(target, {**manifest, "layout": ONNX_LAYOUT, "files": _file_entries(target)})
-    return True
 
 
 def checksum(target: Path) -> str | None:
@@ -242,21 +193,18 @@ def convert_once(
 ) -> Path:
     """`target`, a converted model with a verified manifest, converting it first when needed.
 
-    Under an exclusive lock on `target`: a copy that verifies is returned as it is; an ONNX build
-    of an older layout is brought to the current one in place where it can be
-    (`upgrade_layout`); a damaged one is deleted. Otherwise `prepare(scratch)` returns the plain
-    (safetensors) model directory to convert; it may write that model into `scratch`, a
-    temporary directory removed afterwards. The conversion is written into a temporary
-    directory next to `target` with a manifest (`manifest` plus every file's size and SHA-256)
-    and renamed into place. Errors other than `ConversionError` that `prepare` raises pass
-    through unchanged, before anything is converted. `engine` is the format converted to.
+    Under an exclusive lock on `target`: a copy that verifies is returned as it is; a damaged one
+    is deleted. Otherwise `prepare(scratch)` returns the plain (safetensors) model directory to
+    convert; it may write that model into `scratch`, a temporary directory removed afterwards.
+    The conversion is written into a temporary directory next to `target` with a manifest
+    (`manifest` plus every file's size and SHA-256) and renamed into place. Errors other than
+    `ConversionError` that `prepare` raises pass through unchanged, before anything is converted.
+    `engine` is the format converted to.
     """
     say = progress or (lambda message: log.info("%s", message))
     target.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(target.with_name(target.name + ".lock")):
         if target.exists():
-            if upgrade_layout(target):
-                say(f"brought the converted {label} to the current layout")
             problem = verify(target)
             if problem is None:
                 return target
@@ -274,17 +222,20 @@ def convert_once(
             quantization = "int8" if compute_type.startswith("int8") else compute_type
             try:
                 _convert_into(plain, work, quantization, engine)
-                files = _file_entries(work)
+                files = {
+                    item.name: {"size": item.stat().st_size, "sha256": _sha256(item)}
+                    for item in sorted(work.iterdir())
+                    if item.is_file()
+                }
                 record = {
                     **manifest,
                     "quantization": quantization,
                     "engine": engine,
                     engine: _engine_version(engine),
                     "weights": WEIGHTS[engine],
-                    **({"layout": ONNX_LAYOUT} if engine == "onnxruntime" else {}),
                     "files": files,
                 }
-                _write_manifest(work, record)
+                (work / MANIFEST).write_text(json.dumps(record, indent=1), encoding="utf-8")
                 for item in (work, *work.iterdir()):
                     item.chmod(0o755 if item.is_dir() else 0o644)
                 work.rename(target)

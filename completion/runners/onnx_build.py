@@ -1,13 +1,11 @@
 """Build the ONNX Runtime GenAI copy of a plain (safetensors) model with the engine's own builder.
 
 The builder (`onnxruntime_genai.models.builder`) writes the decoder graph with its KV cache inputs,
-quantises every matrix multiplication to blocks of 32 weights (`MatMulNBits`: 4 or 8 bits,
-computed with int8 activations on the CPU) and the engine's configuration. It quantizes the token
-embedding too (`GatherBlockQuantized`), but at 4 bits only: for an 8-bit build,
-`completion.runners.onnx_embedding` quantizes the float32 table it leaves to 8 bits afterwards
-(`LAYOUT` 2). Both run in child processes: the builder prints its progress on standard output,
-which in the language server is the LSP stream, and both need a few GB of memory for a moment
-that the server should not keep.
+quantises every matrix multiplication and the token embedding to blocks of 32 weights
+(`MatMulNBits` / `GatherBlockQuantized`: 4 or 8 bits, computed with int8 activations on the CPU)
+and the engine's configuration. It runs in a child process: it prints its progress on standard
+output, which in the language server is the LSP stream, and it needs a few GB of memory for a
+moment that the server should not keep.
 """
 
 from __future__ import annotations
@@ -23,9 +21,6 @@ from pathlib import Path
 # Files of the plain model the runner reads besides what the builder writes (stop tokens).
 CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
 BUILD_TIMEOUT_S = 1800
-# How a build is laid out (recorded in the manifest; an older copy is built again):
-# 1, the builder's output; 2, with an 8-bit build's embedding table quantized to 8 bits.
-LAYOUT = 2
 _TAIL = 1500  # characters of the builder's output kept in an error
 
 
@@ -46,32 +41,6 @@ def _with_architecture(plain: Path, staged: Path) -> Path:
     config["architectures"] = [name]
     (staged / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     return staged
-
-
-def _run(what: str, command: list[str]) -> None:
-    """Run `command` in a child process; RuntimeError with the end of its output if it fails."""
-    environment = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
-    try:
-        done = subprocess.run(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=BUILD_TIMEOUT_S,
-            env=environment,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"{what} ran past {BUILD_TIMEOUT_S} s") from exc
-    if done.returncode != 0:
-        output = done.stdout.decode("utf-8", "replace")
-        raise RuntimeError(f"{what} failed (exit status {done.returncode}): {output[-_TAIL:]}")
-
-
-def quantize_embedding_in_child(model_dir: Path) -> None:
-    """`completion.runners.onnx_embedding` on `model_dir`, in a child process."""
-    command = [sys.executable, "-m", "completion.runners.onnx_embedding", str(model_dir)]
-    _run("quantizing the embedding", command)
 
 
 def build_into(plain: Path, work: Path, quantization: str) -> None:
@@ -104,11 +73,24 @@ def build_into(plain: Path, work: Path, quantization: str) -> None:
             "--extra_options",
             "op_types_to_quantize=MatMul/Gather",
         ]
-        _run("the ONNX builder", command)
-        if not (work / "genai_config.json").is_file():
-            raise RuntimeError("the ONNX builder wrote no genai_config.json")
-        if quantization == "int8":
-            quantize_embedding_in_child(work)
+        environment = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
+        try:
+            done = subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                timeout=BUILD_TIMEOUT_S,
+                env=environment,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"the ONNX builder ran past {BUILD_TIMEOUT_S} s") from exc
+        output = done.stdout.decode("utf-8", "replace")
+        if done.returncode != 0 or not (work / "genai_config.json").is_file():
+            raise RuntimeError(
+                f"the ONNX builder failed (exit status {done.returncode}): {output[-_TAIL:]}"
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     for name in CARRIED:
