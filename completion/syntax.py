@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from common import grammars
 from common.languages import BY_ID
+from common.sequences import common_end, common_start
 from completion.types import CompletionRequest
 
 Outcome = Literal["kept", "cut", "dropped", "unchecked"]
@@ -89,30 +90,6 @@ def _line_starts(text: str) -> Iterator[int]:
         yield end
 
 
-def _common_start(old: bytes, new: bytes) -> int:
-    """Length of the longest common start of `old` and `new` (binary search over C compares)."""
-    low, high = 0, min(len(old), len(new))
-    while low < high:
-        middle = (low + high + 1) // 2
-        if old[:middle] == new[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
-def _common_end(old: bytes, new: bytes, start: int) -> int:
-    """Length of the longest common end of `old` and `new` that leaves `start` bytes alone."""
-    low, high = 0, min(len(old), len(new)) - start
-    while low < high:
-        middle = (low + high + 1) // 2
-        if old[len(old) - middle :] == new[len(new) - middle :]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
 def _point(text: bytes, offset: int) -> tuple[int, int]:
     """Tree-sitter's (row, byte column) of `offset` in `text`."""
     return text.count(b"\n", 0, offset), offset - (text.rfind(b"\n", 0, offset) + 1)
@@ -146,8 +123,8 @@ class SyntaxChecker:
         elif last.text == text:
             tree = last.tree
         else:
-            start = _common_start(last.text, text)
-            end = _common_end(last.text, text, start)
+            start = common_start(last.text, text)
+            end = common_end(last.text, text, start)
             old_end, new_end = len(last.text) - end, len(text) - end
             edited = last.tree.copy()
             edited.edit(

@@ -14,19 +14,25 @@ which answers None for a URI the editor has not opened (pygls would read the fil
 
 Applying a change also records it in code points (`TextChange`); the document feature hands the
 changes of one `didChange` to every listener as one `DocumentChange`, so nobody reads the raw
-LSP events again or keeps a copy of the text to convert them.
+LSP events again or keeps a copy of the text to convert them. Each change also says the whole
+lines it replaced (`LineSplice`), from which `DocumentChange.lines_after_each` rebuilds the text
+after each change of a notification; a whole-text change is also narrowed to the edit it makes
+(`narrowed_change`: the old and new text's common start and end).
 """
 
 from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice
 
 from lsprotocol import types
 from pygls.workspace import TextDocument, Workspace
 from pygls.workspace.position_codec import PositionCodec, ServerTextPosition
+
+from common.sequences import common_end, common_start
 
 # What `str.splitlines` breaks at besides `\n` and `\r`; LSP does not.
 _OTHER_BREAKS = re.compile("[\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
@@ -82,12 +88,36 @@ def column_index(line: str, character: int, encoding: str) -> int:
 
 
 @dataclass(frozen=True)
+class LineSplice:
+    """A change as whole LSP lines: from line `line` on, the lines `before` became `after`.
+
+    Exact where the change's positions are not (a change that joins a `\\r` and a `\\n` into one
+    break changes the line above it too): undone on the lines after the change, it gives the
+    lines before it, and applied to those, the lines after it.
+    """
+
+    line: int
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+    def apply(self, lines: list[str]) -> None:
+        """Turn the lines before the change into the lines after it, in place."""
+        lines[self.line : self.line + len(self.before)] = self.after
+
+    def undo(self, lines: list[str]) -> None:
+        """Turn the lines after the change into the lines before it, in place."""
+        lines[self.line : self.line + len(self.after)] = self.before
+
+
+@dataclass(frozen=True)
 class TextChange:
     """One edit in code points: `[start, end)` of the text before it replaced by `text`.
 
     `line` and `character` are where `start` is (line, code points into it); `removed` is the
     text the edit replaced (empty for a whole-text change); `whole` marks a change of the whole
-    text (full sync), not an edit at a range.
+    text (full sync), not an edit at a range. A `Document` also says the change as whole lines
+    (`lines`), and for a whole-text change the same change as the smallest edit at a range
+    (`narrowed`: the text between the old and new text's common start and common end).
     """
 
     start: int
@@ -97,6 +127,8 @@ class TextChange:
     whole: bool = False
     character: int = 0
     removed: str = ""
+    lines: LineSplice | None = None
+    narrowed: TextChange | None = None
 
     @property
     def delta(self) -> int:
@@ -111,6 +143,29 @@ class DocumentChange:
     uri: str
     version: int
     edits: tuple[TextChange, ...] = ()
+
+    def lines_after_each(self, lines: Sequence[str]) -> Iterator[tuple[TextChange, Sequence[str]]]:
+        """Each edit, in order, with the document's lines right after it, given `lines`, the
+        document's lines after them all (LSP applies the edits of one `didChange` one after the
+        other).
+
+        The lines are undone from the last edit back to the first (each edit's `LineSplice`),
+        then redone one edit at a time: one copy of the lines, edited in place between steps (read
+        them before the next). Edits that do not say their lines (not made by a `Document`) are
+        each handed `lines`.
+        """
+        splices = [edit.lines for edit in self.edits if edit.lines is not None]
+        if len(self.edits) < 2 or len(splices) < len(self.edits):
+            for edit in self.edits:
+                yield edit, lines
+            return
+        current = list(lines)
+        for splice in reversed(splices[1:]):
+            splice.undo(current)
+        for index, edit in enumerate(self.edits):
+            if index:
+                splices[index].apply(current)
+            yield edit, current
 
 
 class DocumentListener:
@@ -234,6 +289,7 @@ class Document(TextDocument):
             offset = self.offset_at_server_position(start)
             until = max(offset, self.offset_at_server_position(end))
             removed = self._between(start, end) if until > offset else ""
+            splice = self.replace(start, end, change.text)
             self._applied.append(
                 TextChange(
                     offset,
@@ -242,12 +298,20 @@ class Document(TextDocument):
                     line=start.line,
                     character=start.character,
                     removed=removed,
+                    lines=splice,
                 )
             )
-            self.replace(start, end, change.text)
         else:
-            self._applied.append(TextChange(0, self._length, change.text, whole=True))
-            self._reset(change.text)
+            length = self._length
+            with self._lock:
+                before = self._lines
+                self._reset_locked(change.text)
+                narrowed = narrowed_change(before, self._lines)
+            self._applied.append(
+                TextChange(
+                    0, length, change.text, whole=True, lines=narrowed.lines, narrowed=narrowed
+                )
+            )
 
     def _between(self, start: ServerTextPosition, end: ServerTextPosition) -> str:
         """The text from `start` to `end` (code points), read from the lines they span."""
@@ -262,14 +326,15 @@ class Document(TextDocument):
         applied, self._applied = self._applied, []
         return DocumentChange(self.uri, self.version or 0, tuple(applied))
 
-    def replace(self, start: ServerTextPosition, end: ServerTextPosition, text: str) -> None:
-        """Replace the text between two code-point positions; only the lines touched change."""
+    def replace(self, start: ServerTextPosition, end: ServerTextPosition, text: str) -> LineSplice:
+        """Replace the text between two code-point positions; only the lines touched change.
+        Answers the lines changed."""
         with self._lock:
-            self._replace_locked(start, end, text)
+            return self._replace_locked(start, end, text)
 
     def _replace_locked(
         self, start: ServerTextPosition, end: ServerTextPosition, text: str
-    ) -> None:
+    ) -> LineSplice:
         lines = self._lines
         end = max(start, end)  # a reversed range replaces nothing
         first, last = start.line, end.line
@@ -285,12 +350,53 @@ class Document(TextDocument):
             # The region ends with line `last`'s break, so its final (empty) line is the next
             # line's start, which stays where it is.
             replacement.pop()
+        splice = LineSplice(first, tuple(lines[first : last + 1]), tuple(replacement))
         lines[first : last + 1] = replacement
         self._length += len(region) - removed
         self._text = None
         if first < self._starts_valid:
             del self._starts[first + 1 :]
             self._starts_valid = first
+        return splice
+
+
+def narrowed_change(before: Sequence[str], after: Sequence[str]) -> TextChange:
+    """The change from the lines `before` to the lines `after` as the smallest edit at a range:
+    the text between their common start and common end (found whole lines first, then within
+    the lines that differ). Never starts or ends between the `\\r` and `\\n` of a break."""
+    # At most the last line: equal texts make an empty edit at a place in the document.
+    head = min(common_start(before, after), len(before) - 1, len(after) - 1)
+    tail = common_end(before, after, head)
+    old = tuple(before[head : len(before) - tail])
+    new = tuple(after[head : len(after) - tail])
+    old_text, new_text = "".join(old), "".join(new)
+    start = common_start(old_text, new_text)
+    if start and old_text[start - 1] == "\r":
+        start -= 1
+    end = common_end(old_text, new_text, start)
+    if (
+        end
+        and old_text[-end] == "\n"
+        and "\r" in (_at(old_text, -end - 1), _at(new_text, -end - 1))
+    ):
+        end -= 1
+    removed = old_text[start : len(old_text) - end]
+    above = split_lines(old_text[:start])
+    offset = sum(map(len, before[:head])) + start
+    return TextChange(
+        offset,
+        offset + len(removed),
+        new_text[start : len(new_text) - end],
+        line=head + len(above) - 1,
+        character=len(above[-1]),
+        removed=removed,
+        lines=LineSplice(head, old, new),
+    )
+
+
+def _at(text: str, index: int) -> str:
+    """The character at `index` (negative: from the end), or "" where there is none."""
+    return text[index] if -len(text) <= index < 0 else ""
 
 
 def open_document(workspace: Workspace, uri: str) -> Document | None:

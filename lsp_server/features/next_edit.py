@@ -2,8 +2,9 @@
 
 The feature keeps the workspace's edit history (`completion.next_edit.EditHistory`) from the
 document stream: each `didChange` edit, with the text it removed, is recorded under the
-document's workspace-relative path. The history stays in memory; it is never sent anywhere (at
-telemetry level `full` the shown window and its prediction travel with the next-edit events).
+document's workspace-relative path, against the text right after it (`record_change`). The
+history stays in memory; it is never sent anywhere (at telemetry level `full` the shown window
+and its prediction travel with the next-edit events).
 
 A request is answered `{"edits": []}` at once, on the event loop, when the version it names is
 not the document's, when next edits are off or the model is not loaded, or when the predictor

@@ -236,11 +236,13 @@ RENAMED = RENAME_SOURCE.replace("area(width, height):", "area(w, height):")
 PREDICTED = RENAMED.replace("return width * height", "return w * height")
 
 
+# Rewrites area.py's window (its prompt ends `updated/area.py`); keeps the prompts it is asked.
+RENAME_MODEL = ScriptedModel(rules={"updated/area.py\n": PREDICTED + "<|file_sep|>"})
+
+
 @pytest.fixture(scope="module")
 def model_url() -> Iterator[str]:
-    """A scripted model that rewrites area.py's window (its prompt ends `updated/area.py`)."""
-    model = ScriptedModel(rules={"updated/area.py\n": PREDICTED + "<|file_sep|>"})
-    with serve_completions(model) as (url, _):
+    with serve_completions(RENAME_MODEL) as (url, _):
         yield url
 
 
@@ -277,5 +279,13 @@ def test_the_real_server_predicts_the_rename_and_counts_the_outcomes(
         i["range"]["start"]["line"] == 1 == i["range"]["end"]["line"] for i in items
     )
     assert real_server["lines"] == PREDICTED.splitlines()
+    # `cw` then `w` reach the server as one didChange of two edits (the word deleted, then "w"
+    # inserted): the history holds the line before both as the rename's original.
+    history = (
+        "<|file_sep|>area.py.diff\noriginal:\ndef area(width, height):\n"
+        "    return width * height\n\nupdated:\ndef area(w, height):\n"
+    )
+    asked = [p for p in RENAME_MODEL.prompts if p.endswith("<|file_sep|>updated/area.py\n")]
+    assert asked and all(history in p for p in asked), asked
     status = real_server["status"]
     assert (status["shown"], status["accepted"], status["rejected"]) == (2, 1, 1)

@@ -167,6 +167,55 @@ def test_incremental_edits_equal_full_replacement(
             )
 
 
+@settings(max_examples=300, deadline=None)
+@given(text=TEXTS, changes=st.lists(edits(), min_size=1, max_size=6), whole=TEXTS)
+def test_the_edits_of_one_didchange_are_each_read_against_the_text_they_left(
+    text: str, changes: list[tuple[types.Position, types.Position, str]], whole: str
+) -> None:
+    edited = document(text)
+    expected = [text]
+    for start, end, new_text in changes:
+        begin = reference_offset(expected[-1], start)
+        stop = max(begin, reference_offset(expected[-1], end))
+        expected.append(expected[-1][:begin] + new_text + expected[-1][stop:])
+        edited.apply_change(
+            types.TextDocumentContentChangePartial(range=types.Range(start, end), text=new_text)
+        )
+    edited.apply_change(types.TextDocumentContentChangeWholeDocument(text=whole))
+    expected.append(whole)
+    change = edited.take_change()
+    after_each = [(edit, list(lines)) for edit, lines in change.lines_after_each(edited.lines)]
+    assert [edit for edit, _ in after_each] == list(change.edits)
+    assert [lines for _, lines in after_each] == [reference_lines(t) for t in expected[1:]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(shared=TEXTS, old=TEXTS, new=TEXTS, tail=TEXTS)
+def test_a_whole_text_change_is_narrowed_to_the_edit_it_makes(
+    shared: str, old: str, new: str, tail: str
+) -> None:
+    before, after = shared + old + tail, shared + new + tail
+    edited = document(before)
+    edited.apply_change(types.TextDocumentContentChangeWholeDocument(text=after))
+    (change,) = edited.take_change().edits
+    assert change.whole and (change.start, change.end, change.text) == (0, len(before), after)
+    narrowed = change.narrowed
+    assert narrowed is not None
+    # The smallest edit: what differs between the texts' start and end, and at each end the
+    # `\r` or `\n` of a break it would split.
+    assert len(narrowed.removed) <= len(old) + 2 and len(narrowed.text) <= len(new) + 2
+    assert before[narrowed.start : narrowed.end] == narrowed.removed
+    assert before[: narrowed.start] + narrowed.text + before[narrowed.end :] == after
+    # Where it starts, as LSP counts lines (never between a `\r` and its `\n`).
+    place = at(narrowed.line, narrowed.character)
+    assert narrowed.start == reference_offset(before, place, UTF32)
+    lines = reference_lines(before)
+    assert narrowed.character <= len(lines[narrowed.line].rstrip("\r\n"))
+    assert narrowed.lines is not None and change.lines == narrowed.lines
+    narrowed.lines.apply(lines)
+    assert lines == reference_lines(after)
+
+
 def test_a_whole_text_change_replaces_everything() -> None:
     edited = document("one\ntwo")
     edited.offset_at_position(at(1, 1))

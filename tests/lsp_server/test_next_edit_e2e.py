@@ -61,6 +61,8 @@ MODEL = ScriptedModel(
         + FILLER[0]
         + FILE_SEP,
         "updated/big.py\n": PREDICTED + FILE_SEP,
+        "updated/batch.py\n": PREDICTED + FILE_SEP,
+        "updated/whole.py\n": PREDICTED + FILE_SEP,
     }
 )
 
@@ -130,6 +132,14 @@ async def status_of(client: LanguageClient) -> dict[str, Any]:
     return plain(await client.protocol.send_request_async("tabloop/status", {}))
 
 
+def partial(line: int, start: int, end: int, text: str) -> types.TextDocumentContentChangePartial:
+    """An edit of `line` from column `start` to `end`."""
+    return types.TextDocumentContentChangePartial(
+        range=types.Range(start=types.Position(line, start), end=types.Position(line, end)),
+        text=text,
+    )
+
+
 class Document:
     """One open document and the edits the test makes to it."""
 
@@ -146,20 +156,17 @@ class Document:
         )
 
     def edit(self, line: int, start: int, end: int, text: str) -> None:
+        self.change(partial(line, start, end, text))
+
+    def change(self, *changes: types.TextDocumentContentChangeEvent) -> None:
+        """One `didChange` with `changes`, applied one after the other."""
         self.version += 1
         self.client.text_document_did_change(
             types.DidChangeTextDocumentParams(
                 text_document=types.VersionedTextDocumentIdentifier(
                     uri=self.uri, version=self.version
                 ),
-                content_changes=[
-                    types.TextDocumentContentChangePartial(
-                        range=types.Range(
-                            start=types.Position(line, start), end=types.Position(line, end)
-                        ),
-                        text=text,
-                    )
-                ],
+                content_changes=list(changes),
             )
         )
 
@@ -227,6 +234,46 @@ async def test_a_rename_predicts_the_matching_edit_from_the_didchange_history(
     assert f"{FILE_SEP}original/rename.py\n{SOURCE}{FILE_SEP}current/rename.py\n{RENAMED}" in prompt
     timing = await last_timing(client)
     assert (timing["outcome"], timing["reached_model"], timing["edits"]) == ("shown", True, 1)
+
+
+def history_of(prompt: str, path: str) -> str:
+    """The prompt's history blocks for `path` (before the window)."""
+    start = prompt.index(f"{FILE_SEP}{path}.diff\n")
+    return prompt[start : prompt.index(f"{FILE_SEP}original/{path}\n")]
+
+
+def rename_history(path: str) -> str:
+    """The history block of `rename_width` in `path`: the region before it and after it."""
+    return (
+        f"{FILE_SEP}{path}.diff\noriginal:\ndef area(width, height):\n"
+        "    return width * height\n\n"
+        "updated:\ndef area(w, height):\n    return width * height\n\n"
+    )
+
+
+async def test_the_changes_of_one_didchange_are_recorded_one_after_the_other(
+    client: LanguageClient, workspace: Path
+) -> None:
+    # Neovim's `cw` then `w`: one didChange deletes "width", then inserts "w" where it was.
+    document = Document(client, workspace, "batch.py", SOURCE)
+    document.change(partial(0, 9, 14, ""), partial(0, 9, 9, "w"))
+    calls = len(MODEL.prompts)
+    assert len(await document.ask()) == 1
+    assert history_of(MODEL.prompts[calls], "batch.py") == rename_history("batch.py")
+
+
+async def test_a_whole_text_change_is_recorded_as_the_edit_it_makes(
+    client: LanguageClient, workspace: Path
+) -> None:
+    document = Document(client, workspace, "whole.py", SOURCE)
+    document.change(types.TextDocumentContentChangeWholeDocument(text=RENAMED))
+    calls = len(MODEL.prompts)
+    assert len(await document.ask()) == 1
+    assert history_of(MODEL.prompts[calls], "whole.py") == rename_history("whole.py")
+    # A change that rewrites more than a history block holds forgets the document's history.
+    document.change(types.TextDocumentContentChangeWholeDocument(text="x = 1\n" * 2000))
+    assert await document.ask() == []
+    assert (await last_timing(client))["reason"] == "no_history"
 
 
 async def test_show_accept_and_reject_are_recorded(
