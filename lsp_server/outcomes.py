@@ -26,7 +26,10 @@ when it is decided, every other candidate the user saw is **ignored**, and one n
 **not_viewed** (it was not seen, so it was not turned down).
 
 Accepted text is then followed through later edits (each edit maps the range's ends) and the
-characters of it still present are measured 30, 120 and 600 seconds after acceptance.
+characters of it still present are measured 30, 120 and 600 seconds after acceptance. At the
+first of these checkpoints the text the user kept in place of the suggestion (its typed-through
+start and what the accepted range holds then, edits included) goes to the `kept` callback: a
+held-out example of what the model should have written (`training.evaluate`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from telemetry.events import (
 )
 
 Emit = Callable[[OutcomeEvent | RetentionEvent], None]
+Kept = Callable[[str, str], None]
+"""(decision id, the text the user kept from the suggestion's offset on)."""
 
 
 def map_start(offset: int, change: TextChange) -> int:
@@ -121,6 +126,7 @@ class Retention:
     checkpoints: list[int] = field(default_factory=lambda: list(RETENTION_CHECKPOINTS_S))
     awaiting: str = ""  # accepted by command before the editor inserted this remainder
     snapshot: str = ""  # the range's text when last seen, for closed documents
+    typed: str = ""  # the suggestion's start typed through before the accepted range
 
 
 class OutcomeTracker:
@@ -134,8 +140,10 @@ class OutcomeTracker:
         retention_time_scale: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         text_of: Callable[[str], str | None] = lambda uri: None,
+        kept: Kept | None = None,
     ) -> None:
         self.emit = emit
+        self.kept = kept
         self.ignore_after_s = ignore_after_s
         self.retention_time_scale = retention_time_scale
         self.clock = clock
@@ -339,7 +347,13 @@ class OutcomeTracker:
         end = pending.start + pending.cursor
         accepted_text = pending.text[first : pending.cursor]
         retention = Retention(
-            pending.decision_id, pending.uri, start, end, accepted_text, accepted_at=now
+            pending.decision_id,
+            pending.uri,
+            start,
+            end,
+            accepted_text,
+            accepted_at=now,
+            typed=pending.text[:first],
         )
         text = self.text_of(pending.uri)
         retention.snapshot = text[start:end] if text is not None else accepted_text
@@ -350,6 +364,8 @@ class OutcomeTracker:
         text = self.text_of(retention.uri)
         current = text[retention.start : retention.end] if text is not None else retention.snapshot
         kept = min(len(retention.accepted_text), retained_chars(retention.accepted_text, current))
+        if self.kept is not None and after_s == RETENTION_CHECKPOINTS_S[0]:
+            self.kept(retention.decision_id, retention.typed + current)
         self.emit(
             RetentionEvent(
                 decision_id=retention.decision_id,

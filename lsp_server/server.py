@@ -65,6 +65,9 @@ class Hooks:
     accept: list[Callable[[str, list[Any]], None]] = field(default_factory=list)
     outcome: list[Callable[[OutcomeEvent], None]] = field(default_factory=list)
     retention: list[Callable[[RetentionEvent], None]] = field(default_factory=list)
+    # (decision id, the text kept in place of an accepted suggestion at its first retention
+    # checkpoint: `lsp_server.outcomes`).
+    kept: list[Callable[[str, str], None]] = field(default_factory=list)
     documents: list[DocumentListener] = field(default_factory=list)
     settings: list[Callable[[config.Settings], None]] = field(default_factory=list)
     ready: list[Callable[[], None]] = field(default_factory=list)

@@ -55,9 +55,15 @@ CREATE TABLE IF NOT EXISTS feedback (
     reward REAL NOT NULL,
     propensity REAL NOT NULL,
     workspace TEXT,
-    model_version TEXT
+    model_version TEXT,
+    kept TEXT,
+    decision_id TEXT
 )
 """
+_FIELDS = (
+    "path, prefix, suggestion, suffix, outcome, reward, propensity, model_version, kept,"
+    " decision_id"
+)  # a `Feedback`'s, in order
 _INDEX = "CREATE INDEX IF NOT EXISTS feedback_workspace ON feedback (workspace, id)"
 
 
@@ -75,6 +81,14 @@ class Feedback:
     model_version: str | None = None
     """The adapter version that wrote the suggestion (`lsp_server.features.adapters`), by which a
     workspace's canary is judged (`training.local_canary`); None: not known (older rows)."""
+    kept: str | None = None
+    """What the user kept in place of an accepted or partially accepted suggestion, from the
+    logged cursor on: the accepted text when it settled, then (in the server) what the document
+    holds there at the first retention checkpoint, edits included; None for other outcomes and
+    for rows kept before rows carried it. A held-out row's kept text judges a candidate adapter
+    (`training.evaluate`)."""
+    decision_id: str | None = None
+    """The decision that showed the suggestion, by which its kept text is updated."""
 
 
 class FeedbackStore:
@@ -98,6 +112,8 @@ class FeedbackStore:
             self._db.execute(_SCHEMA)
             _add_column(self._db, "workspace")
             _add_column(self._db, "model_version")
+            _add_column(self._db, "kept")
+            _add_column(self._db, "decision_id")
             self._db.execute(_INDEX)
 
     def record(self, item: Feedback) -> None:
@@ -109,7 +125,8 @@ class FeedbackStore:
         with self._lock, self._db:
             self._db.execute(
                 "INSERT INTO feedback (created, path, prefix, suggestion, suffix, outcome, reward,"
-                " propensity, workspace, model_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " propensity, workspace, model_version, kept, decision_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     time.time(),
                     item.path,
@@ -121,6 +138,8 @@ class FeedbackStore:
                     float(item.propensity),
                     self.workspace,
                     item.model_version,
+                    item.kept,
+                    item.decision_id,
                 ),
             )
             self._db.execute(
@@ -128,6 +147,16 @@ class FeedbackStore:
                 " WHERE workspace IS ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
                 (self.workspace, self.workspace, self.max_rows),
             )
+
+    def keep_text(self, decision_id: str, kept: str) -> bool:
+        """Set the kept text of this workspace's row of `decision_id` (the text the user kept in
+        place of the suggestion once it settled); False when no such row is kept."""
+        with self._lock, self._db:
+            found = self._db.execute(
+                "UPDATE feedback SET kept = ? WHERE workspace IS ? AND decision_id = ?",
+                (kept, self.workspace, decision_id),
+            )
+            return found.rowcount > 0
 
     def _scalar(self, query: str, *parameters: object) -> Any:
         """One value of a query over this workspace's rows (`?` first stands for it)."""
@@ -178,9 +207,8 @@ class FeedbackStore:
         while True:
             with self._lock:
                 page = self._db.execute(
-                    "SELECT id, path, prefix, suggestion, suffix, outcome, reward, propensity "
-                    "FROM feedback WHERE workspace IS ? AND id > ? AND id <= ? ORDER BY id "
-                    "LIMIT ?",
+                    f"SELECT id, {_FIELDS} FROM feedback WHERE workspace IS ? AND id > ?"
+                    " AND id <= ? ORDER BY id LIMIT ?",
                     (self.workspace, after, upto_id, batch),
                 ).fetchall()
             if not page:
@@ -198,8 +226,7 @@ class FeedbackStore:
             marks = ",".join("?" * len(chunk))
             with self._lock:
                 found = self._db.execute(
-                    "SELECT id, path, prefix, suggestion, suffix, outcome, reward, propensity "
-                    f"FROM feedback WHERE workspace IS ? AND id IN ({marks})",
+                    f"SELECT id, {_FIELDS} FROM feedback WHERE workspace IS ? AND id IN ({marks})",
                     (self.workspace, *chunk),
                 ).fetchall()
             by_id = {row[0]: Feedback(*row[1:]) for row in found}
@@ -228,7 +255,7 @@ class FeedbackStore:
 
 def _add_column(db: sqlite3.Connection, name: str) -> None:
     """Migrate a store from before rows carried `name` (their workspace, the model version that
-    wrote them): the old rows keep none."""
+    wrote them, the kept text and the decision): the old rows keep none."""
     columns = {row[1] for row in db.execute("PRAGMA table_info(feedback)")}
     if name in columns:
         return
@@ -281,6 +308,7 @@ class FeedbackRecorder:
             0.0,
             max(min(decision.propensity, 1.0), MIN_PROPENSITY),
             model_version,
+            decision_id=decision.decision_id,
         )
         while len(self._pending) > self.kept:
             self._pending.popitem(last=False)
@@ -293,7 +321,12 @@ class FeedbackRecorder:
         reward = feedback_reward(event.kind, event.accepted_chars, item.suggestion)
         if reward is None:
             return None
-        return replace(item, outcome=event.kind, reward=reward)
+        kept = None
+        if event.kind == "accepted":
+            kept = item.suggestion
+        elif event.kind == "partial":  # the accepted characters, as if taken from the start
+            kept = item.suggestion[: event.accepted_chars or 0]
+        return replace(item, outcome=event.kind, reward=reward, kept=kept)
 
 
 def advantage_scale(rewards: Iterable[float], baseline: float) -> float:

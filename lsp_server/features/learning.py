@@ -6,7 +6,8 @@ in the cache directory, never sent), under the server's workspace, where `tabloo
 for that workspace finds it. Superseded and unseen suggestions say nothing about the suggestion
 and are not kept; nor is anything when the server has no workspace root (no workspace's adapter
 could learn from it). The adapters trained from it are served by
-`lsp_server.features.adapters`.
+`lsp_server.features.adapters`. An accepted suggestion's row keeps the text the user kept in its
+place, updated at its first retention checkpoint (edits included), which judges the next adapter.
 
 Each row carries the model version that wrote the suggestion, and while the workspace's adapter
 registry runs a canary, it is judged from these rows every `CANARY_EVERY` rows kept
@@ -81,6 +82,14 @@ class LearningFeature:
         if self._kept % CANARY_EVERY == 0:
             loop.run_in_executor(None, self.judge_canary, store).add_done_callback(_log_failure)
 
+    def on_kept(self, decision_id: str, text: str) -> None:
+        """The text the user kept in place of an accepted suggestion: onto its row."""
+        if self.store is not None:
+            future = asyncio.get_running_loop().run_in_executor(
+                None, self.store.keep_text, decision_id, text
+            )
+            future.add_done_callback(_log_failure)
+
     def judge_canary(self, store: FeedbackStore) -> dict[str, object] | None:
         """Judge the workspace's running adapter canary on its feedback (a worker thread)."""
         adapters = self.server.find_feature(AdapterFeature)
@@ -105,4 +114,5 @@ def register(server: TabloopServer) -> None:
     server.hooks.settings.append(feature.on_settings)
     server.hooks.decision.append(feature.on_decision)
     server.hooks.outcome.append(feature.on_outcome)
+    server.hooks.kept.append(feature.on_kept)
     server.hooks.shutdown.append(feature.on_shutdown)

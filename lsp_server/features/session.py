@@ -70,7 +70,7 @@ class SessionFeature(DocumentListener):
         self.server = server
         self.session = SessionSignals(clock=clock)
         self.typing = TypingTracker(self.session)
-        self.tracker = OutcomeTracker(self.emit, clock=clock, text_of=self._text_of)
+        self.tracker = OutcomeTracker(self.emit, clock=clock, text_of=self._text_of, kept=self.kept)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
 
@@ -99,6 +99,14 @@ class SessionFeature(DocumentListener):
                 hook(event)
             except Exception:
                 log.exception("outcome hook failed")
+
+    def kept(self, decision_id: str, text: str) -> None:
+        """The text kept in place of an accepted suggestion, to the kept hooks."""
+        for hook in self.server.hooks.kept:
+            try:
+                hook(decision_id, text)
+            except Exception:
+                log.exception("kept hook failed")
 
     # -- what it is told --------------------------------------------------------------------
 

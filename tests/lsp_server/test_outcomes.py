@@ -24,11 +24,13 @@ class Editor:
         self.now = 1000.0
         self.texts: dict[str, str] = {DOC: "def f(x):\n    \n", OTHER: "y = 1\n"}
         self.events: list[OutcomeEvent | RetentionEvent] = []
+        self.kept: list[tuple[str, str]] = []
         self.tracker = OutcomeTracker(
             self.events.append,
             ignore_after_s=ignore_after_s,
             clock=lambda: self.now,
             text_of=self.texts.get,
+            kept=lambda did, text: self.kept.append((did, text)),
         )
 
     def suggest(self, text: str, at: int = 14, uri: str = DOC, did: str = "d1") -> None:
@@ -206,6 +208,7 @@ def test_retention_follows_later_edits() -> None:
     editor.edit(start, start + len("return x + 2"), "")  # the whole line removed
     editor.wait(480)
     assert editor.retention() == [(30, 12, 12), (120, 12, 11), (600, 12, 0)]
+    assert editor.kept == [("d1", SUGGESTION)]  # what stood at the first checkpoint, once
     editor.wait(600)
     assert len(editor.retention()) == 3  # tracking ended at the last checkpoint
     assert editor.tracker.next_deadline() is None
@@ -230,6 +233,18 @@ def test_retention_of_a_closed_document_is_what_it_was_at_close() -> None:
     del editor.texts[DOC]
     editor.wait(30)
     assert editor.retention() == [(30, 12, 7)]
+    assert editor.kept == [("d1", "yield x + 1")]  # the user's edit is what was kept
+
+
+def test_the_kept_text_starts_at_the_suggestion_with_what_was_typed_through() -> None:
+    editor = Editor()
+    editor.suggest(SUGGESTION)
+    editor.type("re", 14)  # typing through: not accepted
+    editor.edit(16, 16, "turn x")  # accept-word from there on
+    editor.type(" * 3", 22)  # " " types through; "*" diverges: partial
+    assert editor.outcomes() == [("partial", 6, None)]
+    editor.wait(30)
+    assert editor.kept == [("d1", "return x ")]  # the suggestion's part, up to where it ended
 
 
 @pytest.mark.parametrize(

@@ -129,3 +129,15 @@ def test_rows_after_the_mark_are_not_read(tmp_path: Path) -> None:
     store.record(_item(2))
     assert [r.path for r in store.rows(mark)] == ["m1.py"]
     assert [row for (_, row), _ in store.keys(mark)] == [mark]
+
+
+def test_the_kept_text_is_set_on_the_row_of_its_decision(tmp_path: Path) -> None:
+    store = FeedbackStore(tmp_path / "feedback.sqlite", workspace=tmp_path)
+    other = FeedbackStore(tmp_path / "feedback.sqlite", workspace=tmp_path / "other")
+    row = Feedback("a.py", "x = ", "f(1)", "", "accepted", 1.0, 0.5, kept="f(1)", decision_id="d")
+    store.record(row)
+    other.record(row)
+    assert store.keep_text("d", "f(2)")
+    assert not store.keep_text("unknown", "f(3)")
+    assert [r.kept for r in store.rows(store.last_id())] == ["f(2)"]
+    assert [r.kept for r in other.rows(other.last_id())] == ["f(1)"]  # its own workspace only

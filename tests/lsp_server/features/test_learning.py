@@ -45,6 +45,9 @@ def test_an_outcome_settles_its_shown_suggestion(event: OutcomeEvent, reward: fl
         "\n",
         "a.py",
     )
+    # What the user kept: the accepted text (the whole, or the share taken); nothing otherwise.
+    assert kept.kept == {"accepted": "0123456789", "partial": "01234"}.get(event.kind)
+    assert kept.decision_id == "d1"
     assert recorder.settled(event) is None  # once
 
 
@@ -87,6 +90,14 @@ async def test_shown_suggestions_and_their_outcomes_are_kept(tmp_path: Path) -> 
     assert rows[0].prefix == "x = " and rows[0].path == "a.py"
     assert feature.store.path.is_relative_to(tmp_path / "cache")
     assert feature.store.workspace == str((tmp_path / "ws").resolve())
+    assert rows[0].kept == "compute()"
+    feature.on_kept("d1", "compute(2)")  # the user's edit, at the first retention checkpoint
+    for _ in range(100):  # the update runs in a worker thread
+        kept = [r.kept for r in feature.store.rows(feature.store.last_id())]
+        if kept == ["compute(2)"]:
+            break
+        await asyncio.sleep(0.02)
+    assert kept == ["compute(2)"]
     feature.on_shutdown()
 
 
