@@ -7,10 +7,14 @@ with the same thread count and the same sample budget, sizing its micro-batch fr
 as `tabloop train model` does. Reported per configuration: samples/s and tokens/s over the whole
 run and after the first optimiser step (which pays for allocating every buffer), samples per
 CPU-second (all threads; less sensitive than wall-clock rates to other work on the machine, more
-to threads spinning while they wait), the process's
-peak resident memory (loading included), the micro-batch chosen, the final loss and the settings.
-`today` is the trainer as first built (float32 base, no autocast, logits for the batch's last
-positions, no activation checkpointing); `default` is `TrainSettings()`.
+to threads spinning while they wait), the process's peak resident memory (loading included), the
+micro-batch chosen, the final loss and the settings. The peak is also given for loading the
+model alone and for training alone (the peak is reset in between, where Linux allows it): loading
+maps the model's file, whose pages count as resident while it is read. `today` is the trainer as
+first built (float32 base, no autocast, logits for the batch's last positions, no activation
+checkpointing); `autocast` adds bfloat16 autocast and the head at the middle's positions, `bf16`
+a bfloat16 base too, `default` is `TrainSettings()` (activation checkpointing too), `kl` adds the
+KL anchor.
 
     tabloop bench train [--samples 16] [--configs today,autocast,bf16,default] [--threads 2]
                         [--corpus email] [--model bundled] [--json]
@@ -90,6 +94,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     trainable = load_trainable(args.model, Path(args.cache_dir), settings)
     load_s = time.perf_counter() - started
+    loading_peak = _reset_peak_rss_mb()
     from completion.fim import template_for
 
     steps: list[tuple[float, int, int]] = []
@@ -131,6 +136,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "accumulation": result.accumulation,
         "final_loss": result.loss,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_loading_mb": loading_peak,
+        "peak_rss_training_mb": _peak_rss_mb(),
         "settings": asdict(settings),
     }
     if len(steps) >= 2:
@@ -140,6 +147,30 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             "tokens_per_s": round((k1 - k0) / (t1 - t0), 1),
         }
     return report
+
+
+def _peak_rss_mb() -> float | None:
+    """The process's peak resident memory since it started or since the last reset (VmHWM)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss_mb() -> float | None:
+    """The peak so far, then the peak reset (Linux: `5` to /proc/self/clear_refs), so that the
+    next reading is the training's alone; None where it cannot be read or reset."""
+    peak = _peak_rss_mb()
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+    except OSError:
+        return None
+    return peak
 
 
 def _run_child(args: argparse.Namespace, name: str) -> dict[str, Any]:
@@ -197,6 +228,7 @@ def main(argv: list[str]) -> int:
         ratios[name] = {
             key: round(result[key] / base[key], 3)
             for key in ("samples_per_s", "tokens_per_s", "samples_per_cpu_s", "peak_rss_mb")
+            if result.get(key) and base.get(key)
         }
     report = {
         "benchmark": "train",

@@ -28,6 +28,10 @@ def test_each_configuration_trains_in_its_own_process_on_the_same_examples(
         assert "error" not in result, result
         assert result["config"] == name and result["samples"] == 4 and result["steps"] == 2
         assert result["samples_per_s"] > 0 and result["peak_rss_mb"] > 0
+        # The training's peak alone (reset after loading) is never above the whole process's
+        # (VmHWM and getrusage may round a page apart).
+        assert 0 < result["peak_rss_training_mb"] <= result["peak_rss_mb"] + 1
+        assert 0 < result["peak_rss_loading_mb"] <= result["peak_rss_mb"] + 1
     # The same examples: the same token count in every configuration.
     assert len({r["tokens"] for r in results.values()}) == 1
     today, default = results["today"]["settings"], results["default"]["settings"]
