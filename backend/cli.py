@@ -2,8 +2,8 @@
 
 tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 1]
                 [--train-interval 60] [--failover 30] [--rate-limits shared|local]
-                [--adapter-every 6h [--adapter-min-events 200] [--adapter-budget 20m]
-                 [--adapter-model bundled]]
+                [--adapter-every 1h|off] [--adapter-min-events 200] [--adapter-budget 20m]
+                [--adapter-model bundled]
 tabloop backend trainer --db POSTGRESQL_URL [--failover 30] [--lambda 1]
                         [--adapters [--adapter-budget 20m] [--adapter-model bundled]]
 tabloop backend token create --tenant NAME [--label WHO] [--admin] [--db URL]
@@ -148,6 +148,15 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _period_or_off(text: str) -> float:
+    """A period (`_duration`), or 0 for `off` or `0`: the schedule turned off."""
+    from backend.adapters.scheduler import OFF
+
+    if text.strip().lower() in OFF or text.strip() in ("0", "0s"):
+        return 0.0
+    return _duration(text)
+
+
 def _adapter_arguments(parser: argparse.ArgumentParser, *, trainer: bool = False) -> None:
     if trainer:
         group = parser.add_argument_group(
@@ -162,14 +171,15 @@ def _adapter_arguments(parser: argparse.ArgumentParser, *, trainer: bool = False
     else:
         group = parser.add_argument_group(
             "adapters",
-            "training the tenants' model adapters from text-carrying events (off "
-            "unless --adapter-every is given)",
+            "training the tenants' model adapters from text-carrying events (on by "
+            "default; --adapter-every off turns it off)",
         )
         group.add_argument(
             "--adapter-every",
-            type=_duration,
+            type=_period_or_off,
             default=None,
-            help="period of adapter training passes, e.g. 6h (default: off)",
+            help="period of adapter training passes, e.g. 6h; off or 0 trains none (default "
+            "1h; a tenant without enough new text-carrying events costs one count a pass)",
         )
     group.add_argument(
         "--adapter-min-events",
@@ -195,7 +205,7 @@ def _adapter_arguments(parser: argparse.ArgumentParser, *, trainer: bool = False
 
 
 def adapter_schedule(args: argparse.Namespace) -> AdapterSchedule:
-    """The adapter schedule the command line sets (off without --adapter-every)."""
+    """The adapter schedule the command line sets (on unless --adapter-every off)."""
     return backend_settings(args).adapters
 
 

@@ -16,6 +16,8 @@ HELP = {
     "tabloop_events_rejected_total": "Events or batches refused, by reason.",
     "tabloop_ingest_requests_total": "POST /v1/events requests, by HTTP status.",
     "tabloop_requests_unauthorized_total": "Requests without a valid bearer token.",
+    "tabloop_adapter_tenants_total": "Tenants checked by an adapter training pass, by result "
+    "(due, resume, skipped_no_text, skipped_too_few).",
 }
 
 

@@ -12,7 +12,7 @@ training jobs, trainers anywhere.
   trains jobs.
 
 With an `AdapterSchedule` the same process also takes part in adapter training: the elected
-scheduler marks each tenant due for an adapter (`backend.adapters.scheduler.adapter_due`) as
+scheduler marks each tenant due for an adapter (`backend.adapters.scheduler.check_tenant`) as
 wanted in the `adapter_jobs` queue every `every_s`, and every process given the schedule claims
 such jobs after the policy's (a GPU node runs `tabloop backend trainer --adapters`). An adapter
 run keeps its checkpoints in the tenant's run directory under the cache directory; a killed
@@ -37,8 +37,9 @@ from typing import Any
 
 from backend.adapters.dataset import newest_event_row
 from backend.adapters.run import TenantTrainingError, train_tenant
-from backend.adapters.scheduler import AdapterSchedule, adapter_due
+from backend.adapters.scheduler import AdapterPass, AdapterSchedule, check_tenant, check_tenants
 from backend.cluster import TRAINER_LEASE, JobClaim, JobQueue, Lease, LeaseLost, holder_id
+from backend.metrics import Metrics
 from backend.policy.dataset import latest_event_id
 from backend.policy.loop import (
     RunSummary,
@@ -88,6 +89,7 @@ class ClusterTrainer:
         adapters: AdapterSchedule | None = None,
         cache_dir: Path | None = None,
         model_canary: TenantJudge | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         if failover_s <= 0:
             raise ValueError("failover_s must be positive")
@@ -110,6 +112,8 @@ class ClusterTrainer:
             else None
         )
         self.adapter_runs: list[dict[str, Any]] = []
+        self.metrics = metrics
+        self.last_adapter_pass: AdapterPass | None = None
         self._next_adapter_schedule = 0.0
         self.runs: list[RunSummary] = []
         self.leader = False
@@ -219,22 +223,18 @@ class ClusterTrainer:
 
     def schedule_adapters(self) -> int:
         """Mark every tenant due for an adapter run as wanted in the adapter queue; returns how
-        many were marked."""
+        many were marked (the skipped are counted in `metrics` and `last_adapter_pass`)."""
         if self.adapters is None or self.adapter_queue is None or self.cache_dir is None:
             return 0
-        marked = 0
-        for tenant_id, name in self.storage.tenants():
-            try:
-                due = adapter_due(
-                    self.storage, tenant_id, name, self.cache_dir, self.adapters, resume=False
-                )
-            except ValueError as exc:  # a name that cannot name an adapter directory
-                log.warning("no adapters for tenant %r: %s", name, exc)
-                continue
-            if due:
-                self.adapter_queue.want(tenant_id, newest_event_row(self.storage, tenant_id))
-                marked += 1
-        return marked
+        found = check_tenants(
+            self.storage, self.cache_dir, self.adapters, self.metrics, resume=False
+        )
+        self.last_adapter_pass = found
+        for check in found.due:
+            self.adapter_queue.want(
+                check.tenant_id, newest_event_row(self.storage, check.tenant_id)
+            )
+        return len(found.due)
 
     def run_next_adapter(self) -> dict[str, Any] | None:
         """Claim one wanted adapter job and run it (resuming its checkpoint if a trainer before
@@ -256,7 +256,8 @@ class ClusterTrainer:
 
         name = names[job.tenant_id]
         try:
-            if not adapter_due(self.storage, job.tenant_id, name, self.cache_dir, self.adapters):
+            check = check_tenant(self.storage, job.tenant_id, name, self.cache_dir, self.adapters)
+            if not check.due:
                 # Wanted again while a run was in progress, and that run covered it.
                 report = {"tenant": name, "skipped": "nothing new since the last adapter run"}
             else:
@@ -291,15 +292,16 @@ class ClusterTrainer:
                 if self.elect and self.leader and time.monotonic() >= self._next_schedule:
                     self.schedule()
                     self._next_schedule = time.monotonic() + self.settings.interval_s
-                adapter_every = self.adapters.every_s if self.adapters is not None else None
+                adapters = self.adapters
                 if (
                     self.elect
                     and self.leader
-                    and adapter_every is not None
+                    and adapters is not None
+                    and adapters.enabled
                     and time.monotonic() >= self._next_adapter_schedule
                 ):
                     self.schedule_adapters()
-                    self._next_adapter_schedule = time.monotonic() + adapter_every
+                    self._next_adapter_schedule = time.monotonic() + adapters.every_s
                 if self.leader or not self.elect:
                     while not self._stop.is_set() and (
                         self.run_next() is not None or self.run_next_adapter() is not None

@@ -121,7 +121,7 @@ class BackendSettings(BaseSettings):
     completion: CompletionSettings = Field(default_factory=CompletionSettings)
     adapters: AdapterSchedule = Field(
         default_factory=lambda: AdapterSchedule.model_validate({}),
-        description="The tenants' adapter training (off unless `every_s` is set).",
+        description="The tenants' adapter training (every hour; `every_s` 0 turns it off).",
     )
 
     @property

@@ -328,37 +328,24 @@ class TenantExamples:
 
 
 def text_decisions_after(
-    storage: Storage,
-    tenant_id: int,
-    after_row: int,
-    *,
-    enough: int | None = None,
-    page_rows: int = PAGE_ROWS,
+    storage: Storage, tenant_id: int, after_row: int, *, enough: int | None = None
 ) -> int:
     """How many shown, text-carrying decisions the tenant has after row `after_row` (counting
-    stops at `enough`)."""
-    count = 0
-    while enough is None or count < enough:
-        with storage.session() as session:
-            page = session.execute(
-                select(StoredEvent.id, StoredEvent.body)
-                .where(
-                    StoredEvent.tenant_id == tenant_id,
-                    StoredEvent.type == "decision",
-                    StoredEvent.id > after_row,
-                )
-                .order_by(StoredEvent.id)
-                .limit(page_rows)
-            ).all()
-        if not page:
-            break
-        after_row = int(page[-1][0])
-        count += sum(
-            1
-            for _, body in page
-            if isinstance(body, dict)
-            and body.get("action") == "show"
-            and body.get("prompt")
-            and body.get("suggestion")
+    stops at `enough`), in one query that reads no body into Python: the database counts the
+    `show` decisions (their `label`) whose `prompt` and `suggestion` are non-empty strings."""
+    carrying = (
+        select(StoredEvent.id)
+        .where(
+            StoredEvent.tenant_id == tenant_id,
+            StoredEvent.type == "decision",
+            StoredEvent.id > after_row,
+            StoredEvent.label == "show",
+            StoredEvent.body["prompt"].as_string() != "",
+            StoredEvent.body["suggestion"].as_string() != "",
         )
-    return count
+        .limit(enough)
+        .subquery()
+    )
+    with storage.session() as session:
+        count = session.scalar(select(func.count()).select_from(carrying))
+    return int(count or 0)

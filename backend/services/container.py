@@ -61,8 +61,8 @@ class BackendServices:
     trainer: TrainingScheduler | None = None
     """The scheduled trainer, when this process trains (one process of `--workers N` does)."""
     adapters: AdapterScheduler | None = None
-    """The scheduled adapter trainer: when this process trains and `AdapterSchedule.every_s`
-    is set (off by default)."""
+    """The scheduled adapter trainer: when this process trains, unless the schedule is off
+    (`AdapterSchedule.every_s` 0)."""
     owns_storage: bool = False
     """Close the storage on stop (the app opened it)."""
     served_adapters: ServedAdapters = field(init=False)
@@ -99,8 +99,8 @@ class BackendServices:
         election instead of training on its own: the elected instance schedules and trains the
         tenants' jobs (`backend/scheduler.py`), and another takes over within `failover_s` of
         its death. `shared_rate_limits` (PostgreSQL only) keeps the per-tenant buckets in the
-        database, one limit across all instances. `settings.adapters` with `every_s` set makes
-        the process that trains also train the tenants' adapters on that period.
+        database, one limit across all instances. `settings.adapters` (on unless its `every_s`
+        is 0) makes the process that trains also train the tenants' adapters on that period.
         """
         limits = settings.limits
         registry = PolicyRegistry(storage, builtin_floor=settings.trainer.show_floor)
@@ -112,6 +112,7 @@ class BackendServices:
             else RateLimiter(limits.rate_events_per_s, burst)
         )
         failover_s = settings.failover_s if settings.train else None
+        metrics = Metrics(tenant_labels=settings.metrics_tenant_labels)
         adapter_schedule = settings.adapters if settings.adapters.enabled else None
         # Adapter canaries are judged whenever this process trains, scheduled adapters or not:
         # a version promoted by `tabloop model promote --tenant` is a canary too.
@@ -124,7 +125,7 @@ class BackendServices:
             limits=limits,
             bodies=settings.bodies,
             rate_limiter=limiter,
-            metrics=Metrics(tenant_labels=settings.metrics_tenant_labels),
+            metrics=metrics,
             registry=registry,
             completions=CompletionService(settings.completion, settings.cache_dir, runner_loader),
             index_sync=IndexSyncStore(storage),
@@ -145,6 +146,7 @@ class BackendServices:
                     adapters=adapter_schedule,
                     cache_dir=settings.cache_dir,
                     model_canary=model_canary,
+                    metrics=metrics,
                 )
                 if failover_s is not None
                 else None
@@ -152,7 +154,7 @@ class BackendServices:
             # On one database without an election this process trains the adapters itself;
             # in a cluster the elected instance schedules them as jobs (`ClusterTrainer`).
             adapters=(
-                AdapterScheduler(storage, adapter_schedule, settings.cache_dir)
+                AdapterScheduler(storage, adapter_schedule, settings.cache_dir, metrics=metrics)
                 if settings.train and adapter_schedule is not None and failover_s is None
                 else None
             ),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.adapters.scheduler import AdapterSchedule
 from backend.local import LocalBackend
 from backend.policy.dataset import event_time, latest_event_id
 from backend.policy.loop import TrainingScheduler
@@ -57,7 +58,9 @@ class Loop:
 @contextmanager
 def open_loop(work: Path, trainer: TrainerSettings, refresh_s: float) -> Iterator[Loop]:
     """The loop started on loopback (its state under `work`), stopped on leaving."""
-    backend = LocalBackend(tenant="replay", settings=BackendSettings(trainer=trainer, train=True))
+    # The model learns in the replay's own loop (`model_loop`), never in its backend.
+    settings = BackendSettings(trainer=trainer, train=True, adapters=AdapterSchedule.off())
+    backend = LocalBackend(tenant="replay", settings=settings)
     scheduler = backend.services.trainer
     assert scheduler is not None  # asked for with the trainer settings
     backend.start()

@@ -80,7 +80,8 @@ def test_the_command_chooses_for_the_database() -> None:
             _serve_parser().parse_args(["--rate-limits", "shared"]), migrate=True, train=True
         )
     trainer = backend_settings(_trainer_parser().parse_args(["--db", PG, "--adapters"]))
-    assert trainer.postgres and not trainer.adapters.enabled
+    # The default schedule (on); a trainer process never schedules, it claims the jobs.
+    assert trainer.postgres and trainer.adapters.enabled
 
 
 def test_a_bad_value_in_the_environment_ends_the_command(monkeypatch: pytest.MonkeyPatch) -> None:

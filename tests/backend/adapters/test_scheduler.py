@@ -1,5 +1,6 @@
-"""Scheduled adapter training: off by default, on with `--adapter-every`; in one process
-(SQLite) and as jobs claimed by trainers on a shared PostgreSQL database, where a killed
+"""Scheduled adapter training: on by default, off with `--adapter-every off`; a tenant without
+enough new text-carrying events is skipped by one count, before any dataset or model; in one
+process (SQLite) and as jobs claimed by trainers on a shared PostgreSQL database, where a killed
 trainer's job is claimed again and resumes from its checkpoint."""
 
 from __future__ import annotations
@@ -11,12 +12,29 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, NoReturn
 
+import httpx
 import pytest
+from sqlalchemy import event
 
-from backend.adapters.scheduler import AdapterSchedule, AdapterScheduler, adapter_due
+import backend.adapters.run as adapter_run
+import backend.adapters.scheduler as adapter_scheduler
+import training.workspace
+from backend.adapters.scheduler import (
+    DEFAULT_EVERY_S,
+    NO_TEXT,
+    TENANTS_METRIC,
+    TOO_FEW,
+    AdapterSchedule,
+    AdapterScheduler,
+    check_tenant,
+)
 from backend.cli import _serve_parser, _trainer_parser, adapter_schedule
+from backend.local import LocalBackend
+from backend.metrics import Metrics
 from backend.policy.settings import TrainerSettings
 from backend.scheduler import ClusterTrainer
 from backend.services.container import BackendServices
@@ -43,30 +61,116 @@ def _schedule(model: Path, **over: object) -> AdapterSchedule:
     return AdapterSchedule.model_validate({**values, **over})
 
 
-def test_off_by_default_and_on_with_the_setting(tmp_path: Path) -> None:
-    assert not adapter_schedule(_serve_parser().parse_args([])).enabled
+def test_on_by_default_and_off_with_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default_schedule = adapter_schedule(_serve_parser().parse_args([]))
+    assert default_schedule.enabled and default_schedule.every_s == DEFAULT_EVERY_S == 3600
     on = adapter_schedule(_serve_parser().parse_args(["--adapter-every", "6h"]))
     assert on.enabled and on.every_s == 6 * 3600
+    for off in ("off", "0", "OFF"):
+        assert not adapter_schedule(_serve_parser().parse_args(["--adapter-every", off])).enabled
     trainer = _trainer_parser().parse_args(["--adapters", "--adapter-samples", "64"])
     assert trainer.adapters and adapter_schedule(trainer).budget_samples == 64
-    with pytest.raises(SystemExit):
-        _serve_parser().parse_args(["--adapter-every", "often"])
+    for bad in ("often", "-1h"):
+        with pytest.raises(SystemExit):
+            _serve_parser().parse_args(["--adapter-every", bad])
+    with pytest.raises(ValueError):
+        AdapterSchedule.model_validate({"every_s": -1})
+    # The environment turns it off too; a flag given wins over it.
+    monkeypatch.setenv("TABLOOP_BACKEND_ADAPTERS__EVERY_S", "off")
+    assert not BackendSettings().adapters.enabled
+    assert adapter_schedule(_serve_parser().parse_args(["--adapter-every", "2h"])).enabled
+    monkeypatch.delenv("TABLOOP_BACKEND_ADAPTERS__EVERY_S")
 
     storage = Storage(f"sqlite:///{tmp_path / 'db.sqlite3'}")
     try:
         default = BackendServices.create(BackendSettings(train=True, cache_dir=tmp_path), storage)
-        assert default.adapters is None
-        scheduled = BackendServices.create(
-            BackendSettings(train=True, cache_dir=tmp_path, adapters=on), storage
+        assert isinstance(default.adapters, AdapterScheduler)
+        assert default.adapters.schedule.every_s == DEFAULT_EVERY_S
+        turned_off = BackendServices.create(
+            BackendSettings(train=True, cache_dir=tmp_path, adapters=AdapterSchedule.off()),
+            storage,
         )
-        assert isinstance(scheduled.adapters, AdapterScheduler)
+        assert turned_off.adapters is None
         # Only the process that trains schedules adapters.
-        serving_only = BackendServices.create(
-            BackendSettings(cache_dir=tmp_path, adapters=on), storage
-        )
+        serving_only = BackendServices.create(BackendSettings(cache_dir=tmp_path), storage)
         assert serving_only.adapters is None
     finally:
         storage.close()
+
+
+def _events_queries(storage: Storage) -> list[str]:
+    """Every statement on the events table from now on (a listener on the engine)."""
+    statements: list[str] = []
+
+    def record(*args: Any) -> None:
+        statement = args[2]
+        if " events" in statement:
+            statements.append(statement)
+
+    event.listen(storage.engine, "before_cursor_execute", record)
+    return statements
+
+
+def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building a dataset or training fails the test loudly."""
+
+    def refuse(*_args: object, **_kwargs: object) -> NoReturn:
+        pytest.fail("a skipped tenant must not get a dataset or a run")
+
+    monkeypatch.setattr(adapter_scheduler, "train_tenant", refuse)
+    monkeypatch.setattr(adapter_run, "TenantExamples", refuse)
+    monkeypatch.setattr(training.workspace, "load_trainable", refuse)
+
+
+def test_a_tenant_without_text_is_skipped_by_one_count_and_counted(
+    backend: BackendServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_training(monkeypatch)
+    schedule = AdapterSchedule.model_validate({"min_new_events": 20})  # the default model
+    silent = [replace(item, action="silence") for item in logged(30)]  # text, but not shown
+    post(backend, logged(600, text=False) + silent)  # more rows than a page
+    metrics = Metrics()
+    scheduler = AdapterScheduler(backend.storage, schedule, tmp_path, metrics=metrics)
+    mine = [(backend.tenant_id, backend.tenant)]
+    queries = _events_queries(backend.storage)
+
+    check = check_tenant(backend.storage, backend.tenant_id, backend.tenant, tmp_path, schedule)
+    assert (check.reason, check.new_text_events, check.due) == (NO_TEXT, 0, False)
+    assert len(queries) == 1, queries  # one count, whatever the number of rows
+
+    assert [r for r in scheduler.run_once() if r["tenant"] == backend.tenant] == []
+    assert scheduler.last_pass is not None and scheduler.skipped[NO_TEXT] >= 1
+    assert metrics.value(TENANTS_METRIC, result=NO_TEXT) >= 1
+    assert "skipped" in scheduler.last_pass.summary()
+
+    # A few text-carrying events: still skipped, by the other reason; enough: due.
+    post(backend, logged(5))
+    check = check_tenant(backend.storage, backend.tenant_id, backend.tenant, tmp_path, schedule)
+    assert (check.reason, check.new_text_events) == (TOO_FEW, 5)
+    assert metrics.value(TENANTS_METRIC, result=TOO_FEW) == 0  # check_tenant counts nothing
+    assert mine[0] not in scheduler.due()
+    assert metrics.value(TENANTS_METRIC, result=TOO_FEW) >= 1
+    post(backend, logged(15))
+    assert mine[0] in scheduler.due()
+
+
+def test_a_backend_trains_by_default_and_skips_a_tenant_without_text_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_training(monkeypatch)
+    settings = BackendSettings(train=True, cache_dir=tmp_path / "cache")
+    with LocalBackend(f"sqlite:///{tmp_path / 'db.sqlite3'}", settings=settings) as local:
+        scheduler = local.services.adapters
+        assert isinstance(scheduler, AdapterScheduler)  # on without being asked
+        deadline = time.monotonic() + 30  # the first pass runs at start
+        while scheduler.last_pass is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert scheduler.last_pass is not None, "no pass at start"
+        assert scheduler.last_pass.skipped == {NO_TEXT: 1}
+        text = httpx.get(local.url + "/metrics", timeout=10).text
+        assert f'{TENANTS_METRIC}{{result="{NO_TEXT}"}} 1' in text
 
 
 def test_a_tenant_is_due_after_enough_new_text_events_and_trained(
@@ -87,11 +191,11 @@ def test_a_tenant_is_due_after_enough_new_text_events_and_trained(
     (version,) = registry.versions()
     assert version.evaluation is not None and version.train["through_event_id"] > 0
     # Nothing new since the run: not due until enough new text-carrying events arrive.
-    assert not adapter_due(storage, tenant_id, tenant, tmp_path, schedule)
+    assert not check_tenant(storage, tenant_id, tenant, tmp_path, schedule).due
     post(sqlite_backend, logged(19))
-    assert not adapter_due(storage, tenant_id, tenant, tmp_path, schedule)
+    assert not check_tenant(storage, tenant_id, tenant, tmp_path, schedule).due
     post(sqlite_backend, logged(1))
-    assert adapter_due(storage, tenant_id, tenant, tmp_path, schedule)
+    assert check_tenant(storage, tenant_id, tenant, tmp_path, schedule).due
 
 
 def test_a_tenant_without_text_is_never_due(
