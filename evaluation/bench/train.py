@@ -13,8 +13,8 @@ model alone and for training alone (the peak is reset in between, where Linux al
 maps the model's file, whose pages count as resident while it is read. `today` is the trainer as
 first built (float32 base, no autocast, logits for the batch's last positions, no activation
 checkpointing); `autocast` adds bfloat16 autocast and the head at the middle's positions, `bf16`
-a bfloat16 base too, `default` is `TrainSettings()` (activation checkpointing too), `kl` adds the
-KL anchor.
+a bfloat16 base too, `default` is `TrainSettings()` (float32, the head at the middle's positions,
+activation checkpointing), `kl` adds the KL anchor.
 
     tabloop bench train [--samples 16] [--configs today,autocast,bf16,default] [--threads 2]
                         [--corpus email] [--model bundled] [--json]
@@ -42,8 +42,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "middle_only": False,
         "checkpointing": False,
     },
-    "autocast": {"base_dtype": "float32", "checkpointing": False},
-    "bf16": {"checkpointing": False},
+    "autocast": {"autocast": True, "checkpointing": False},
+    "bf16": {"base_dtype": "bfloat16", "autocast": True, "checkpointing": False},
     "default": {},
     "kl": {"kl_weight": 0.1},
 }

@@ -41,7 +41,7 @@ def test_each_configuration_trains_in_its_own_process_on_the_same_examples(
         False,
     )
     assert today["checkpointing"] is False
-    assert default["base_dtype"] == "bfloat16" and default["checkpointing"] is True
+    assert default["middle_only"] is True and default["checkpointing"] is True
     assert report["ratio_to_baseline"]["today"]["samples_per_s"] == 1.0
 
 
