@@ -36,6 +36,7 @@ import argparse
 import json
 import shutil
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -376,22 +377,30 @@ def _evaluate(
     n: int,
     feedback: FeedbackStore | None,
 ) -> dict[str, Any]:
-    from completion.runners.torch_runner import TorchRunner
-    from training.evaluate import accepted_examples, compare, held_out_cursors
+    from training.evaluate import (
+        compare,
+        held_out_cursors,
+        held_out_outcomes,
+        judging_cost,
+        judging_runner,
+    )
 
+    started = time.perf_counter()
+    train = registry.get(version).train
     cursors = held_out_cursors(workspace, held_out, n, seed=0)
-    accepted = accepted_examples(feedback, registry.get(version).train, limit=n)
+    outcomes = held_out_outcomes(feedback, train, limit=n)
     completion = settings.completion.model_copy(
         update={"model": model, "adapter": "", "context_timeout_ms": 60_000}
     )
-    runner = TorchRunner(model, cache_dir, dtype="float32")
+    runner = judging_runner(completion, cache_dir)
     try:
         report = compare(
-            runner, completion, registry.serving_path(), registry.path(version), cursors, accepted
+            runner, completion, registry.serving_path(), registry.path(version), cursors, outcomes
         )
     finally:
         runner.close()
     report["against"] = registry.serving()
+    report["judging"] = judging_cost(report["engine"], time.perf_counter() - started, train)
     registry.record_evaluation(version, report)
     return report
 

@@ -1,12 +1,23 @@
-"""Is a candidate adapter better than what serves now? Measured on held-out files.
+"""Is a candidate adapter better than what serves now? Judged on what neither of them wrote.
 
-Cursors are cut in the workspace's held-out files (the hash split of `training.examples`, never
-trained on) the way training examples are, and both the serving weights (the base model, or the
-base model with the serving adapter) and the candidate complete every one through the engine:
-exact-line match (the first line right) and edit similarity (1 - Levenshtein / longer length),
-with 95% intervals of the paired per-cursor differences, which the registry's promotion rule
-reads. Where the feedback store holds accepted suggestions, how often each model reproduces
-their first line in the logged context is reported as well (a replay of logged contexts).
+Both the serving weights (the base model, or the base model with the serving adapter) and the
+candidate complete the same cursors, and the candidate's paired per-cursor differences from the
+serving weights are reported with 95% intervals:
+
+- **held-out files**: cursors cut in the workspace's held-out files (the hash split of
+  `training.examples`, never trained on) the way training examples are; exact-line match (the
+  first line right) and edit similarity (1 - Levenshtein / longer length). The registry's
+  promotion rule requires the paired edit-similarity gain's lower bound above its margin here.
+- **kept text** (`kept_text`): the held-out accepted and partially accepted suggestions of the
+  feedback store, scored against the text the user kept there (`training.feedback`: edits
+  included) in the logged context; the same two measures.
+- **ignored suggestions** (`ignored_reproduced`): held-out ignored and dismissed suggestions, and
+  how often each model writes their first line again in the logged context (lower is better).
+
+Held-out outcomes are those after the candidate's training mark (`training.window`), so it never
+trained on them. Judging runs on the configured engine when it is a fast one (`judging_runner`):
+each version is merged and converted once and the conversion is kept, so the version, once
+promoted, serves from it; else on the torch runner.
 """
 
 from __future__ import annotations
@@ -15,11 +26,14 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.languages import request_language
 from completion.engine import Engine
+from completion.runners.base import ModelRunner, RunnerCapabilities
+from completion.runners.converted import ConvertedRunner
 from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
 from completion.types import CompletionRequest
@@ -103,33 +117,27 @@ def _complete_all(
     return texts
 
 
-def compare(
-    runner: TorchRunner,
-    settings: CompletionSettings,
-    serving: Path | None,
-    candidate: Path,
-    examples: Sequence[FimExample],
-    accepted: Sequence[FimExample] = (),
-    tick: Callable[[], None] = lambda: None,
-) -> dict[str, Any]:
-    """Serving weights against the candidate on the same cursors (the runner ends up serving
-    what it served before)."""
-    before = runner.adapter
-    results: dict[str, list[str]] = {}
-    replays: dict[str, list[str]] = {}
-    try:
-        for name, adapter in (("serving", serving), ("candidate", candidate)):
-            runner.swap_adapter(adapter)
-            engine = Engine(settings, runner)
-            results[name] = _complete_all(engine, examples, tick)
-            replays[name] = _complete_all(Engine(settings, runner), accepted, tick)
-    finally:
-        runner.swap_adapter(before)
-    report: dict[str, Any] = {"n": len(examples)}
-    per: dict[str, list[tuple[float, float]]] = {
-        name: [_scores(e, s) for e, s in zip(examples, texts, strict=True)]
-        for name, texts in results.items()
+@dataclass(frozen=True)
+class HeldOutOutcomes:
+    """Logged outcomes of the workspace that no judged version trained on, as cursors in their
+    logged context: `kept`, whose middle is the text the user kept (the positives), and
+    `ignored`, whose middle is a suggestion the user ignored or dismissed (the negatives)."""
+
+    kept: tuple[FimExample, ...] = ()
+    ignored: tuple[FimExample, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.kept or self.ignored)
+
+
+def _matches(examples: Sequence[FimExample], texts: dict[str, list[str]]) -> dict[str, Any]:
+    """Each model's exact-line match and edit similarity on `examples`, and the candidate's
+    paired differences from the serving weights."""
+    per = {
+        name: [_scores(e, s) for e, s in zip(examples, completions, strict=True)]
+        for name, completions in texts.items()
     }
+    report: dict[str, Any] = {"n": len(examples)}
     for name, scores in per.items():
         report[name] = {
             "exact_line_match": round(statistics.fmean(s[0] for s in scores), 4) if scores else 0,
@@ -138,37 +146,121 @@ def compare(
     pairs = list(zip(per["serving"], per["candidate"], strict=True))
     report["exact_line_difference"] = paired([c[0] - s[0] for s, c in pairs])
     report["edit_similarity_difference"] = paired([c[1] - s[1] for s, c in pairs])
-    if accepted:
-        report["replay_accepted_first_line"] = {
-            name: round(
-                statistics.fmean(
-                    float(_first_line(t) == _first_line(e.middle))
-                    for e, t in zip(accepted, texts, strict=True)
-                ),
-                4,
-            )
-            for name, texts in replays.items()
-        }
     return report
 
 
-def accepted_examples(
+def _reproduced(examples: Sequence[FimExample], texts: dict[str, list[str]]) -> dict[str, Any]:
+    """How often each model writes the first line of an ignored suggestion again (lower is
+    better), and the candidate's paired difference from the serving weights."""
+    per = {
+        name: [
+            float(_first_line(t) == _first_line(e.middle))
+            for e, t in zip(examples, completions, strict=True)
+        ]
+        for name, completions in texts.items()
+    }
+    report: dict[str, Any] = {"n": len(examples)}
+    for name, hits in per.items():
+        report[name] = round(statistics.fmean(hits), 4) if hits else 0
+    report["difference"] = paired(
+        [c - s for s, c in zip(per["serving"], per["candidate"], strict=True)]
+    )
+    return report
+
+
+def engine_name(runner: ModelRunner) -> str:
+    """The engine a runner completes with: `onnxruntime`, `ctranslate2` or `torch`."""
+    return runner.ENGINE if isinstance(runner, ConvertedRunner) else "torch"
+
+
+def compare(
+    runner: ModelRunner,
+    settings: CompletionSettings,
+    serving: Path | None,
+    candidate: Path,
+    examples: Sequence[FimExample],
+    outcomes: HeldOutOutcomes = HeldOutOutcomes(),
+    tick: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    """Serving weights against the candidate on the same cursors (the runner ends up serving
+    what it served before): the held-out files' `examples`, and the held-out `outcomes` (under
+    `kept_text` and `ignored_reproduced`). The runner swaps adapters: on a fast engine each
+    version is merged and converted once (cached per version)."""
+    adapters = RunnerCapabilities.of(runner).adapters
+    if adapters is None:
+        raise ValueError(f"the {engine_name(runner)} runner does not serve adapters")
+    before = adapters.adapter
+    sets = {"files": list(examples), "kept": list(outcomes.kept), "ignored": list(outcomes.ignored)}
+    texts: dict[str, dict[str, list[str]]] = {name: {} for name in sets}
+    try:
+        for name, adapter in (("serving", serving), ("candidate", candidate)):
+            adapters.swap_adapter(adapter)
+            for kind, cursors in sets.items():
+                texts[kind][name] = _complete_all(Engine(settings, runner), cursors, tick)
+    finally:
+        adapters.swap_adapter(before)
+    report = _matches(examples, texts["files"])
+    report["engine"] = engine_name(runner)
+    if outcomes.kept:
+        report["kept_text"] = _matches(outcomes.kept, texts["kept"])
+    if outcomes.ignored:
+        report["ignored_reproduced"] = _reproduced(outcomes.ignored, texts["ignored"])
+    return report
+
+
+def held_out_outcomes(
     store: FeedbackStore | None, train: dict[str, Any], limit: int
-) -> list[FimExample]:
-    """Up to `limit` of the newest accepted suggestions in the store (the workspace's) that the
-    version whose training record is `train` never trained on: those after its mark, which are
-    the held-out newest of its window and what came after (`training.window`); oldest first.
-    Nothing for a version trained before records held a window (what it saw is not known)."""
+) -> HeldOutOutcomes:
+    """Up to `limit` each of the newest kept texts and ignored or dismissed suggestions in the
+    store (the workspace's) that the version whose training record is `train` never trained on:
+    those after its mark, which are the held-out newest of its window and what came after
+    (`training.window`); oldest first. A kept text is the row's (accepted or partially
+    accepted); an accepted row from before rows kept it stands for itself. Nothing for a
+    version trained before records held a window (what it saw is not known)."""
     if store is None or "window" not in train or limit <= 0:
-        return []
+        return HeldOutOutcomes()
     mark = mark_of(train)
     unseen = sorted(
         (k for k, _ in store.keys(store.last_id()) if mark is None or k > mark), reverse=True
     )
     kept: list[FimExample] = []
+    ignored: list[FimExample] = []
     for row in store.rows_by_id(key[1] for key in unseen):
-        if row.outcome == "accepted":
-            kept.append(FimExample(row.path, row.prefix, row.suggestion, row.suffix, "line"))
-            if len(kept) == limit:
-                break
-    return kept[::-1]
+        text = row.kept if row.kept is not None or row.outcome != "accepted" else row.suggestion
+        if row.outcome in ("accepted", "partial") and text and len(kept) < limit:
+            kind = "block" if "\n" in text.strip("\n") else "line"
+            kept.append(FimExample(row.path, row.prefix, text, row.suffix, kind))
+        elif row.outcome in ("ignored", "dismissed") and len(ignored) < limit:
+            ignored.append(FimExample(row.path, row.prefix, row.suggestion, row.suffix, "line"))
+        if len(kept) == len(ignored) == limit:
+            break
+    return HeldOutOutcomes(tuple(kept[::-1]), tuple(ignored[::-1]))
+
+
+def judging_cost(engine: str, seconds: float, train: dict[str, Any]) -> dict[str, Any]:
+    """What judging a version cost: the engine that judged, the seconds it took (loading,
+    merging and converting, completing), and those against the seconds its training took
+    (`train`: its training record)."""
+    training = float(train.get("elapsed_s") or 0.0)
+    return {
+        "engine": engine,
+        "seconds": round(seconds, 1),
+        "training_s": round(training, 1),
+        "share_of_training": round(seconds / training, 3) if training > 0 else None,
+    }
+
+
+def judging_runner(settings: CompletionSettings, cache_dir: Path) -> ModelRunner:
+    """The runner that judges, on the base weights: the configured engine when it is a fast one
+    (`completion.engine`, ONNX Runtime GenAI by default), which merges and converts each judged
+    version once and keeps the conversion, so a promoted version serves from it; otherwise (the
+    torch engine, an HTTP runner, a fast engine that cannot load) the torch runner in float32."""
+    local = settings.model_copy(update={"adapter": "", "runner": "local"})
+    if settings.runner == "local" and settings.engine != "torch":
+        from completion.runners import load_runner
+
+        runner = load_runner(local, cache_dir)
+        if RunnerCapabilities.of(runner).adapters is not None:
+            return runner
+        runner.close()
+    return TorchRunner(settings.model, cache_dir, dtype="float32")

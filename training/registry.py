@@ -115,16 +115,33 @@ def scope_dir(cache_dir: Path, *, workspace: Path | None = None, tenant: str | N
 
 
 def promotion_decision(evaluation: dict[str, Any], margin: float) -> tuple[bool, str]:
-    """Whether an evaluation shows a gain: the 95% lower bound of the paired edit-similarity
-    difference above `margin`, and exact-line match not lower."""
+    """Whether an evaluation (`training.evaluate.compare`) shows a gain: on the held-out files,
+    the 95% lower bound of the paired edit-similarity difference above `margin` and above zero,
+    and exact-line match not lower; on the held-out outcomes, where there are any, not
+    clearly worse: the kept text's paired edit-similarity difference's upper bound not below
+    zero, and ignored suggestions not written again more often (the paired difference's lower
+    bound not above zero)."""
     similarity = evaluation.get("edit_similarity_difference", {})
     exact = evaluation.get("exact_line_difference", {})
     low = float(similarity.get("ci95_low", float("-inf")))
-    if low <= margin:
-        return False, f"edit similarity gain's 95% lower bound {low:+.4f} is not above {margin}"
+    floor = max(margin, 0.0)
+    if low <= floor:
+        return False, f"edit similarity gain's 95% lower bound {low:+.4f} is not above {floor}"
     if float(exact.get("mean", -1.0)) < 0:
         return False, f"exact-line match is lower ({float(exact['mean']):+.4f})"
-    return True, f"edit similarity gain's 95% lower bound {low:+.4f} > {margin}"
+    kept = evaluation.get("kept_text", {}).get("edit_similarity_difference", {})
+    if float(kept.get("ci95_high", 0.0)) < 0:
+        return False, (
+            f"the text users kept is matched worse (edit similarity {float(kept['mean']):+.4f}, "
+            f"95% upper bound {float(kept['ci95_high']):+.4f})"
+        )
+    ignored = evaluation.get("ignored_reproduced", {}).get("difference", {})
+    if float(ignored.get("ci95_low", 0.0)) > 0:
+        return False, (
+            f"ignored suggestions are written again more often ({float(ignored['mean']):+.4f}, "
+            f"95% lower bound {float(ignored['ci95_low']):+.4f})"
+        )
+    return True, f"edit similarity gain's 95% lower bound {low:+.4f} > {floor}"
 
 
 class AdapterRegistry:

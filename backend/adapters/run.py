@@ -204,13 +204,16 @@ def evaluate_on_events(
     accepted: list[Any],
 ) -> dict[str, Any]:
     """The serving version against `version` on held-out accepted suggestions: each completes
-    every logged prompt, scored against the suggestion the user accepted there."""
-    from completion.runners.torch_runner import TorchRunner
-    from completion.settings import CompletionSettings
-    from training.evaluate import compare
+    every logged prompt, scored against the suggestion the user accepted there. Judged on the
+    configured fast engine where it loads (`training.evaluate.judging_runner`), else torch."""
+    import time
 
+    from completion.settings import CompletionSettings
+    from training.evaluate import compare, judging_cost, judging_runner
+
+    started = time.perf_counter()
     settings = CompletionSettings(model=model, adapter="", context_timeout_ms=60_000)
-    runner = TorchRunner(model, cache_dir, dtype="float32")
+    runner = judging_runner(settings, cache_dir)
     try:
         report = compare(
             runner, settings, registry.serving_path(), registry.path(version), accepted
@@ -223,5 +226,8 @@ def evaluate_on_events(
         name: report[name]["exact_line_match"] for name in ("serving", "candidate")
     }
     report["cursors"] = "held-out accepted suggestions"
+    report["judging"] = judging_cost(
+        report["engine"], time.perf_counter() - started, registry.get(version).train
+    )
     report["against"] = registry.serving()
     return report

@@ -1,12 +1,36 @@
-"""Ways to damage a saved adapter directory, for the tests that it is refused."""
+"""Adapters for tests: one that changes what the tiny model writes, and ways to damage a saved
+adapter directory, for the tests that it is refused."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from completion.adapters import MANIFEST, WEIGHTS
+
+
+def strong_adapter(
+    source: Any, base_model_id: str, cache: Path, target: Path, meta: dict[str, Any] | None = None
+) -> Path:
+    """Save at `target` an adapter with large LoRA B weights (fixed seed) on the model of
+    `source`: it changes what the model writes."""
+    import torch
+
+    from completion.adapters import save_adapter
+    from completion.runners.loading import load_model
+    from training.lora import LoraShape, attach_lora
+
+    _tokenizer, model = load_model(source, "float32", cache)
+    wrapped = attach_lora(model, LoraShape(rank=2, alpha=4, dropout=0.0))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    save_adapter(wrapped, target, base_model_id, meta or {})
+    return target
 
 
 def flip_byte(directory: Path) -> None:

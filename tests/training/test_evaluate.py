@@ -1,23 +1,29 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from completion.adapters import save_adapter
-from completion.runners.loading import load_model
+from completion.adapters import read_manifest
+from completion.runners.merge import adapter_key, merged_path
+from completion.runners.onnx import OnnxRunner
 from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
+from tests.support.adapters import strong_adapter
 from training.evaluate import (
-    accepted_examples,
+    HeldOutOutcomes,
     compare,
     edit_similarity,
     held_out_cursors,
+    held_out_outcomes,
+    judging_cost,
+    judging_runner,
     paired,
 )
-from training.examples import split_files, workspace_files
+from training.examples import FimExample, split_files, workspace_files
 from training.feedback import Feedback, FeedbackStore
-from training.lora import LoraShape, attach_lora
+from training.registry import promotion_decision
 
 
 @pytest.mark.parametrize(
@@ -39,6 +45,12 @@ def test_paired_interval() -> None:
     assert paired([0.2, 0.2])["ci95_low"] == 0.2
 
 
+def _outcomes(cursors: list[FimExample]) -> HeldOutOutcomes:
+    kept = tuple(cursors[:2])
+    ignored = tuple(replace(c, middle="print(1)") for c in cursors[2:])
+    return HeldOutOutcomes(kept, ignored)
+
+
 def test_compare_runs_both_on_the_same_cursors_and_restores_the_runner(
     workspace: Path, tiny_model_path: Path, tmp_path: Path
 ) -> None:
@@ -47,32 +59,81 @@ def test_compare_runs_both_on_the_same_cursors_and_restores_the_runner(
     assert len(cursors) == 4
     assert cursors == held_out_cursors(workspace, held or ["json/tool.py"], 4, seed=0)
     runner = TorchRunner(str(tiny_model_path), tmp_path, threads=1)
-    _tokenizer, model = load_model(runner.source, "float32", tmp_path)
-    save_adapter(
-        attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", runner.base_model_id, {}
-    )
+    adapter = strong_adapter(runner.source, runner.base_model_id, tmp_path, tmp_path / "a")
     settings = CompletionSettings(model=str(tiny_model_path), max_new_tokens=4)
-    report = compare(runner, settings, None, tmp_path / "a", cursors, accepted=cursors[:2])
-    assert report["n"] == 4
+    report = compare(runner, settings, None, adapter, cursors, _outcomes(cursors))
+    assert report["n"] == 4 and report["engine"] == "torch"
     assert set(report["serving"]) == {"exact_line_match", "edit_similarity"}
     assert report["edit_similarity_difference"]["n"] == 4
-    assert set(report["replay_accepted_first_line"]) == {"serving", "candidate"}
+    assert report["kept_text"]["n"] == 2 and report["kept_text"]["exact_line_difference"]["n"] == 2
+    assert report["ignored_reproduced"]["n"] == 2
+    assert report["ignored_reproduced"]["difference"]["n"] == 2
     assert runner.adapter is None
     runner.close()
 
 
-def test_replayed_accepted_suggestions_are_those_the_version_never_trained_on(
-    tmp_path: Path,
+def test_the_judgement_runs_on_the_fast_engine_and_keeps_the_candidates_conversion(
+    workspace: Path, tiny_model_path: Path, tmp_path: Path
 ) -> None:
+    """With the default engine the judge is ONNX Runtime GenAI: both versions complete there,
+    the candidate merged and converted once and kept for when it is promoted and served; the
+    report is the one the promotion rule reads."""
+    _train, held = split_files(workspace_files(workspace))
+    cursors = held_out_cursors(workspace, held or ["json/tool.py"], 4, seed=0)
+    settings = CompletionSettings(model=str(tiny_model_path), max_new_tokens=4, threads=1)
+    runner = judging_runner(settings, tmp_path / "cache")
+    try:
+        assert isinstance(runner, OnnxRunner)
+        adapter = strong_adapter(runner.source, runner.base_model_id, tmp_path, tmp_path / "a")
+        report = compare(runner, settings, None, adapter, cursors, _outcomes(cursors))
+        assert runner.adapter is None  # serving the base again
+        key = adapter_key(read_manifest(adapter))
+        merged = merged_path(
+            runner.source, key, runner.compute_type, tmp_path / "cache", engine="onnxruntime"
+        )
+        assert merged.is_dir()  # converted once, kept for serving
+        assert runner.prepare_adapter(adapter).path.is_relative_to(merged)
+    finally:
+        runner.close()
+    assert report["engine"] == "onnxruntime"
+    assert report["edit_similarity_difference"]["n"] == 4
+    assert report["kept_text"]["n"] == 2 and report["ignored_reproduced"]["n"] == 2
+    allowed, reason = promotion_decision(report, 0.0)
+    assert isinstance(allowed, bool) and reason
+    cost = judging_cost(report["engine"], 12.0, {"elapsed_s": 48.0})
+    assert cost == {
+        "engine": "onnxruntime",
+        "seconds": 12.0,
+        "training_s": 48.0,
+        "share_of_training": 0.25,
+    }
+
+
+def test_the_torch_engine_judges_on_torch(tiny_model_path: Path, tmp_path: Path) -> None:
+    settings = CompletionSettings(model=str(tiny_model_path), engine="torch", threads=1)
+    runner = judging_runner(settings, tmp_path)
+    assert isinstance(runner, TorchRunner)
+    runner.close()
+
+
+def test_held_out_outcomes_are_those_the_version_never_trained_on(tmp_path: Path) -> None:
     store = FeedbackStore(tmp_path / "feedback.sqlite", workspace=tmp_path)
-    for i in range(8):
-        outcome = "ignored" if i == 6 else "accepted"
-        store.record(Feedback(f"m{i}.py", "x = ", f"f({i})", "", outcome, 1.0, 0.5))
+    outcomes = ["accepted", "accepted", "ignored", "accepted", "dismissed", "accepted"]
+    outcomes += ["partial", "ignored", "accepted"]
+    for i, outcome in enumerate(outcomes):
+        kept = {"accepted": f"f({i}) + 1", "partial": "f("}.get(outcome)
+        store.record(Feedback(f"m{i}.py", "x = ", f"f({i})", "", outcome, 1.0, 0.5, kept=kept))
+    # A row from before rows kept their text: the accepted suggestion stands for itself.
+    store.record(Feedback("m9.py", "x = ", "g()", "", "accepted", 1.0, 0.5))
     keys = sorted(key for key, _ in store.keys(store.last_id()))
-    train = {"window": {"trained_through": list(keys[4])}}  # trained up to the 5th row
-    replayed = accepted_examples(store, train, limit=5)
-    assert [e.middle for e in replayed] == ["f(5)", "f(7)"]  # after the mark, oldest first
-    assert [e.middle for e in accepted_examples(store, train, limit=1)] == ["f(7)"]
+    train = {"window": {"trained_through": list(keys[3])}}  # trained up to the 4th row
+    held = held_out_outcomes(store, train, limit=5)
+    # After the mark, oldest first: the kept text (not the suggestion) and the ignored ones.
+    assert [e.middle for e in held.kept] == ["f(5) + 1", "f(", "f(8) + 1", "g()"]
+    assert [e.middle for e in held.ignored] == ["f(4)", "f(7)"]
+    assert [e.middle for e in held_out_outcomes(store, train, limit=1).kept] == ["g()"]
+    assert held_out_outcomes(store, train, limit=1).ignored[0].middle == "f(7)"
     # A version trained on no feedback saw none; one from before windows were kept: unknown.
-    assert len(accepted_examples(store, {"window": {"trained_through": None}}, limit=10)) == 7
-    assert accepted_examples(store, {}, limit=10) == []
+    everything = held_out_outcomes(store, {"window": {"trained_through": None}}, limit=10)
+    assert len(everything.kept) == 7 and len(everything.ignored) == 3
+    assert not held_out_outcomes(store, {}, limit=10)

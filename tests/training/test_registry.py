@@ -38,6 +38,18 @@ def _gain(against: int | None, low: float, exact: float = 0.0) -> dict[str, Any]
     }
 
 
+def _paired(
+    name: str, mean: float, high: float | None = None, low: float | None = None
+) -> dict[str, Any]:
+    return {
+        name: {
+            "mean": mean,
+            "ci95_low": mean - 0.05 if low is None else low,
+            "ci95_high": mean + 0.05 if high is None else high,
+        }
+    }
+
+
 @pytest.mark.parametrize(
     ("evaluation", "allowed"),
     [
@@ -46,10 +58,35 @@ def _gain(against: int | None, low: float, exact: float = 0.0) -> dict[str, Any]
         pytest.param(_gain(None, -0.02), False, id="worse"),
         pytest.param(_gain(None, 0.02, exact=-0.01), False, id="fewer-exact-lines"),
         pytest.param({}, False, id="no-evaluation"),
+        pytest.param(
+            {**_gain(None, 0.02), "kept_text": _paired("edit_similarity_difference", -0.1)},
+            False,
+            id="kept-text-clearly-worse",
+        ),
+        pytest.param(
+            {**_gain(None, 0.02), "kept_text": _paired("edit_similarity_difference", -0.1, 0.05)},
+            True,
+            id="kept-text-not-clearly-worse",
+        ),
+        pytest.param(
+            {**_gain(None, 0.02), "ignored_reproduced": _paired("difference", 0.2, low=0.05)},
+            False,
+            id="ignored-written-again-more-often",
+        ),
+        pytest.param(
+            {**_gain(None, 0.02), "ignored_reproduced": _paired("difference", -0.2, low=-0.3)},
+            True,
+            id="ignored-written-again-less-often",
+        ),
     ],
 )
 def test_promotion_rule(evaluation: dict[str, Any], allowed: bool) -> None:
     assert promotion_decision(evaluation, 0.005)[0] is allowed
+
+
+def test_a_negative_margin_still_needs_a_gain_on_the_held_out_files() -> None:
+    assert not promotion_decision(_gain(None, -0.001), -0.01)[0]
+    assert promotion_decision(_gain(None, 0.001), -0.01)[0]
 
 
 def test_versions_promote_and_roll_back(tmp_path: Path, adapter_dir: tuple[Path, str]) -> None:

@@ -18,6 +18,7 @@ from completion.runners.torch_runner import TorchRunner
 from completion.types import CompletionRequest
 from lsp_server.config import Settings
 from lsp_server.features.adapters import AdapterFeature
+from tests.support.adapters import strong_adapter
 from tests.support.feature_server import FeatureServer, feature_server
 from training.lora import LoraShape, attach_lora
 from training.registry import AdapterRegistry, scope_dir
@@ -64,16 +65,7 @@ async def test_the_server_follows_promotions_and_refuses_a_damaged_adapter(
 
 def _strong_adapter(runner: Any, cache: Path, target: Path) -> None:
     """An adapter with large LoRA B weights (fixed seed): it changes what the model writes."""
-    import torch
-
-    _tokenizer, model = load_model(runner.source, "float32", cache)
-    wrapped = attach_lora(model, LoraShape(rank=2, alpha=4, dropout=0.0))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in wrapped.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    save_adapter(wrapped, target, runner.base_model_id, {})
+    strong_adapter(runner.source, runner.base_model_id, cache, target)
 
 
 async def test_the_fast_engine_follows_promotions_converting_off_the_model_thread(
