@@ -1,8 +1,10 @@
-"""`tabloop model list|promote|rollback` over a workspace's adapter registry."""
+"""`tabloop model list|promote|rollback|evaluate` over a workspace's adapter registry."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -10,8 +12,10 @@ import pytest
 from completion.adapters import save_adapter
 from completion.runners.loading import load_model, resolve_source
 from tabloop.cli import main
+from tests.support.adapters import strong_adapter
+from training.feedback import FEEDBACK_FILE, Feedback, FeedbackStore
 from training.lora import LoraShape, attach_lora
-from training.registry import AdapterRegistry, scope_dir
+from training.registry import AdapterRegistry, promotion_decision, scope_dir
 
 
 def test_list_promote_rollback(
@@ -83,3 +87,47 @@ def test_window_shares_are_checked_before_anything_loads(
         main(["train", "model", flag, value])
     assert exit_info.value.code == 2
     assert flag.lstrip("-").replace("-", "_") in capsys.readouterr().err
+
+
+def test_evaluate_judges_on_the_fast_engine_and_the_promotion_rule_reads_it(
+    tmp_path: Path,
+    tiny_model_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tabloop model evaluate` with the default engine: ONNX Runtime GenAI judges on the held-out
+    files and the workspace's held-out outcomes, the report names the engine and the cost, and
+    `tabloop model promote` decides from it."""
+    cache, workspace = tmp_path / "cache", tmp_path / "ws"
+    shutil.copytree(Path(sysconfig.get_paths()["stdlib"]) / "json", workspace / "json")
+    shutil.rmtree(workspace / "json" / "__pycache__", ignore_errors=True)
+    for name, value in {
+        "TABLOOP_CACHE_DIR": str(cache),
+        "TABLOOP_COMPLETION__MODEL": str(tiny_model_path),
+        "TABLOOP_COMPLETION__MAX_NEW_TOKENS": "4",
+        "TABLOOP_COMPLETION__THREADS": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    source = resolve_source(str(tiny_model_path), cache)
+    base_id = f"{source.name}@{source.revision}"
+    strong_adapter(source, base_id, cache, tmp_path / "a")
+    registry = AdapterRegistry(scope_dir(cache, workspace=workspace))
+    registry.add(tmp_path / "a", base_id, {"window": {"trained_through": None}, "elapsed_s": 60})
+    store = FeedbackStore(cache / FEEDBACK_FILE, workspace=workspace)
+    prefix = "import json\n\ndef load(path):\n    with open(path) as f:\n        return "
+    store.record(Feedback("a.py", prefix, "json.load(f)", "\n", "accepted", 1.0, 0.5, kept="x"))
+    store.record(Feedback("a.py", prefix, "f.read()", "\n", "ignored", -0.25, 0.5))
+    store.close()
+
+    ws = ["--workspace", str(workspace)]
+    assert main(["model", "evaluate", "1", "--n", "3", "--json", *ws]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["engine"] == "onnxruntime" and report["judging"]["engine"] == "onnxruntime"
+    assert report["judging"]["training_s"] == 60 and report["judging"]["share_of_training"] > 0
+    assert report["n"] == 3 and report["edit_similarity_difference"]["n"] == 3
+    assert report["kept_text"]["n"] == 1 and report["ignored_reproduced"]["n"] == 1
+    assert registry.get(1).evaluation == report
+    allowed, reason = promotion_decision(report, 0.005)
+    assert main(["model", "promote", "1", "--canary-share", "0", *ws]) == (0 if allowed else 1)
+    printed = capsys.readouterr()
+    assert reason in (printed.out if allowed else printed.err)
