@@ -14,9 +14,11 @@ tabloop model evaluate V [--n 50] [--workspace DIR]
 
 A workspace's run lives in its adapter directory under the cache (`runs/current`): killed, it
 resumes from its last checkpoint when the same command runs again; finished, its adapter becomes
-a new candidate version, evaluated against the serving one on the held-out files. A run starts
-from the serving adapter's weights when they fit (else fresh, and the report says why) and
-trains on the workspace's feedback since the serving version's mark, newest first, with a
+a new candidate version, judged against the serving one on the held-out files and the held-out
+outcomes (the text users kept, ignored suggestions), on the fast engine when that is the
+configured one (`training.evaluate`; the report's `judging` says which and what it cost). A run
+starts from the serving adapter's weights when they fit (else fresh, and the report says why)
+and trains on the workspace's feedback since the serving version's mark, newest first, with a
 replayed share of older feedback (`training.window`); the report's `window` gives the counts.
 A promoted version reaches a running server without a restart (it follows the registry). It is
 a canary first: a workspace's serves half of the language server's sessions and is judged on the
