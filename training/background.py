@@ -249,11 +249,13 @@ def train_command(
 def child_environment(
     base: Mapping[str, str], threads: int, cache_dir: Path, exclude: Sequence[str]
 ) -> dict[str, str]:
-    """The child's environment: threads capped, and the server's cache directory and index
-    exclusions (which may come from the editor, a layer the command does not read)."""
+    """The child's environment: threads capped (training's and the judging engine's), and the
+    server's cache directory and index exclusions (which may come from the editor, a layer the
+    command does not read)."""
     env = dict(base)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[name] = str(threads)  # torch sizes its pool from OMP_NUM_THREADS
+    env["TABLOOP_COMPLETION__THREADS"] = str(threads)  # the fast engine that judges the version
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["TABLOOP_CACHE_DIR"] = str(cache_dir)
     env["TABLOOP_INDEX__EXCLUDE"] = json.dumps(list(exclude))

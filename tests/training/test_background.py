@@ -201,6 +201,7 @@ def test_the_command_and_its_environment(tmp_path: Path) -> None:
     )
     env = child_environment({"HOME": "/h"}, 2, tmp_path, ["gen/**"])
     assert env["OMP_NUM_THREADS"] == "2" and env["HOME"] == "/h"
+    assert env["TABLOOP_COMPLETION__THREADS"] == "2"  # the judging engine's threads too
     assert env["TABLOOP_CACHE_DIR"] == str(tmp_path)
     assert json.loads(env["TABLOOP_INDEX__EXCLUDE"]) == ["gen/**"]
 
