@@ -113,13 +113,19 @@ def _events_queries(storage: Storage) -> list[str]:
     return statements
 
 
-def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Building a dataset or training fails the test loudly."""
+def _no_training(monkeypatch: pytest.MonkeyPatch, tenant: str | None = None) -> None:
+    """Building a dataset or training fails the test loudly: any tenant's, or `tenant`'s only
+    (a shared PostgreSQL database holds the tenants of earlier tests, which may be due)."""
 
     def refuse(*_args: object, **_kwargs: object) -> NoReturn:
         pytest.fail("a skipped tenant must not get a dataset or a run")
 
-    monkeypatch.setattr(adapter_scheduler, "train_tenant", refuse)
+    def train_tenant(_storage: object, name: str, *_args: object, **_kwargs: object) -> Any:
+        if tenant is None or name == tenant:
+            refuse()
+        return {"tenant": name, "skipped": "another test's tenant"}
+
+    monkeypatch.setattr(adapter_scheduler, "train_tenant", train_tenant)
     monkeypatch.setattr(adapter_run, "TenantExamples", refuse)
     monkeypatch.setattr(training.workspace, "load_trainable", refuse)
 
@@ -127,7 +133,7 @@ def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_tenant_without_text_is_skipped_by_one_count_and_counted(
     backend: BackendServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _no_training(monkeypatch)
+    _no_training(monkeypatch, backend.tenant)
     schedule = AdapterSchedule.model_validate({"min_new_events": 20})  # the default model
     silent = [replace(item, action="silence") for item in logged(30)]  # text, but not shown
     post(backend, logged(600, text=False) + silent)  # more rows than a page
