@@ -234,10 +234,12 @@ def framings(draw: st.DrawFn) -> Case:
     """A message in broken or unusual framing: lengths off, headers odd, garbage around it."""
     message, owed = draw(calls())
     body = json.dumps(message).encode()
+    # Off by a drawn amount, not drawn up to the body's length: the ids are fresh on every run,
+    # so a bound that follows the length would make a replayed case draw differently.
     length = draw(
         st.one_of(
             st.just(len(body)),
-            st.integers(0, len(body) + 100),
+            st.integers(-400, 100).map(lambda off: max(0, len(body) + off)),
             st.sampled_from([0, 10**11, 2**63, 64 * 1024 * 1024]),
         )
     )
