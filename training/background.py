@@ -409,6 +409,7 @@ class Material:
     new_feedback: int  # feedback rows after the serving version's mark and the last run's start
     changed_files: int  # code files changed since the last run started (all, before the first)
     unfinished: bool  # a run was stopped before it ended: its checkpoints wait
+    canary: str | None = None  # the version in canary, whose verdict a new run must wait for
 
 
 @dataclass(frozen=True)
@@ -431,8 +432,8 @@ def wait_reason(
 
     An unfinished run resumes as soon as the machine is idle, unless it failed or was stopped
     for memory (then the minimum interval applies, so it is not retried at once); a new run
-    needs enough new material (feedback or changed files) and the minimum interval since the
-    last one started."""
+    needs enough new material (feedback or changed files), no adapter canary waiting for its
+    verdict, and the minimum interval since the last one started."""
     left = (
         record.last_started + settings.min_interval_s - now
         if record.last_started is not None
@@ -447,6 +448,10 @@ def wait_reason(
             f"new material: {material.new_feedback} of {settings.min_new_feedback} feedback "
             f"rows, {material.changed_files} of {settings.min_changed_files} changed files"
         )
+    if material.canary is not None and not material.unfinished:
+        # A new version could not be promoted while the canary runs, and it would start from
+        # the version the canary may replace.
+        return f"the verdict on the canary {material.canary} (judged on the feedback)"
     if left > 0 and (retrying or not material.unfinished):
         return f"the minimum interval between runs ({left:.0f} s left)"
     if activity.requests_in_flight or (

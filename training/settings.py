@@ -39,7 +39,7 @@ class TrainingLoopSettings(BaseModel):
         "first) that make a run due.",
     )
     min_interval_s: float = Field(
-        21_600.0,
+        3_600.0,
         ge=0.0,
         description="Seconds from the start of one run to the start of the next (an unfinished "
         "run resumes sooner, unless it was stopped for memory).",

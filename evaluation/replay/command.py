@@ -13,6 +13,7 @@ from typing import Any
 
 from backend.policy.settings import TrainerSettings
 from completion.gate import builtin_policy
+from evaluation.replay.continuous import run_continuous
 from evaluation.replay.drills import canary_drill
 from evaluation.replay.model_loop import model_loop
 from evaluation.replay.player import (
@@ -107,6 +108,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="rounds of the gate's loop on the adapted model's suggestions before it is judged",
     )
+    parser.add_argument(
+        "--continuous",
+        action="store_true",
+        help="the loop over time: --train is revealed in --rounds parts, a round types in the "
+        "newest part, and the model trains between rounds as the language server does by itself "
+        "(see evaluation.replay.continuous); --test and the held-out plays are not used",
+    )
+    parser.add_argument(
+        "--round-positions", type=int, default=100, help="--continuous: positions per round"
+    )
+    parser.add_argument(
+        "--sessions-per-round",
+        type=int,
+        default=4,
+        help="--continuous: language server sessions a round is typed in (each on its canary arm)",
+    )
+    parser.add_argument(
+        "--loop-setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="--continuous: change one of the training loop's settings (the `training` section)",
+    )
     parser.add_argument("--learning-rate", type=float, default=3e-4, help="the adapter's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -165,6 +189,8 @@ def _trainer_settings(args: argparse.Namespace, train_positions: int) -> Trainer
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """The replay; returns its report."""
+    if args.continuous:
+        return _run_continuous(args, argv)
     started = time.time()
     train_positions, test_positions = _positions(args)
     settings = engine_settings(args)
@@ -267,6 +293,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
         **({"model_loop": loop_report} if loop_report is not None else {}),
         "wall_s": round(time.time() - started, 1),
     }
+
+
+def _run_continuous(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
+    """`--continuous`: the loop over time (`evaluation.replay.continuous`)."""
+    settings = engine_settings(args)
+    # The gate's trainer wants a round's events before it runs (as `_trainer_settings` does).
+    trainer_settings = _trainer_settings(args, args.round_positions)
+    with tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp, ExitStack() as stack:
+        work = Path(tmp)
+        runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
+        stack.callback(runner.close)
+        loop = stack.enter_context(open_loop(work, trainer_settings, args.refresh))
+        return run_continuous(args, argv, loop, runner, settings, work)
 
 
 def _summary(

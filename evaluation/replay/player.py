@@ -108,6 +108,7 @@ class Player:
         # Where shown suggestions and their outcomes are kept, as the server keeps them.
         self.feedback = feedback
         self.recorder = FeedbackRecorder()
+        self.model_version: str | None = None  # the adapter version serving, on feedback rows
         self.last_event_at = 0.0
         # When a list, every decision is kept here with the user's response (None: not shown).
         self.log: list[tuple[Decision, UserResponse | None]] | None = None
@@ -125,7 +126,7 @@ class Player:
             decision = self.engine.complete(request, signals=signals)
             session.decided(position, request, decision)
             if self.feedback is not None:
-                self.recorder.shown(decision, request)
+                self.recorder.shown(decision, request, self.model_version)
             response: UserResponse | None = None
             reward = 0.0
             if decision.shown:

@@ -62,7 +62,13 @@ from training.background import (
     wait_reason,
 )
 from training.examples import workspace_files
-from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
+from training.registry import (
+    RUN_DIR,
+    AdapterRegistry,
+    AdapterRegistryError,
+    scope_dir,
+    version_label,
+)
 from training.window import mark_of
 from training.workspace import PLAN_FILE
 
@@ -239,9 +245,12 @@ class TrainingLoopFeature:
         assert registry is not None and root is not None
         unfinished = (registry.root / RUN_DIR / PLAN_FILE).is_file()
         since = self.record.feedback_upto
+        canary = None
         try:
             serving = registry.serving()
             mark = mark_of(registry.get(serving).train) if serving is not None else None
+            running = registry.canary()
+            canary = version_label(running.version) if running is not None else None
         except AdapterRegistryError:
             mark = None  # the run will say what is wrong with the registry
         if mark is not None:
@@ -255,7 +264,7 @@ class TrainingLoopFeature:
             started = self.record.last_started
             files = workspace_files(root, self.server.settings.index.exclude)
             changed = sum(1 for rel in files if started is None or _mtime(root / rel) > started)
-        return Material(new_feedback, changed, unfinished)
+        return Material(new_feedback, changed, unfinished, canary)
 
     def _take_workspace(self) -> str | None:
         """Hold the workspace's lock, and stop a run its last server left running; None when

@@ -239,3 +239,56 @@ def test_the_replay_wants_one_held_out_corpus(tmp_path: Path) -> None:
         )
     with pytest.raises(SystemExit, match="is needed"):
         run(build_parser().parse_args(["--train", str(corpus)]), [])
+
+
+def test_the_continuous_loop_reveals_the_code_base_and_trains_between_rounds(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    code = _corpus(tmp_path / "code", "textwrap.py", "fnmatch.py", "colorsys.py", "bisect.py")
+    argv = [
+        *("--continuous", "--train", str(code), "--rounds", "2", "--round-positions", "10"),
+        *("--sessions-per-round", "2", "--model", str(tiny_model_path)),
+        *("--max-new-tokens", "8", "--context-tokens", "256", "--cache", str(tmp_path / "g.jsonl")),
+        *("--train-interval", "0.5", "--refresh", "0.2", "--eval-draws", "1"),
+        # The server's loop with a run that fits a test: a few examples, due at once.
+        *("--loop-setting", "budgetSamples=4", "--loop-setting", "budget=5m"),
+        *("--loop-setting", "minChangedFiles=1", "--loop-setting", "idleS=0"),
+        *("--loop-setting", "checkEveryS=1", "--loop-setting", "evalCursors=4"),
+    ]
+    report = run(build_parser().parse_args(argv), argv)
+
+    first, second = report["rounds"]
+    # Each round typed in its own newly revealed files, two of the four each.
+    assert first["files_revealed"] == second["files_revealed"] == 2
+    assert first["positions"] == second["positions"] == 10
+    for entry in (first, second):
+        assert entry["live"]["requests"] == entry["base_always_show"]["requests"] == 10
+        assert entry["base_always_show"]["shown"] == entry["base_always_show"]["suggestions"]
+        assert sum(entry["serving"]["model_requests"].values()) == 10
+    # The first round was served by the base model; the server's own command ran after it.
+    assert set(first["serving"]["model_requests"]) == {"base"}
+    run_ = first["training"]
+    assert run_["ran"] and run_["exit"] == 0, run_
+    assert run_["changed_files"] == 2  # the files revealed so far, all new before a first run
+    assert run_["waits_s"] == 1.0  # idle 0 s and one look (checkEveryS) skipped on the clock
+    assert run_["report"]["training"]["samples"] >= 4  # whole optimiser steps
+    assert run_["outcome"] in ("promoted", "not promoted")
+    if run_["outcome"] == "promoted":  # it served the second round's sessions on its arm
+        assert f"workspace:{run_['version']}" in second["serving"]["model_requests"]
+        assert run_["event_to_serving_s"] >= run_["run_s"]
+        assert report["summary"]["event_to_serving_s"] == [run_["event_to_serving_s"]]
+    # The last round is not followed by a run; the settings say what differs from the defaults.
+    assert "training" not in second
+    assert report["settings"]["training_loop_changed_from_defaults"] == {
+        "budget": "5m",
+        "budget_samples": 4,
+        "min_changed_files": 1,
+        "idle_s": 0.0,
+        "check_every_s": 1.0,
+        "eval_cursors": 4,
+    }
+    summary = report["summary"]
+    assert summary["runs"] == 1
+    assert len(summary["reward_gain_per_position_by_round"]) == 2
+    pooled = summary["rounds_after_the_first_vs_base_always_show"]
+    assert pooled["baseline"]["requests"] == pooled["loop"]["requests"] == 10

@@ -229,6 +229,10 @@ NOW = 1000.0
             ENOUGH, IDLE, LoopRecord(last_started=NOW - 50), "minimum interval", id="too-soon"
         ),
         pytest.param(ENOUGH, IDLE, LoopRecord(last_started=NOW - 100), None, id="interval-over"),
+        pytest.param(
+            Material(10, 0, False, canary="v0002"), IDLE, LoopRecord(), "canary v0002", id="canary"
+        ),
+        pytest.param(Material(0, 0, True, canary="v0002"), IDLE, LoopRecord(), None, id="resume"),
         pytest.param(ENOUGH, Activity(1, 0.0, 0.1), LoopRecord(), "idle editor", id="in-flight"),
         pytest.param(ENOUGH, Activity(0, 30.0, 0.1), LoopRecord(), "idle editor", id="typing"),
         pytest.param(ENOUGH, Activity(0, 60.0, 0.1), LoopRecord(), None, id="typed-long-ago"),
