@@ -283,6 +283,7 @@ def train_between_rounds(
             break
         time.sleep(POLL_S)
     run_s = time.perf_counter() - started
+    report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     try:
         run_report = json.loads((state / "report.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
