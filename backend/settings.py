@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from backend.adapters.scheduler import AdapterSchedule
@@ -58,6 +58,54 @@ class BodyLimits:
     read_timeout_s: float = 10.0
     """Longest wait for the next piece of a body: a client that sends less than its
     `Content-Length` is answered 408 after this, not held forever."""
+
+
+class LoraUpstreamSettings(BaseModel):
+    """Where the tenants' adapters are served (`BackendSettings.lora_upstream`; off when `url`
+    is empty: the backend's own completion model serves, without adapters)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(
+        "",
+        description="Base URL of an OpenAI-compatible server that loads LoRA adapters at run time "
+        "(vLLM: `http://gpu-1:8000/v1`); empty keeps completions on the backend's own model.",
+    )
+    api_key: str = Field("", description="Bearer token for that server (vLLM's `--api-key`).")
+    base_model: str = Field(
+        "",
+        description="The base model's name on that server (vLLM's `--served-model-name`, else the "
+        "model it serves), sent as `model` for tenants without an adapter and on a fallback; "
+        "empty sends none (the server's default model).",
+    )
+    stage_dir: Path | None = Field(
+        None,
+        description="Where this backend copies each served version's files for that server to "
+        "read (default: `lora-upstream` in the cache directory).",
+    )
+    upstream_dir: str = Field(
+        "",
+        description="`stage_dir` as that server sees it (the path of the shared mount on its "
+        "machine); empty: the same path as here (both on one machine, or mounted alike).",
+    )
+    timeout_s: float = Field(30.0, gt=0, description="Time limit of one completion there.")
+    load_timeout_s: float = Field(120.0, gt=0, description="Time limit of loading one adapter.")
+    retry_s: float = Field(
+        60.0,
+        ge=0,
+        description="After a failed load, how long the base model serves before "
+        "the load is tried again.",
+    )
+    retire_after_s: float = Field(
+        600.0,
+        ge=0,
+        description="An adapter name no request was routed to for this long is unloaded there.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether completions go to the multi-LoRA server."""
+        return bool(self.url)
 
 
 class BackendSettings(BaseSettings):
@@ -122,6 +170,11 @@ class BackendSettings(BaseSettings):
     adapters: AdapterSchedule = Field(
         default_factory=lambda: AdapterSchedule.model_validate({}),
         description="The tenants' adapter training (every hour; `every_s` 0 turns it off).",
+    )
+    lora_upstream: LoraUpstreamSettings = Field(
+        default_factory=lambda: LoraUpstreamSettings.model_validate({}),
+        description="A multi-LoRA server (vLLM) that serves `/v1/completions` with each tenant's "
+        "adapter (docs/serving.md); off unless its `url` is set.",
     )
 
     @property

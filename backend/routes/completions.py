@@ -8,31 +8,44 @@ start with `preload`), it generates one request at a time.
 
 Supported fields: `prompt` (a string, or a list of one), `max_tokens`, `temperature`, `stop` (up to
 four strings), `stream` (server-sent events, ended by `data: [DONE]`), `logprobs`, `model`
-(echoed, not used to pick weights), `n` (1 only). Streamed text never contains a stop sequence,
-not even part of one: text that could begin one is held back until it cannot. With `logprobs`,
-token log-probabilities come with the final event (the model's decode loop reports them at the
-end).
+(echoed, not used to pick weights), `n` (1 only), `user` (the installation's id, as its events
+carry it: it puts the client on an adapter canary's arm). Streamed text never contains a stop
+sequence, not even part of one: text that could begin one is held back until it cannot. With
+`logprobs`, token log-probabilities come with the final event (the model's decode loop reports
+them at the end).
+
+With `lora_upstream.url` set, the backend runs no model: each request goes to that multi-LoRA
+server (vLLM) with `model` set to the name under which the tenant's adapter version is loaded
+there (`backend/services/lora_upstream.py`; the client's `model` never picks it), and the answer
+comes back as the server wrote it, streamed or whole. `X-Tabloop-Model-Version` names the version
+that wrote it (`base` for the base model), `X-Tabloop-Adapter-Arm` the client's arm, and
+`X-Tabloop-Adapter-Fallback` says why the base model wrote it when the tenant has an adapter that
+could not be served.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+import httpx
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from starlette.concurrency import run_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from backend.auth import CurrentPrincipal
-from backend.deps import CompletionServiceDep
+from backend.deps import CompletionServiceDep, Services
 from backend.routes.body import json_body_openapi, read_json_body
 from backend.routes.index_sync import validation_detail
+from backend.routes.model import MODEL_VERSION_HEADER
 from backend.services.completions import CompletionJob, CompletionService, StreamFailure
+from backend.services.lora_upstream import LoraUpstream, UpstreamRoute, UpstreamUnavailable
 from completion.runners.base import ModelRunner
 from completion.types import CancelToken, Generation
 
@@ -41,6 +54,11 @@ router = APIRouter()
 MAX_BODY_BYTES = 1024 * 1024
 MAX_PROMPT_CHARS = 256 * 1024
 MAX_STOP_CHARS = 64
+ARM_HEADER = "X-Tabloop-Adapter-Arm"
+FALLBACK_HEADER = "X-Tabloop-Adapter-Fallback"
+INSTALL_ID = re.compile(r"[A-Za-z0-9_.:+#/-]{1,128}")
+"""An installation's id as `GET /v1/model?install_id=` takes it; another `user` is no id."""
+_UPSTREAM_ERROR_CHARS = 500
 
 
 class CompletionBody(BaseModel):
@@ -57,6 +75,7 @@ class CompletionBody(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=5)
     n: int = Field(1, ge=1, le=1)
     echo: bool = False
+    user: str | None = Field(None, max_length=256)
 
     @field_validator("prompt")
     @classmethod
@@ -88,6 +107,27 @@ class CompletionBody(BaseModel):
     def job(self) -> CompletionJob:
         """What the model is asked to generate."""
         return CompletionJob(self.text, self.max_tokens, self.temperature, self.stops)
+
+    @property
+    def install_id(self) -> str | None:
+        """The asking installation's id (`user`), when it is one."""
+        return self.user if self.user and INSTALL_ID.fullmatch(self.user) else None
+
+    def upstream_payload(self) -> dict[str, Any]:
+        """The request as the multi-LoRA server is sent it (its `model` is set there)."""
+        payload: dict[str, Any] = {
+            "prompt": self.text,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "stream": self.stream,
+            "echo": self.echo,
+            "n": 1,
+        }
+        if self.stops:
+            payload["stop"] = self.stops
+        if self.logprobs is not None:
+            payload["logprobs"] = self.logprobs
+        return payload
 
 
 def _finish(generation: Generation) -> str:
@@ -122,10 +162,13 @@ async def _parse(request: Request) -> CompletionBody:
 
 @router.post("/v1/completions", openapi_extra=json_body_openapi(CompletionBody))
 async def completions(
-    request: Request, principal: CurrentPrincipal, service: CompletionServiceDep
+    request: Request, principal: CurrentPrincipal, service: CompletionServiceDep, services: Services
 ) -> Any:
-    """Complete a prompt with the shared model, whole or streamed."""
+    """Complete a prompt with the shared model (or the tenant's adapter on the multi-LoRA
+    server), whole or streamed."""
     ask = await _parse(request)
+    if services.lora_upstream is not None:
+        return await _upstream(services.lora_upstream, principal.tenant, ask)
     try:
         runner = await run_in_threadpool(service.runner)
     except Exception as exc:
@@ -174,3 +217,50 @@ async def _stream(
                     }
                 )
     yield "data: [DONE]\n\n"
+
+
+async def _upstream(upstream: LoraUpstream, tenant: str, ask: CompletionBody) -> Response:
+    """The request answered by the multi-LoRA server, with the tenant's adapter named."""
+    try:
+        route, answer = await run_in_threadpool(
+            upstream.open_completion, tenant, ask.install_id, ask.upstream_payload()
+        )
+    except UpstreamUnavailable as exc:
+        raise HTTPException(503, detail=str(exc)) from None
+    headers = _route_headers(route)
+    if answer.status_code != 200 or not ask.stream:
+        try:
+            body = await run_in_threadpool(answer.read)
+        finally:
+            await run_in_threadpool(answer.close)
+        if answer.status_code != 200:
+            text = body.decode("utf-8", "replace")[:_UPSTREAM_ERROR_CHARS]
+            raise HTTPException(
+                502,
+                detail=f"the completion server answered HTTP {answer.status_code}: {text}",
+                headers=headers,
+            )
+        return Response(body, media_type="application/json", headers=headers)
+    return StreamingResponse(_relay(answer), media_type="text/event-stream", headers=headers)
+
+
+def _route_headers(route: UpstreamRoute) -> dict[str, str]:
+    headers = {MODEL_VERSION_HEADER: route.version, ARM_HEADER: route.arm}
+    if route.fallback is not None:
+        # One line of Latin-1, as header values must be: anything else in the reason is replaced.
+        reason = " ".join(route.fallback.split())
+        headers[FALLBACK_HEADER] = reason.encode("latin-1", "replace").decode("latin-1")
+    return headers
+
+
+async def _relay(answer: httpx.Response) -> AsyncIterator[bytes]:
+    """The upstream's server-sent events as they come; a break is told as an error event."""
+    try:
+        async for chunk in iterate_in_threadpool(answer.iter_raw()):
+            yield chunk
+    except httpx.HTTPError as exc:
+        failure = {"error": {"message": f"the completion server broke off: {exc}"}}
+        yield f"data: {json.dumps(failure)}\n\ndata: [DONE]\n\n".encode()
+    finally:
+        # Closing the upstream's stream makes it stop generating for a client that left.
+        await run_in_threadpool(answer.close)

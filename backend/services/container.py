@@ -26,6 +26,7 @@ from backend.ratelimit import (
 from backend.scheduler import ClusterTrainer
 from backend.services.completions import CompletionService, RunnerLoader
 from backend.services.ingest_stats import IngestRecorder
+from backend.services.lora_upstream import LoraUpstream
 from backend.services.served_adapters import ServedAdapters
 from backend.services.stats import StatsService
 from backend.services.stats_rollup import StatsRollup
@@ -67,6 +68,9 @@ class BackendServices:
     """Close the storage on stop (the app opened it)."""
     served_adapters: ServedAdapters = field(init=False)
     """The tenants' serving adapters, verified before `/v1/model` serves them."""
+    lora_upstream: LoraUpstream | None = field(init=False, default=None)
+    """The multi-LoRA server that serves completions with the tenants' adapters, when
+    `settings.lora_upstream.url` is set (`backend/services/lora_upstream.py`)."""
     training_lock: IO[bytes] | None = None
     """The lock file that makes this worker the training one, held open while it runs."""
     cluster: ClusterTrainer | None = None
@@ -80,6 +84,12 @@ class BackendServices:
 
     def __post_init__(self) -> None:
         self.served_adapters = ServedAdapters(self.cache_dir)
+        upstream = self.settings.lora_upstream
+        if upstream.enabled:
+            stage_dir = upstream.stage_dir or self.cache_dir / "lora-upstream"
+            self.lora_upstream = LoraUpstream(
+                upstream, self.served_adapters, stage_dir, self.metrics
+            )
 
     @classmethod
     def create(
@@ -188,6 +198,8 @@ class BackendServices:
         if isinstance(self.rate_limiter, SharedRateLimiter):
             self.rate_limiter.close()
         self.completions.close()
+        if self.lora_upstream is not None:
+            self.lora_upstream.close()
         try:
             self.ingest_stats.stop()
         except Exception:  # the database may already be gone; these are only statistics
