@@ -37,6 +37,13 @@ class CompletionSettings(BaseModel):
         description="Base URL of the OpenAI-compatible server used when `runner` is `http`.",
     )
     http_model: str = Field("", description="Model name sent to the HTTP server (`model`).")
+    http_adapter: str = Field(
+        "",
+        description="LoRA adapter name on the HTTP server (vLLM's `--lora-modules` or "
+        "`/v1/load_lora_adapter`), sent as `model` instead of `httpModel`; the base model "
+        "serves while the server does not know it. Empty: none (tabloop's backend picks the "
+        "tenant's adapter itself).",
+    )
     http_api_key: str = Field("", description="Bearer token for the HTTP server; empty sends none.")
     http_timeout_s: float = Field(
         10.0, gt=0, description="Overall time limit of one HTTP completion call, in seconds."

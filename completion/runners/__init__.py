@@ -35,6 +35,7 @@ def load_runner(
         return HttpRunner(
             settings.http_url,
             model=settings.http_model,
+            adapter=settings.http_adapter,
             api_key=settings.http_api_key,
             timeout_s=settings.http_timeout_s,
             family=family,

@@ -4,6 +4,11 @@ The FIM prompt is sent as a plain completion prompt with `stream: true`, so the 
 cancellation act on the text as it arrives: when either ends the suggestion, the stream is closed
 and the server stops generating for us. A watcher thread enforces the overall time limit and
 cancellation even while the server is silent, by closing the response under the reading thread.
+
+On a server that loads LoRA adapters by name (vLLM's `--lora-modules` or its dynamic loading), an
+`adapter` name is sent as `model` in place of the base model's. A server that answers 404 for it
+(not loaded there) gets the request again for the base model, and the log says so once, until
+the adapter serves again.
 """
 
 from __future__ import annotations
@@ -47,15 +52,19 @@ class HttpRunner:
         timeout_s: float = 10.0,
         family: str | None = None,
         logprobs: bool = True,
+        adapter: str = "",
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
+        self.adapter = adapter
+        self._adapter_missing = False
         self.timeout_s = timeout_s
         self.logprobs = logprobs
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(base_url=self.base_url, headers=headers, transport=transport)
-        self.model_id = f"{model or 'default'}@{urlsplit(self.base_url).netloc or self.base_url}"
+        weights = f"{model or 'default'}+{adapter}" if adapter else model or "default"
+        self.model_id = f"{weights}@{urlsplit(self.base_url).netloc or self.base_url}"
         self.family = family or _family_from_name(model)
         self._stop_sequences = list(template_for(self.family).stop_tokens[:MAX_STOP_SEQUENCES])
 
@@ -84,19 +93,46 @@ class HttpRunner:
             "stream": True,
             "stop": self._stop_sequences,
         }
-        if self.model:
-            payload["model"] = self.model
         if self.logprobs:
             payload["logprobs"] = 1
         started = time.perf_counter()
+        models = [self.adapter, self.model] if self.adapter and self.adapter != self.model else []
+        for model in models or [self.model]:
+            if model:
+                payload["model"] = model
+            else:
+                payload.pop("model", None)
+            if self._attempt(payload, result, stop, cancel, started, base=model == self.model):
+                break
+        return result
+
+    def _attempt(
+        self,
+        payload: dict[str, Any],
+        result: Generation,
+        stop: StopRule,
+        cancel: CancelToken,
+        started: float,
+        *,
+        base: bool,
+    ) -> bool:
+        """One request into `result`; False when the server does not know the adapter it names
+        (then the base model is asked)."""
         watch = _Watch(cancel, started + self.timeout_s)
+        left = max(started + self.timeout_s - time.perf_counter(), 0.001)
         try:
             with self._client.stream(
-                "POST", "/completions", json=payload, timeout=self.timeout_s
+                "POST", "/completions", json=payload, timeout=left
             ) as response:
                 watch.start(response)
+                if response.status_code == 404 and not base:
+                    self._missing_adapter(response)
+                    return False
                 if response.status_code != 200:
                     raise RunnerError(self._http_error(response))
+                if not base and self._adapter_missing:
+                    self._adapter_missing = False
+                    log.info("adapter %s serves again at %s", self.adapter, self.base_url)
                 self._consume(response, result, stop, cancel, watch, started)
         except RunnerError:
             raise
@@ -117,7 +153,19 @@ class HttpRunner:
                 ) from exc
         finally:
             watch.stop()
-        return result
+        return True
+
+    def _missing_adapter(self, response: httpx.Response) -> None:
+        if not self._adapter_missing:
+            body = response.read().decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
+            log.warning(
+                "the completion server at %s does not know adapter %s (HTTP 404: %s); the base "
+                "model serves until it does (completion.httpAdapter)",
+                self.base_url,
+                self.adapter,
+                body,
+            )
+        self._adapter_missing = True
 
     def _timeout(self, result: Generation) -> RunnerTimeout:
         return RunnerTimeout(

@@ -31,6 +31,7 @@ ENGINE_FIELDS = (
     "runner",
     "http_url",
     "http_model",
+    "http_adapter",
     "http_api_key",
     "engine",
     "dtype",
