@@ -28,11 +28,12 @@ import os
 import re
 import shutil
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from completion.adapters import AdapterError, verify_adapter
 from telemetry.events import BASE_MODEL_VERSION
@@ -144,55 +145,114 @@ def promotion_decision(evaluation: dict[str, Any], margin: float) -> tuple[bool,
     return True, f"edit similarity gain's 95% lower bound {low:+.4f} > {floor}"
 
 
-class AdapterRegistry:
-    """The versions of one scope's adapters."""
+class AdapterVersions(Protocol):
+    """What a registry of one scope's adapter versions offers, wherever its state is kept: a
+    workspace's (`AdapterRegistry`, a JSON file under a lock) or a backend tenant's
+    (`backend.adapters.registry.TenantAdapterRegistry`, in the database, its files in a blob
+    store). Both refuse and allow the same transitions (`RegistryTransitions`)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    @property
+    def root(self) -> Path:
+        """The scope's local directory: version directories the trainer and the evaluation
+        read, and the run in progress (`RUN_DIR`)."""
+        ...
 
-    @contextmanager
-    def _locked(self) -> Iterator[dict[str, Any]]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / ".lock").open("a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            state = self._read()
-            before = json.dumps(state, sort_keys=True)
-            yield state
-            if json.dumps(state, sort_keys=True) != before:
-                self._write(state)
+    def versions(self) -> list[AdapterVersion]: ...
 
+    def get(self, version: int) -> AdapterVersion: ...
+
+    def path(self, version: int) -> Path: ...
+
+    def serving(self) -> int | None: ...
+
+    def serving_path(self) -> Path | None: ...
+
+    def add(self, adapter: Path, base_model: str, train: dict[str, Any]) -> AdapterVersion: ...
+
+    def record_evaluation(self, version: int, evaluation: dict[str, Any]) -> None: ...
+
+    def canary(self) -> AdapterCanary | None: ...
+
+    def pending(self) -> list[int]: ...
+
+    def transitions(self) -> list[dict[str, Any]]: ...
+
+    def serving_for(self, key: str) -> int | None: ...
+
+    def promote(
+        self,
+        version: int,
+        *,
+        margin: float = DEFAULT_MARGIN,
+        force: bool = False,
+        canary_share: float = 0.0,
+        hold: bool = False,
+        actor: str = OPERATOR,
+    ) -> str: ...
+
+    def approve(self, version: int, *, canary_share: float = 0.0, actor: str = OPERATOR) -> str: ...
+
+    def finish_canary(
+        self,
+        *,
+        promote: bool,
+        version: int | None = None,
+        actor: str = OPERATOR,
+        reason: str = "",
+        figures: dict[str, Any] | None = None,
+    ) -> int | None: ...
+
+    def rollback(self, *, actor: str = OPERATOR, reason: str = "") -> int | None: ...
+
+
+def empty_state() -> dict[str, Any]:
+    """The state of a registry with no versions."""
+    return {
+        "versions": [],
+        "serving": None,
+        "history": [],
+        "canary": None,
+        "pending": [],
+        "log": [],
+    }
+
+
+class RegistryTransitions(ABC):
+    """The transitions of a registry's state (promote, canary, approve, rollback) and its reads,
+    on the state's dictionary form (the JSON file's, `empty_state`). Where the state is kept is
+    the subclass's: `_locked` yields it for a change and keeps what changed, `_read` reads it;
+    `_check_files` checks a version's files before it may serve."""
+
+    root: Path
+
+    @abstractmethod
+    def _locked(self) -> AbstractContextManager[dict[str, Any]]:
+        """The state, held against every other change until the block ends; what the block
+        changed is kept (a log entry appended to `log` is recorded)."""
+
+    @abstractmethod
     def _read(self) -> dict[str, Any]:
-        path = self.root / REGISTRY_FILE
-        if not path.is_file():
-            return {
-                "versions": [],
-                "serving": None,
-                "history": [],
-                "canary": None,
-                "pending": [],
-                "log": [],
-            }
-        try:
-            state = json.loads(path.read_text())
-        except ValueError as exc:
-            raise AdapterRegistryError(f"{path} is damaged: {exc}") from None
-        problem = _state_problem(state)
-        if problem:
-            raise AdapterRegistryError(f"{path} is not an adapter registry: {problem}")
-        state.setdefault("serving", None)
-        state.setdefault("history", [])
-        state.setdefault("canary", None)
-        state.setdefault("pending", [])
-        state.setdefault("log", [])
-        return state
+        """The state as it is now (read only)."""
 
-    def _write(self, state: dict[str, Any]) -> None:
-        path = self.root / REGISTRY_FILE
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        with temporary.open("rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
+    def _head(self) -> dict[str, Any]:
+        """At least `serving`, `canary` and `pending` of the state as it is now."""
+        return self._read()
+
+    @abstractmethod
+    def _check_files(self, state: dict[str, Any], version: int, base_model: str) -> None:
+        """`AdapterError` unless the files of `version` are intact and fit `base_model`."""
+
+    @abstractmethod
+    def _scope(self) -> str:
+        """The scope, as error messages name it."""
+
+    @abstractmethod
+    def path(self, version: int) -> Path:
+        """The directory of `version`'s adapter, its files checked."""
+
+    @abstractmethod
+    def add(self, adapter: Path, base_model: str, train: dict[str, Any]) -> AdapterVersion:
+        """A new candidate version holding a copy of `adapter` (which must verify)."""
 
     def versions(self) -> list[AdapterVersion]:
         return [AdapterVersion(**v) for v in self._read()["versions"]]
@@ -201,40 +261,16 @@ class AdapterRegistry:
         for item in self.versions():
             if item.version == version:
                 return item
-        raise AdapterRegistryError(f"no adapter version {version} in {self.root}")
-
-    def path(self, version: int) -> Path:
-        return self.root / self.get(version).name
+        raise AdapterRegistryError(f"no adapter version {version} in {self._scope()}")
 
     def serving(self) -> int | None:
-        value = self._read()["serving"]
+        value = self._head()["serving"]
         return int(value) if value is not None else None
 
     def serving_path(self) -> Path | None:
         """The directory of the serving version's adapter (None: the base model serves)."""
         version = self.serving()
         return None if version is None else self.path(version)
-
-    def add(self, adapter: Path, base_model: str, train: dict[str, Any]) -> AdapterVersion:
-        """A new candidate version holding a copy of `adapter` (which must verify)."""
-        try:
-            verify_adapter(adapter, base_model)
-        except AdapterError as exc:
-            raise AdapterRegistryError(str(exc)) from None
-        with self._locked() as state:
-            number = max((v["version"] for v in state["versions"]), default=0) + 1
-            record = AdapterVersion(number, time.time(), base_model, "candidate", train)
-            target = self.root / record.name
-            work = self.root / f".{record.name}.tmp"
-            shutil.rmtree(work, ignore_errors=True)
-            shutil.copytree(adapter, work)
-            manifest_path = work / "manifest.json"
-            manifest = json.loads(manifest_path.read_text())
-            manifest["version"] = record.name
-            manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-            os.replace(work, target)
-            state["versions"].append(asdict(record))
-        return record
 
     def record_evaluation(self, version: int, evaluation: dict[str, Any]) -> None:
         with self._locked() as state:
@@ -243,12 +279,12 @@ class AdapterRegistry:
 
     def canary(self) -> AdapterCanary | None:
         """The canary running, if any."""
-        value = self._read()["canary"]
+        value = self._head()["canary"]
         return AdapterCanary(**value) if value is not None else None
 
     def pending(self) -> list[int]:
         """Versions waiting for `approve`, oldest first."""
-        return list(self._read()["pending"])
+        return list(self._head()["pending"])
 
     def transitions(self) -> list[dict[str, Any]]:
         """The logged transitions, oldest first: `at` (time.time()), `action`, `version` (a
@@ -258,12 +294,7 @@ class AdapterRegistry:
     def serving_for(self, key: str) -> int | None:
         """The version the client `key` serves: the canary for its share of keys while one
         runs, else the serving version (None: the base model)."""
-        state = self._read()
-        canary = state["canary"]
-        if canary is not None and on_canary_arm(key, canary["version"], canary["share"]):
-            return int(canary["version"])
-        serving = state["serving"]
-        return int(serving) if serving is not None else None
+        return serving_in(self._head(), key)
 
     def promote(
         self,
@@ -293,7 +324,7 @@ class AdapterRegistry:
                     f"canary {running} is running: wait for its verdict, or roll it back"
                 )
             try:
-                verify_adapter(self.root / f"v{version:04d}", entry["base_model"])
+                self._check_files(state, version, entry["base_model"])
             except AdapterError as exc:
                 raise AdapterRegistryError(f"refusing a damaged adapter: {exc}") from None
             reason, refusal = "forced", ""
@@ -460,6 +491,88 @@ class AdapterRegistry:
                 assert isinstance(entry, dict)
                 return entry
         raise AdapterRegistryError(f"no adapter version {version}")
+
+
+def serving_in(state: dict[str, Any], key: str) -> int | None:
+    """The version the client `key` serves in `state` (`AdapterVersions.serving_for`)."""
+    canary = state["canary"]
+    if canary is not None and on_canary_arm(key, canary["version"], canary["share"]):
+        return int(canary["version"])
+    serving = state["serving"]
+    return int(serving) if serving is not None else None
+
+
+class AdapterRegistry(RegistryTransitions):
+    """The versions of one scope's adapters, in a JSON file under a file lock in `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / ".lock").open("a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state = self._read()
+            before = json.dumps(state, sort_keys=True)
+            yield state
+            if json.dumps(state, sort_keys=True) != before:
+                self._write(state)
+
+    def _read(self) -> dict[str, Any]:
+        path = self.root / REGISTRY_FILE
+        if not path.is_file():
+            return empty_state()
+        try:
+            state = json.loads(path.read_text())
+        except ValueError as exc:
+            raise AdapterRegistryError(f"{path} is damaged: {exc}") from None
+        problem = _state_problem(state)
+        if problem:
+            raise AdapterRegistryError(f"{path} is not an adapter registry: {problem}")
+        state.setdefault("serving", None)
+        state.setdefault("history", [])
+        state.setdefault("canary", None)
+        state.setdefault("pending", [])
+        state.setdefault("log", [])
+        return state
+
+    def _write(self, state: dict[str, Any]) -> None:
+        path = self.root / REGISTRY_FILE
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        with temporary.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+
+    def _scope(self) -> str:
+        return str(self.root)
+
+    def _check_files(self, state: dict[str, Any], version: int, base_model: str) -> None:
+        verify_adapter(self.root / f"v{version:04d}", base_model)
+
+    def path(self, version: int) -> Path:
+        return self.root / self.get(version).name
+
+    def add(self, adapter: Path, base_model: str, train: dict[str, Any]) -> AdapterVersion:
+        try:
+            verify_adapter(adapter, base_model)
+        except AdapterError as exc:
+            raise AdapterRegistryError(str(exc)) from None
+        with self._locked() as state:
+            number = max((v["version"] for v in state["versions"]), default=0) + 1
+            record = AdapterVersion(number, time.time(), base_model, "candidate", train)
+            target = self.root / record.name
+            work = self.root / f".{record.name}.tmp"
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.copytree(adapter, work)
+            manifest_path = work / "manifest.json"
+            manifest = json.loads(manifest_path.read_text())
+            manifest["version"] = record.name
+            manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            os.replace(work, target)
+            state["versions"].append(asdict(record))
+        return record
 
 
 _VERSION_FIELDS = {f.name for f in fields(AdapterVersion)}
