@@ -99,7 +99,8 @@ class LoraUpstreamSettings(BaseModel):
     retire_after_s: float = Field(
         600.0,
         ge=0,
-        description="An adapter name no request was routed to for this long is unloaded there.",
+        description="An adapter name no request was routed to for this long is unloaded there "
+        "(0: never).",
     )
 
     @property

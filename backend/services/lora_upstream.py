@@ -28,7 +28,7 @@ arm), makes sure it is loaded there and answers the name to send as `model`.
   tried again after `retry_s`.
 - **Retiring.** A name no request has been routed to for `retire_after_s` (the version before a
   promotion, a canary rolled back) is unloaded (`POST <url>/unload_lora_adapter`), checked on each
-  route; a name in use keeps serving requests in flight.
+  route; a name in use keeps serving requests in flight (0: never unloaded).
 """
 
 from __future__ import annotations
@@ -310,6 +310,8 @@ class LoraUpstream:
         return UpstreamRoute(self.settings.base_model, BASE_MODEL_VERSION, arm, why)
 
     def _retire(self) -> None:
+        if self.settings.retire_after_s <= 0:
+            return  # never unloaded by this backend
         cutoff = self._clock() - self.settings.retire_after_s
         with self._lock:
             idle = [name for name, seen in self._loaded.items() if seen.last_routed < cutoff]
