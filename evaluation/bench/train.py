@@ -14,7 +14,10 @@ maps the model's file, whose pages count as resident while it is read. `today` i
 first built (float32 base, no autocast, logits for the batch's last positions, no activation
 checkpointing); `autocast` adds bfloat16 autocast and the head at the middle's positions, `bf16`
 a bfloat16 base too, `default` is `TrainSettings()` (float32, the head at the middle's positions,
-activation checkpointing), `kl` adds the KL anchor.
+no activation checkpointing), `middle_only` the same spelt out, `no_dropout` without the LoRA's
+dropout, `default_no_dropout` with activation checkpointing and without dropout, `kl` adds the KL
+anchor. `--micro-batch N` fixes the micro-batch of every configuration (0: as the trainer sizes
+it).
 
     tabloop bench train [--samples 16] [--configs today,autocast,bf16,default] [--threads 2]
                         [--corpus email] [--model bundled] [--json]
@@ -45,6 +48,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "autocast": {"autocast": True, "checkpointing": False},
     "bf16": {"base_dtype": "bfloat16", "autocast": True, "checkpointing": False},
     "default": {},
+    "middle_only": {"checkpointing": False},
+    "no_dropout": {"checkpointing": False, "lora_dropout": 0.0},
+    "default_no_dropout": {"lora_dropout": 0.0},
     "kl": {"kl_weight": 0.1},
 }
 DEFAULT_CONFIGS = "today,autocast,bf16,default"
@@ -52,18 +58,23 @@ DEFAULT_CONFIGS = "today,autocast,bf16,default"
 
 def settings_of(name: str, args: argparse.Namespace) -> Any:
     """The `TrainSettings` of configuration `name` (the shared choices from `args`)."""
+    from training.lora import LoraShape
     from training.trainer import TrainSettings
 
     if name not in CONFIGS:
         raise SystemExit(
             f"tabloop bench train: unknown configuration {name!r}: {', '.join(CONFIGS)}"
         )
+    config = dict(CONFIGS[name])
+    if "lora_dropout" in config:
+        config["lora"] = LoraShape(dropout=config.pop("lora_dropout"))
     return TrainSettings(
         seed=args.seed,
         effective_batch=args.effective_batch,
+        micro_batch=args.micro_batch,
         max_prompt_tokens=args.max_prompt_tokens,
         checkpoint_every=10_000,
-        **CONFIGS[name],
+        **config,
     )
 
 
@@ -178,7 +189,7 @@ def _run_child(args: argparse.Namespace, name: str) -> dict[str, Any]:
         sys.executable, "-m", "evaluation.bench.train", "--child", name,
         "--model", args.model, "--cache-dir", args.cache_dir, "--threads", str(args.threads),
         "--samples", str(args.samples), "--corpus", args.corpus, "--seed", str(args.seed),
-        "--effective-batch", str(args.effective_batch),
+        "--effective-batch", str(args.effective_batch), "--micro-batch", str(args.micro_batch),
         "--max-prompt-tokens", str(args.max_prompt_tokens),
     ]  # fmt: skip
     print(f"bench train: {name}...", file=sys.stderr, flush=True)
@@ -197,6 +208,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--corpus", default="email", help="a directory or a stdlib package")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--effective-batch", type=int, default=8)
+    parser.add_argument(
+        "--micro-batch", type=int, default=0, help="examples per forward pass (0: from free memory)"
+    )
     parser.add_argument("--max-prompt-tokens", type=int, default=384)
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")

@@ -14,7 +14,7 @@ import torch
 from completion.fim import template_for
 from training.examples import FimExample
 from training.lora import LoraShape
-from training.memory import bytes_per_example
+from training.memory import bytes_per_example, size_micro_batch
 from training.objective import ReferenceModel, middle_logits, pack, per_row_mean
 from training.trainer import Trainer, TrainSettings, _Encoded, encode
 from training.workspace import load_trainable
@@ -225,23 +225,31 @@ def test_the_micro_batch_is_sized_from_the_settings_memory(
     sized = replace(EXACT, micro_batch=0, effective_batch=8)
     trainable = load_trainable(str(tiny_model_path), tmp_path, sized)
     sequence = sized.max_prompt_tokens + sized.max_middle_tokens + 8
-    cheapest = bytes_per_example(
-        trainable.model.config,
-        sequence,
-        sized.max_middle_tokens + 1,
-        element_bytes=3,
-        checkpointing=True,
-    )
+    config = trainable.model.config
+
+    def estimate(settings: TrainSettings) -> int:
+        return bytes_per_example(
+            config,
+            sequence,
+            settings.max_middle_tokens + 1,
+            element_bytes=3 if settings.low_precision else 4,
+            checkpointing=settings.checkpointing,
+        )
+
     # A third of the free memory holds eight examples of the cheapest estimate.
-    monkeypatch.setattr("training.trainer.available_memory_bytes", lambda device: 3 * 8 * cheapest)
+    free = 3 * 8 * estimate(replace(sized, checkpointing=True, autocast=True))
+    monkeypatch.setattr("training.trainer.available_memory_bytes", lambda device: free)
 
-    def micro_batch(settings: TrainSettings) -> int:
-        return Trainer(
-            trainable.model, trainable.tokenizer, template_for(trainable.family),
-            trainable.base_model_id, settings, tmp_path / "run", device="cpu",
-        ).micro_batch  # fmt: skip
+    def on_gpu(settings: TrainSettings) -> int:
+        return size_micro_batch(settings.effective_batch, "cuda", free, estimate(settings))
 
-    assert micro_batch(sized) == 2  # float32, every activation kept: three fit, two divide 8
-    assert micro_batch(replace(sized, checkpointing=True)) == 4
-    assert micro_batch(replace(sized, checkpointing=True, base_dtype="bfloat16")) == 8
-    assert micro_batch(replace(sized, checkpointing=True, autocast=True)) == 8
+    assert on_gpu(sized) == 2  # float32, every activation kept: three fit, two divide 8
+    assert on_gpu(replace(sized, checkpointing=True)) == 4
+    assert on_gpu(replace(sized, checkpointing=True, base_dtype="bfloat16")) == 8
+    assert on_gpu(replace(sized, checkpointing=True, autocast=True)) == 8
+    # The trainer on a CPU takes one example a pass, whatever the memory.
+    trainer = Trainer(
+        trainable.model, trainable.tokenizer, template_for(trainable.family),
+        trainable.base_model_id, sized, tmp_path / "run", device="cpu",
+    )  # fmt: skip
+    assert trainer.micro_batch == 1 and trainer.accumulation == 8

@@ -70,7 +70,9 @@ def test_budget_needs_a_limit_and_ends_at_the_first() -> None:
 def test_micro_batch_divides_the_effective_batch(
     free: int, per_example: int, expected: int
 ) -> None:
-    assert size_micro_batch(8, free, per_example) == expected
+    assert size_micro_batch(8, "cuda", free, per_example) == expected
+    # On a CPU one example a pass, however much memory is free.
+    assert size_micro_batch(8, "cpu", free, per_example) == 1
 
 
 def _ex(name: str) -> FimExample:
@@ -188,7 +190,8 @@ def test_a_run_resumes_across_activation_checkpointing_but_not_across_the_math(
     without it; the base model's dtype, autocast, the head's positions and the KL anchor change
     what is computed, so a checkpoint made with other values of them is refused."""
     work = tmp_path / "run"
-    first = _train(workspace, tiny_model_path, tmp_path, work, 4)
+    checkpointed = replace(SMALL, checkpointing=True)
+    first = _train(workspace, tiny_model_path, tmp_path, work, 4, checkpointed)
     assert first.settings is not None and first.settings["checkpointing"] is True
     assert first.settings["middle_only"] is True
     resumed = _train(
