@@ -168,19 +168,18 @@ class LoraUpstream:
         404 sends it to the base model, and the route says why. `UpstreamUnavailable` when the
         upstream cannot be reached."""
         route = self.route(tenant, client)
-        response = self._send(route, payload)
-        if response.status_code == 404 and route.adapter:
+        for attempt in range(2):
+            response = self._send(route, payload)
+            if response.status_code != 404 or not route.adapter:
+                return route, response
             response.close()
             self.forget(route.model)
-            route = self.route(tenant, client)
-            response = self._send(route, payload)
-            if response.status_code == 404 and route.adapter:
-                response.close()
-                self.forget(route.model)
+            if attempt == 0:
+                route = self.route(tenant, client)
+            else:
                 why = f"the adapter server does not know {route.version} right after loading it"
                 route = self.fall_back(tenant, "not_found", why, arm=route.arm)
-                response = self._send(route, payload)
-        return route, response
+        return route, self._send(route, payload)
 
     def _send(self, route: UpstreamRoute, payload: dict[str, Any]) -> httpx.Response:
         body = {**payload, "model": route.model} if route.model else dict(payload)
@@ -213,24 +212,13 @@ class LoraUpstream:
     # --- loading ---
 
     def _ensure(self, tenant: str, name: str, served: ServedAdapter) -> None:
-        now = self._clock()
+        if self._ready(name):
+            return
         with self._lock:
-            loaded = self._loaded.get(name)
-            if loaded is not None:
-                loaded.last_routed = now
-                return
-            failed = self._failed.get(name)
-            if failed is not None and now < failed[0]:
-                raise UpstreamLoadError(failed[1])
             gate = self._loading.setdefault(name, threading.Lock())
         with gate:  # one load per name; the others wait for it and find it done
-            with self._lock:
-                if name in self._loaded:
-                    self._loaded[name].last_routed = self._clock()
-                    return
-                failed = self._failed.get(name)
-                if failed is not None and self._clock() < failed[0]:
-                    raise UpstreamLoadError(failed[1])
+            if self._ready(name):
+                return
             try:
                 self._load(name, served)
             except UpstreamLoadError as exc:
@@ -243,6 +231,20 @@ class LoraUpstream:
                 self._loaded[name] = _Loaded(tenant, self._clock())
             self.metrics.inc(LOADS_METRIC, result="loaded")
             log.info("tenant %s: adapter %s loaded upstream as %s", tenant, served.name, name)
+
+    def _ready(self, name: str) -> bool:
+        """Whether `name` is loaded (then it was routed to now); `UpstreamLoadError` while a
+        failed load waits for `retry_s`."""
+        now = self._clock()
+        with self._lock:
+            loaded = self._loaded.get(name)
+            if loaded is not None:
+                loaded.last_routed = now
+                return True
+            failed = self._failed.get(name)
+        if failed is not None and now < failed[0]:
+            raise UpstreamLoadError(failed[1])
+        return False
 
     def _load(self, name: str, served: ServedAdapter) -> None:
         self._stage(name, served)
