@@ -256,7 +256,7 @@ def _route_headers(route: UpstreamRoute) -> dict[str, str]:
 async def _relay(answer: httpx.Response) -> AsyncIterator[bytes]:
     """The upstream's server-sent events as they come; a break is told as an error event."""
     try:
-        async for chunk in iterate_in_threadpool(answer.iter_raw()):
+        async for chunk in iterate_in_threadpool(answer.iter_bytes()):
             yield chunk
     except httpx.HTTPError as exc:
         failure = {"error": {"message": f"the completion server broke off: {exc}"}}
