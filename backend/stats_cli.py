@@ -29,7 +29,6 @@ from backend.policy.registry import PolicyRegistry
 from backend.services.stats import DIMENSIONS, WINDOWS, StatsService
 from backend.services.stats_rollup import StatsRollup
 from backend.storage import Storage, default_db_url
-from common.config import configured_cache_dir
 
 
 def _pct(value: float | None) -> str:
@@ -135,9 +134,7 @@ def stats_main(argv: list[str]) -> int:
     storage = _open(args.db or default_db_url())
     try:
         tenant_id, name = _tenant(storage, args.tenant)
-        stats = StatsService(
-            storage, PolicyRegistry(storage), StatsRollup(storage), configured_cache_dir()
-        )
+        stats = StatsService(storage, PolicyRegistry(storage), StatsRollup(storage))
         doc = {"tenant": name, **stats.overview(tenant_id, args.window)}
         if args.by:
             doc["split"] = {"tenant": name, **stats.split(tenant_id, args.window, args.by)}

@@ -6,10 +6,10 @@ tabloop train model [--workspace DIR | --tenant T --db URL]
                     [--base-dtype bfloat16] [--[no-]autocast] [--[no-]middle-only]
                     [--[no-]checkpointing] [--kl-weight 0] [--kl-reference start|base]
                     [--objective fim|kto]
-tabloop model list [--workspace DIR | --tenant T] [--json]
-tabloop model promote V [--force] [--margin M] [--canary-share S] [--workspace DIR | --tenant T]
-tabloop model approve V [--canary-share S] [--workspace DIR | --tenant T]
-tabloop model rollback [--workspace DIR | --tenant T]
+tabloop model list [--workspace DIR | --tenant T [--db URL] [--blob-url URL]] [--json]
+tabloop model promote V [--force] [--margin M] [--canary-share S] [--workspace DIR | --tenant T …]
+tabloop model approve V [--canary-share S] [--workspace DIR | --tenant T …]
+tabloop model rollback [--workspace DIR | --tenant T …]
 tabloop model evaluate V [--n 50] [--workspace DIR]
 
 A workspace's run lives in its adapter directory under the cache (`runs/current`): killed, it
@@ -28,8 +28,9 @@ either is then promoted or rolled back by itself. `--canary-share 0` serves it a
 during a canary rolls the canary back.
 
 With `--tenant T --db URL` the adapter is a backend tenant's, trained from the tenant's events
-that carry text (telemetry level `full`; `backend/adapters/`) and kept in the tenant's registry
-under the cache directory.
+that carry text (telemetry level `full`; `backend/adapters/`) and kept in the tenant's registry in
+the backend's database, its files in the backend's blob store (`--blob-url`, default the
+backend's `adapters.blob_url` setting, else `adapter-blobs` in the cache directory).
 """
 
 from __future__ import annotations
@@ -50,7 +51,13 @@ from training.canary import ModelCanarySettings
 from training.examples import split_files, workspace_files
 from training.feedback import FEEDBACK_FILE, FeedbackStore
 from training.local_canary import LOCAL_CANARY
-from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
+from training.registry import (
+    RUN_DIR,
+    AdapterRegistry,
+    AdapterRegistryError,
+    AdapterVersions,
+    scope_dir,
+)
 from training.trainer import Progress, TrainSettings
 from training.window import DEFAULT_HELD_OUT_SHARE, DEFAULT_REPLAY_SHARE, WindowSettings
 
@@ -59,7 +66,22 @@ def _scope(parser: argparse.ArgumentParser, tenant: bool = True) -> None:
     parser.add_argument("--workspace", help="workspace root (default: the current directory)")
     if tenant:
         parser.add_argument("--tenant", help="a backend tenant's adapters instead of a workspace's")
+        parser.add_argument("--db", help="tenant: the backend's database URL")
+        parser.add_argument(
+            "--blob-url",
+            help="tenant: where the backend stores adapter files (default: its "
+            "adapters.blob_url setting, TABLOOP_BACKEND_ADAPTERS__BLOB_URL)",
+        )
     parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _blob_url(args: argparse.Namespace) -> str | None:
+    """The backend's blob store of adapter files: `--blob-url`, else its setting."""
+    if args.blob_url:
+        return str(args.blob_url)
+    from backend.settings import BackendSettings
+
+    return BackendSettings().adapters.blob_url
 
 
 def _resolved(args: argparse.Namespace) -> tuple[Path, config.Settings, Path]:
@@ -68,16 +90,21 @@ def _resolved(args: argparse.Namespace) -> tuple[Path, config.Settings, Path]:
     return workspace, settings, settings.cache_path()
 
 
-def _registry(args: argparse.Namespace) -> AdapterRegistry:
+def _registry(args: argparse.Namespace) -> AdapterVersions:
     if getattr(args, "tenant", None):
         if args.workspace:
             raise SystemExit("tabloop model: --workspace or --tenant, not both")
+        from backend.adapters.run import tenant_registry
+        from backend.storage import Storage, default_db_url
         from common.config import configured_cache_dir
 
+        storage = Storage(args.db or default_db_url())
         try:
-            return AdapterRegistry(scope_dir(configured_cache_dir(), tenant=args.tenant))
+            return tenant_registry(storage, configured_cache_dir(), args.tenant, _blob_url(args))
         except ValueError as exc:
             raise SystemExit(f"tabloop model: {exc}") from None
+    if getattr(args, "db", None) or getattr(args, "blob_url", None):
+        raise SystemExit("tabloop model: --db and --blob-url go with --tenant")
     workspace, _settings, cache_dir = _resolved(args)
     return AdapterRegistry(scope_dir(cache_dir, workspace=workspace))
 
@@ -226,7 +253,6 @@ def train_model_main(argv: list[str]) -> int:
         help="append each step, and the turn to judging, to this file as a JSON object a line "
         "(what the language server's background runs read)",
     )
-    parser.add_argument("--db", help="tenant: the backend's database URL")
     parser.add_argument(
         "--min-examples",
         type=int,
@@ -244,8 +270,8 @@ def train_model_main(argv: list[str]) -> int:
         parser.error("--objective kto trains a workspace's adapter; a tenant's uses fim")
     if args.tenant:
         return _train_tenant(args, parser, budget, train_settings, window)
-    if args.db:
-        parser.error("--db goes with --tenant")
+    if args.db or args.blob_url:
+        parser.error("--db and --blob-url go with --tenant")
     from training.workspace import train_workspace
 
     workspace, settings, cache_dir = _resolved(args)
@@ -351,6 +377,7 @@ def _train_tenant(
         fresh=args.fresh,
         device=args.device,
         window=window,
+        blob_url=_blob_url(args),
     )
     storage = Storage(args.db or default_db_url())
     bar = _Bar(enabled=not args.json)
@@ -369,7 +396,7 @@ def _train_tenant(
 
 
 def _evaluate(
-    registry: AdapterRegistry,
+    registry: AdapterVersions,
     version: int,
     workspace: Path,
     held_out: list[str],

@@ -49,7 +49,8 @@ class BlobStore:
         self.fs: Any = fs
         self.root = str(root).rstrip("/")
 
-    def _name(self, checksum: str) -> str:
+    def location(self, checksum: str) -> str:
+        """Where blob `checksum` is in the store (a path of `fs`)."""
         if not _CHECKSUM.fullmatch(checksum):
             raise BlobError(f"not a blob name: {checksum!r}")
         return f"{self.root}/sha256/{checksum[:2]}/{checksum}"
@@ -86,7 +87,7 @@ class BlobStore:
         return checksum
 
     def _commit(self, temporary: str, checksum: str) -> None:
-        name = self._name(checksum)
+        name = self.location(checksum)
         self.fs.makedirs(name.rsplit("/", 1)[0], exist_ok=True)
         self.fs.mv(temporary, name)
 
@@ -100,7 +101,7 @@ class BlobStore:
     def fetch(self, checksum: str, target: Path) -> None:
         """Copy blob `checksum` to the local file `target`, checked on the way: `BlobError` when
         it is missing or its bytes do not hash to its name (then `target` is left as it was)."""
-        name = self._name(checksum)
+        name = self.location(checksum)
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
         digest = hashlib.sha256()
@@ -124,7 +125,7 @@ class BlobStore:
     def read(self, checksum: str) -> bytes:
         """The bytes of blob `checksum`, checked (`BlobError` as for `fetch`)."""
         try:
-            data: bytes = self.fs.cat_file(self._name(checksum))
+            data: bytes = self.fs.cat_file(self.location(checksum))
         except FileNotFoundError:
             raise BlobError(f"blob {checksum} is missing from the adapter store") from None
         if hashlib.sha256(data).hexdigest() != checksum:

@@ -1,7 +1,7 @@
 """Judging a tenant's adapter canary on its live decisions, and releasing a promoted version.
 
 A tenant's promoted adapter version serves a share of the tenant's installations first
-(`training.registry.AdapterRegistry.serving_for`: `GET /v1/model` answers each client the
+(`backend.adapters.registry`, `serving_for`: `GET /v1/model` answers each client the
 version of its arm). Every decision event carries the model version that produced it
 (`model_version`), so the canary's decisions and those of the version serving beside it are told
 apart. Each arm's decisions since the canary started are rewarded exactly as the policy trainer
@@ -29,11 +29,7 @@ from backend.policy.dataset import load_logged
 from backend.policy.settings import TrainerSettings
 from backend.storage import Storage
 from training.canary import ModelCanarySettings, judge_arms, verdict_reason
-from training.registry import (
-    REGISTRY_FILE,
-    AdapterRegistryError,
-    version_label,
-)
+from training.registry import AdapterRegistryError, version_label
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +45,14 @@ def settle_model_canary(
     trainer: TrainerSettings,
     *,
     now: datetime | None = None,
+    blob_url: str | None = None,
 ) -> dict[str, Any] | None:
     """Judge the tenant's running adapter canary and apply the verdict; None when none runs.
 
     Returns the verdict's figures with `outcome` and `version`."""
     try:
-        registry = tenant_registry(cache_dir, tenant)
+        registry = tenant_registry(storage, cache_dir, tenant, blob_url, tenant_id=tenant_id)
     except ValueError:  # a name that cannot name an adapter directory has no adapters
-        return None
-    if not (registry.root / REGISTRY_FILE).is_file():
         return None
     canary = registry.canary()
     if canary is None:
@@ -110,16 +105,24 @@ class ModelCanaryJudge:
         cache_dir: Path,
         settings: ModelCanarySettings,
         trainer: TrainerSettings,
+        blob_url: str | None = None,
     ) -> None:
         self.storage = storage
         self.cache_dir = cache_dir
         self.settings = settings
         self.trainer = trainer
+        self.blob_url = blob_url
 
     def __call__(self, tenant_id: int) -> dict[str, Any] | None:
         name = dict(self.storage.tenants()).get(tenant_id)
         if name is None:
             return None
         return settle_model_canary(
-            self.storage, tenant_id, name, self.cache_dir, self.settings, self.trainer
+            self.storage,
+            tenant_id,
+            name,
+            self.cache_dir,
+            self.settings,
+            self.trainer,
+            blob_url=self.blob_url,
         )

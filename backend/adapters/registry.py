@@ -277,12 +277,24 @@ class TenantAdapterRegistry(RegistryTransitions):
         target = self.root / version_label(version)
         if _matches(target, files):
             return target
-        self.root.mkdir(parents=True, exist_ok=True)
-        work = self.root / f".{target.name}.{uuid.uuid4().hex}.tmp"
-        old = self.root / f".{target.name}.{uuid.uuid4().hex}.old"
+        work = self._work_dir(target)
         try:
             for name, checksum in files.items():
                 self.blobs.fetch(checksum, work / name)
+            self._install(work, target, files)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return target
+
+    def _work_dir(self, target: Path) -> Path:
+        work = self.root / f".{target.name}.{uuid.uuid4().hex}.tmp"
+        work.mkdir(parents=True)
+        return work
+
+    def _install(self, work: Path, target: Path, files: dict[str, str]) -> None:
+        """Put the complete copy `work` in place of `target`'s."""
+        old = self.root / f".{target.name}.{uuid.uuid4().hex}.old"
+        try:
             if target.exists():
                 os.rename(target, old)
             try:
@@ -291,9 +303,7 @@ class TenantAdapterRegistry(RegistryTransitions):
                 if not _matches(target, files):
                     raise
         finally:
-            shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(old, ignore_errors=True)
-        return target
 
     def add(self, adapter: Path, base_model: str, train: dict[str, Any]) -> AdapterVersion:
         """A new candidate version: `adapter`'s files (which must verify) stored as blobs, its
@@ -323,6 +333,16 @@ class TenantAdapterRegistry(RegistryTransitions):
             files[MANIFEST] = self.blobs.put_bytes(data)
             session.add(_version_row(self.tenant_id, asdict(record), files))
             session.commit()
+        # This instance's copy, from the files at hand (no fetch back from the store).
+        target = self.root / record.name
+        work = self._work_dir(target)
+        try:
+            for name in ADAPTER_FILES:
+                shutil.copyfile(adapter / name, work / name)
+            (work / MANIFEST).write_bytes(data)
+            self._install(work, target, files)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
         return record
 
     # -- a file registry from before ----------------------------------------------------------

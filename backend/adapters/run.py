@@ -1,6 +1,8 @@
 """One adapter training run for a tenant: its examples, the trainer, evaluation, the registry.
 
-The run lives in the tenant's adapter directory (`scope_dir(cache, tenant=T)/runs/current`):
+The tenant's versions are in the database, their files in the blob store
+(`backend.adapters.registry`); the run lives in the tenant's local directory under this
+machine's cache directory (`scope_dir(cache, tenant=T)/runs/current`):
 the newest event row it reads, the serving version's mark and the version it warm-starts from
 are fixed when it first starts (`training.workspace.RunPlan`; `events-upto` beside it tells the
 scheduler a run is under way), and its checkpoints are written there, so a run killed at any
@@ -23,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from backend.adapters.dataset import TenantExamples, newest_event_row
+from backend.adapters.registry import TenantAdapterRegistry, TenantAdapters
 from backend.storage import Storage
 from training.budget import Budget
-from training.registry import RUN_DIR, AdapterRegistry, AdapterRegistryError, scope_dir
+from training.registry import RUN_DIR, AdapterRegistryError, AdapterVersions
 from training.trainer import Progress, TrainSettings
-from training.window import WindowSettings
-from training.workspace import RunPlan
+from training.window import WindowSettings, mark_of
+from training.workspace import RunPlan, WarmStart
 
 MARK_FILE = "events-upto"
 TRAINER = "trainer"
@@ -56,21 +59,50 @@ class TenantRunOptions:
     window: WindowSettings = field(default_factory=WindowSettings)
     canary_share: float = 0.0
     """A promoted version serves this share of the tenant's clients first (0: all at once)."""
+    blob_url: str | None = None
+    """Where the adapter files are stored (`backend.adapters.blobs`; None: under the cache)."""
 
 
-def tenant_registry(cache_dir: Path, tenant: str) -> AdapterRegistry:
-    """The registry of tenant `tenant`'s adapters (ValueError for a name no tenant may have)."""
-    return AdapterRegistry(scope_dir(cache_dir, tenant=tenant))
+def tenant_registry(
+    storage: Storage,
+    cache_dir: Path,
+    tenant: str,
+    blob_url: str | None = None,
+    *,
+    tenant_id: int | None = None,
+) -> TenantAdapterRegistry:
+    """The registry of tenant `tenant`'s adapters, its files at `blob_url` (None: the store
+    under `cache_dir`); ValueError for an unknown tenant or a name no tenant directory may
+    have."""
+    return TenantAdapters.open(storage, cache_dir, blob_url).registry(tenant, tenant_id)
 
 
-def last_trained_event(registry: AdapterRegistry) -> int:
+def new_plan(registry: AdapterVersions, upto: int) -> RunPlan:
+    """A run's plan (`training.workspace.RunPlan.new`) on a registry of either kind."""
+    serving = registry.serving()
+    if serving is None:
+        return RunPlan(upto, None, None)
+    return RunPlan(upto, mark_of(registry.get(serving).train), serving)
+
+
+def warm_source(plan: RunPlan, registry: AdapterVersions) -> tuple[int, Path] | WarmStart:
+    """The adapter a run starts from, or why it starts fresh (`RunPlan.warm_source`)."""
+    if plan.serving is None:
+        return WarmStart(None, "no adapter serves: the base model")
+    try:
+        return plan.serving, registry.path(plan.serving)
+    except AdapterRegistryError as exc:
+        return WarmStart(None, str(exc))
+
+
+def last_trained_event(registry: AdapterVersions) -> int:
     """The newest event row the tenant's newest adapter version was trained up to (0: none)."""
     marks = [int(v.train.get("through_event_id", 0) or 0) for v in registry.versions()]
     return max(marks, default=0)
 
 
 def release_version(
-    registry: AdapterRegistry,
+    registry: AdapterVersions,
     storage: Storage,
     tenant_id: int,
     version: int,
@@ -108,12 +140,12 @@ def train_tenant(
     tenant_id = storage.tenant_id(tenant)
     if tenant_id is None:
         raise TenantTrainingError(f"unknown tenant {tenant!r}")
-    registry = tenant_registry(cache_dir, tenant)
+    registry = tenant_registry(storage, cache_dir, tenant, options.blob_url, tenant_id=tenant_id)
     run_dir = registry.root / RUN_DIR
     if options.fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
     try:
-        plan = RunPlan.load(run_dir) or RunPlan.new(registry, newest_event_row(storage, tenant_id))
+        plan = RunPlan.load(run_dir) or new_plan(registry, newest_event_row(storage, tenant_id))
     except ValueError as exc:  # a damaged plan: the message says to start afresh
         raise TenantTrainingError(f"tenant {tenant!r}: {exc}") from None
     upto = plan.upto
@@ -139,7 +171,7 @@ def train_tenant(
     from training.workspace import load_trainable
 
     trainable = load_trainable(
-        options.model, cache_dir, options.settings, plan.warm_source(registry)
+        options.model, cache_dir, options.settings, warm_source(plan, registry)
     )
     trainer = Trainer(
         trainable.model,
@@ -197,7 +229,7 @@ def train_tenant(
 
 
 def evaluate_on_events(
-    registry: AdapterRegistry,
+    registry: AdapterVersions,
     version: int,
     model: str,
     cache_dir: Path,

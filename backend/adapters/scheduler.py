@@ -93,6 +93,12 @@ class AdapterSchedule(BaseModel):
         default_factory=lambda: ModelCanarySettings.model_validate({}),
         description="How a promoted version is canaried and judged (`backend.adapters.canary`).",
     )
+    blob_url: str | None = Field(
+        None,
+        description="Where the adapter files are stored, as blobs named by their SHA-256: a "
+        "directory or any fsspec URL (`s3://bucket/prefix`); every instance on one database "
+        "must name the same store. None: `adapter-blobs` in the cache directory.",
+    )
 
     @field_validator("every_s", mode="before")
     @classmethod
@@ -102,9 +108,10 @@ class AdapterSchedule(BaseModel):
         return value
 
     @classmethod
-    def off(cls) -> AdapterSchedule:
-        """The schedule turned off (a backend that must not train the model)."""
-        return cls.model_validate({"every_s": 0})
+    def off(cls, blob_url: str | None = None) -> AdapterSchedule:
+        """The schedule turned off (a backend that must not train the model); its versions'
+        files at `blob_url`."""
+        return cls.model_validate({"every_s": 0, "blob_url": blob_url})
 
     @property
     def enabled(self) -> bool:
@@ -120,6 +127,7 @@ class AdapterSchedule(BaseModel):
             promote=self.promote,
             device=self.device,
             canary_share=self.canary.share,
+            blob_url=self.blob_url,
         )
 
 
@@ -153,7 +161,7 @@ def check_tenant(
     cluster's scheduler passes `resume=False`: there a run in progress on another machine leaves
     its mark too, and a dead one's job is claimed again anyway. ValueError for a tenant name
     that cannot name an adapter directory."""
-    registry = tenant_registry(cache_dir, tenant)
+    registry = tenant_registry(storage, cache_dir, tenant, schedule.blob_url, tenant_id=tenant_id)
     if resume and (registry.root / RUN_DIR / MARK_FILE).is_file():
         return AdapterCheck(tenant_id, tenant, RESUME)
     after = last_trained_event(registry)

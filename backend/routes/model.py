@@ -1,12 +1,13 @@
 """`GET /v1/model`: the tenant's serving adapter version; `GET /v1/model/files/{name}`: its files.
 
-The adapter versions of a tenant are kept in its registry under the backend's cache directory
-(`training.registry.scope_dir(cache, tenant=T)`, written by `tabloop train model --tenant` and
-the scheduled adapter training). The answer names the serving version, the base model it fits,
-the SHA-256 of each file and a checksum of the whole (the manifest's SHA-256, also the entity
-tag); clients poll with `If-None-Match`. Before either route answers, every file is checked
-against the manifest (`backend.services.served_adapters`: once per change of the files, not per
-poll): a damaged version or registry is refused (503, naming no server path), never served. With
+The adapter versions of a tenant are kept in its registry in the database, their files in the
+blob store (`backend.adapters.registry`, written by `tabloop train model --tenant` and the
+scheduled adapter training); each instance serves them from its own checked copy. The answer
+names the serving version, the base model it fits, the SHA-256 of each file and a checksum of
+the whole (the manifest's SHA-256, also the entity tag); clients poll with `If-None-Match`.
+Before either route answers, every file is checked against the manifest and the database's
+checksums (`backend.services.served_adapters`: once per change of the files, not per poll): a
+damaged version, blob or registry is refused (503, naming no server path), never served. With
 no adapter serving the answer says so (`version: null`: the base model serves).
 
 While a canary runs (`backend.adapters.canary`), the version answered depends on the asking

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from backend.adapters.canary import ModelCanaryJudge
+from backend.adapters.registry import TenantAdapters
 from backend.adapters.scheduler import AdapterScheduler
 from backend.metrics import Metrics
 from backend.policy.loop import TrainingScheduler
@@ -79,11 +80,13 @@ class BackendServices:
 
     @property
     def cache_dir(self) -> Path:
-        """Where model weights and the tenants' adapter registries are kept."""
+        """Where model weights and this instance's copies of the tenants' adapters are kept."""
         return self.settings.cache_dir
 
     def __post_init__(self) -> None:
-        self.served_adapters = ServedAdapters(self.cache_dir)
+        self.served_adapters = ServedAdapters(
+            TenantAdapters.open(self.storage, self.cache_dir, self.settings.adapters.blob_url)
+        )
         upstream = self.settings.lora_upstream
         if upstream.enabled:
             stage_dir = upstream.stage_dir or self.cache_dir / "lora-upstream"
@@ -127,7 +130,11 @@ class BackendServices:
         # Adapter canaries are judged whenever this process trains, scheduled adapters or not:
         # a version promoted by `tabloop model promote --tenant` is a canary too.
         model_canary = ModelCanaryJudge(
-            storage, settings.cache_dir, settings.adapters.canary, settings.trainer
+            storage,
+            settings.cache_dir,
+            settings.adapters.canary,
+            settings.trainer,
+            blob_url=settings.adapters.blob_url,
         )
         return cls(
             storage=storage,
@@ -139,7 +146,7 @@ class BackendServices:
             registry=registry,
             completions=CompletionService(settings.completion, settings.cache_dir, runner_loader),
             index_sync=IndexSyncStore(storage),
-            stats=StatsService(storage, registry, StatsRollup(storage), settings.cache_dir),
+            stats=StatsService(storage, registry, StatsRollup(storage)),
             ingest_stats=IngestRecorder(storage),
             request_rates=RequestRates(settings.request_rates),
             trainer=(

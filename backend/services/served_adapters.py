@@ -1,10 +1,16 @@
 """The tenants' serving adapters as `GET /v1/model` and its files answer them, verified.
 
-Every file of a version is checked against its manifest before anything of it is served. A
-version that verified is remembered by the manifest's SHA-256 and the identity of its files
-(inode, size, modification and change times): a poll costs reading the small manifest and two
-`stat` calls, and a file rewritten in place (its change time moves, whatever it was set to) is
-hashed again before it is served. Error messages name the version, never a server path.
+Which version serves a client is read from the tenant's registry in the database
+(`backend.adapters.registry`), and the version is served from this instance's copy of its files
+under the cache directory, fetched from the blob store and checked against the checksums the
+database holds. Every file of a version is checked against its manifest, and the manifest against
+the database's checksum, before anything of it is served. A version that verified is remembered
+by the manifest's SHA-256 and the identity of its files (inode, size, modification and change
+times): a poll costs reading the registry's row, the small manifest and two `stat` calls, and a
+file rewritten in place (its change time moves, whatever it was set to) is hashed again before it
+is served. A copy that no longer checks out is fetched again; a blob that does not match its
+checksum is refused (503), never served. Error messages name the version, never a server path
+or the store's URL.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from backend.adapters.registry import TenantAdapters
 from completion.adapters import CONFIG, MANIFEST, WEIGHTS, AdapterError, verify_adapter
-from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
+from training.registry import AdapterRegistryError, version_label
 
 CHECKED_FILES = (CONFIG, WEIGHTS)
 SERVING_ARM = "serving"
@@ -78,8 +85,9 @@ def _redact(text: str, *roots: Path) -> str:
 class ServedAdapters:
     """The serving adapter of each tenant, verified once per change of its files."""
 
-    def __init__(self, cache_dir: Path) -> None:
-        self.cache_dir = cache_dir
+    def __init__(self, adapters: TenantAdapters) -> None:
+        self.adapters = adapters
+        self.cache_dir = adapters.cache_dir
         self._verified: dict[Path, ServedAdapter] = {}
         self._lock = threading.Lock()
         self.verifications = 0
@@ -91,27 +99,39 @@ class ServedAdapters:
         the serving version; None when the base model serves. Without `client`, the serving
         version. `AdapterUnavailable` for a damaged version or registry."""
         try:
-            root = scope_dir(self.cache_dir, tenant=tenant)
+            registry = self.adapters.registry(tenant)
         except ValueError:  # a tenant name that cannot name an adapter directory has none
             return None
-        registry = AdapterRegistry(root)
-        if not (root / "registry.json").is_file():
-            return None
+        root = registry.root
         try:
             version = registry.serving() if client is None else registry.serving_for(client)
             canary = registry.canary() if client is not None else None
             if version is None:
                 return None
-            name = registry.get(version).name
+            name = version_label(version)
+            manifest_checksum = registry.files(version)[MANIFEST]
         except (AdapterRegistryError, OSError) as exc:
             reason = _redact(str(exc), root, self.cache_dir)
             raise AdapterUnavailable(f"the adapter registry is unreadable: {reason}") from None
-        served = self._verify(name, root / name, root)
+        try:
+            served = self._verify(name, root / name, root, manifest_checksum)
+        except AdapterUnavailable:
+            # This instance's copy does not check out: fetch it again from the blob store.
+            try:
+                directory = registry.path(version)
+            except AdapterRegistryError as exc:
+                reason = _redact(str(exc), root, self.cache_dir)
+                raise AdapterUnavailable(
+                    f"the serving adapter {name} is damaged: {reason}"
+                ) from None
+            served = self._verify(name, directory, root, manifest_checksum)
         if canary is not None and canary.version == version:
             return replace(served, arm=CANARY_ARM)
         return served
 
-    def _verify(self, name: str, directory: Path, root: Path) -> ServedAdapter:
+    def _verify(
+        self, name: str, directory: Path, root: Path, manifest_checksum: str
+    ) -> ServedAdapter:
         try:
             manifest_bytes = (directory / MANIFEST).read_bytes()
         except OSError:
@@ -119,6 +139,10 @@ class ServedAdapters:
                 f"the serving adapter {name} is damaged: no readable {MANIFEST}"
             ) from None
         checksum = hashlib.sha256(manifest_bytes).hexdigest()
+        if checksum != manifest_checksum:
+            raise AdapterUnavailable(
+                f"the serving adapter {name} is damaged: its {MANIFEST} is not the registry's"
+            )
         identities = {file: _identity(directory / file) for file in CHECKED_FILES}
         with self._lock:
             known = self._verified.get(directory)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal, cast
 
 from sqlalchemy import (
@@ -29,6 +28,7 @@ from sqlalchemy import (
     union_all,
 )
 
+from backend.adapters.registry import transitions_of
 from backend.db.models import (
     HOURLY_BUCKET_S,
     LATENCY_BIN_EDGES_MS,
@@ -53,7 +53,6 @@ from backend.storage import Storage
 from backend.sync.models import SyncPlacement, SyncWorkspace
 from completion.gate import BUILTIN_VERSION
 from telemetry.events import BASE_MODEL_VERSION
-from training.registry import REGISTRY_FILE, AdapterRegistry, scope_dir
 
 # Adapter transitions after which the version they name serves every client (a canary's start
 # and an approval leave the band as it is; `canary-rollback` names the version serving again).
@@ -183,33 +182,18 @@ class StatsService:
     """The figures of one database's events, per tenant, read from the rollup and its live
     tail (thread-safe)."""
 
-    def __init__(
-        self,
-        storage: Storage,
-        registry: PolicyRegistry,
-        rollup: StatsRollup,
-        cache_dir: Path | None = None,
-    ) -> None:
+    def __init__(self, storage: Storage, registry: PolicyRegistry, rollup: StatsRollup) -> None:
         self.storage = storage
         self.registry = registry
         self.rollup = rollup
         self.dialect = storage.dialect
-        self.cache_dir = cache_dir
-        """Where the tenants' adapter registries are (None: no model versions on the time axis)."""
 
     def model_history(self, tenant_id: int) -> list[dict[str, Any]]:
         """The tenant's adapter transitions (promotions, canaries, rollbacks), oldest first, as
-        `history` entries (`at` an ISO time); empty without adapters."""
-        if self.cache_dir is None:
-            return []
-        name = dict(self.storage.tenants()).get(tenant_id)
-        try:
-            registry = AdapterRegistry(scope_dir(self.cache_dir, tenant=name or ""))
-            if not (registry.root / REGISTRY_FILE).is_file():
-                return []
-            transitions = registry.transitions()
-        except (ValueError, OSError):  # no adapters for such a name; an unreadable registry
-            return []
+        `history` entries (`at` an ISO time), from its registry in the database
+        (`backend.adapters.registry`); empty without adapters."""
+        with self.storage.session() as session:
+            transitions = transitions_of(session, tenant_id)
         return [
             {**entry, "at": datetime.fromtimestamp(float(entry["at"]), UTC).isoformat()}
             for entry in transitions

@@ -13,16 +13,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backend.adapters.registry import TenantAdapterRegistry
+from backend.adapters.run import tenant_registry
 from backend.local import LocalBackend
 from backend.services.lora_upstream import FALLBACK_METRIC, LoraUpstream
 from backend.settings import BackendSettings, LoraUpstreamSettings
 from completion.adapters import WEIGHTS
 from completion.runners.http import HttpRunner
 from completion.types import CancelToken
-from tests.support.fake_adapter import FAKE_BASE_MODEL, fake_adapter
+from tests.support.fake_adapter import FAKE_BASE_MODEL, damage_blob, fake_adapter
 from tests.support.lora_server import BASE_WEIGHTS, LoraServer, weights_digest
 from training.canary import on_canary_arm
-from training.registry import AdapterRegistry, scope_dir
 
 BASE = "base-model"
 RETIRE_S = 600.0
@@ -47,8 +48,8 @@ class Team:
     tokens: dict[str, str]
     adapters_dir: Path
 
-    def registry(self, tenant: str) -> AdapterRegistry:
-        return AdapterRegistry(scope_dir(self.cache, tenant=tenant))
+    def registry(self, tenant: str) -> TenantAdapterRegistry:
+        return tenant_registry(self.backend.storage, self.cache, tenant)
 
     def add_version(self, tenant: str, fill: int, *, canary_share: float = 0.0) -> Path:
         """A new adapter version for `tenant` (weights all `fill`), promoted; its files."""
@@ -264,6 +265,7 @@ def test_a_failed_load_falls_back_to_the_base_model_visibly(
 
 def test_a_damaged_version_is_never_sent_the_base_model_serves(team: Team) -> None:
     files = team.add_version("acme", fill=1)
+    damage_blob(team.registry("acme"), 1)  # in the blob store, and in this instance's copy
     (files / WEIGHTS).write_bytes(b"not these weights")
     text, headers = team.complete("acme")
     assert text == _says(BASE, BASE_WEIGHTS)

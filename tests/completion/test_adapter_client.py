@@ -9,18 +9,20 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backend.adapters.registry import TenantAdapterRegistry
+from backend.adapters.run import tenant_registry
 from completion.adapter_client import STATE_FILE, AdapterFetcher, AdapterFetchError
 from completion.adapters import CONFIG, MANIFEST, WEIGHTS, save_adapter, verify_adapter
 from completion.runners.loading import load_model, resolve_source
 from tests.support.backend_server import BackendServer
+from tests.support.fake_adapter import damage_blob
 from training.lora import LoraShape, attach_lora
-from training.registry import AdapterRegistry, scope_dir
 
 
 class Tenant:
     """A backend on loopback whose tenant has two adapter versions, neither serving yet."""
 
-    def __init__(self, backend: BackendServer, registry: AdapterRegistry, base: str) -> None:
+    def __init__(self, backend: BackendServer, registry: TenantAdapterRegistry, base: str) -> None:
         self.backend = backend
         self.registry = registry
         self.base = base
@@ -40,7 +42,7 @@ def tenant(
     base = f"{source.name}@{source.revision}"
     save_adapter(attach_lora(model, LoraShape(rank=2, alpha=4)), tmp_path / "a", base, {})
     with BackendServer(f"sqlite:///{tmp_path / 'db.sqlite3'}") as backend:
-        registry = AdapterRegistry(scope_dir(cache, tenant=backend.tenant))
+        registry = tenant_registry(backend.storage, cache, backend.tenant)
         registry.add(tmp_path / "a", base, {})
         registry.add(tmp_path / "a", base, {"note": "second"})
         yield Tenant(backend, registry, base)
@@ -117,6 +119,7 @@ def test_a_backend_that_refuses_says_why(tenant: Tenant, tmp_path: Path) -> None
     with pytest.raises(AdapterFetchError, match="401"):
         wrong_token.fetch()
     tenant.registry.promote(1, force=True)
+    damage_blob(tenant.registry, 1)  # in the backend's blob store, and its copy
     (tenant.registry.path(1) / WEIGHTS).write_bytes(b"damaged on the server")
     with pytest.raises(AdapterFetchError, match=r"503.*damaged"):
         tenant.fetcher(tmp_path / "client").fetch()

@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from backend.adapters.canary import ModelCanaryJudge, settle_model_canary
-from backend.adapters.run import release_version
+from backend.adapters.registry import TenantAdapterRegistry
+from backend.adapters.run import release_version, tenant_registry
 from backend.policy.loop import TrainingScheduler
 from backend.policy.settings import TrainerSettings
 from completion.adapters import WEIGHTS
@@ -24,7 +25,7 @@ from tests.support.backend_server import BackendServer
 from tests.support.fake_adapter import FAKE_BASE_MODEL, fake_adapter
 from tests.support.model_events import shown
 from training.canary import ModelCanarySettings, on_canary_arm
-from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
+from training.registry import AdapterRegistryError
 
 JUDGE = ModelCanarySettings(min_decisions=100, max_decisions=1000)
 # No policy is trained in these passes: only the adapter canary is judged.
@@ -34,12 +35,12 @@ NO_POLICY = TrainerSettings(min_events=1_000_000)
 @pytest.fixture
 def canaried(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[BackendServer, AdapterRegistry]]:
+) -> Iterator[tuple[BackendServer, TenantAdapterRegistry]]:
     """A tenant whose v0001 serves and whose v0002 is a canary at half of its clients."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("TABLOOP_CACHE_DIR", str(cache))
     with BackendServer(db_url) as backend:
-        registry = AdapterRegistry(scope_dir(cache, tenant=backend.tenant))
+        registry = tenant_registry(backend.storage, cache, backend.tenant)
         first = registry.add(fake_adapter(tmp_path / "a1", 1), FAKE_BASE_MODEL, {})
         second = registry.add(fake_adapter(tmp_path / "a2", 2), FAKE_BASE_MODEL, {})
         registry.promote(first.version, force=True)
@@ -57,7 +58,7 @@ def _get(backend: BackendServer, path: str, **params: str) -> httpx.Response:
 
 
 def test_each_installation_is_answered_one_arm(
-    canaried: tuple[BackendServer, AdapterRegistry],
+    canaried: tuple[BackendServer, TenantAdapterRegistry],
 ) -> None:
     backend, registry = canaried
     canary = registry.canary()
@@ -117,7 +118,7 @@ def _pass(backend: BackendServer) -> dict[str, Any] | None:
 
 
 def test_a_bad_adapter_is_rolled_back_by_its_canary(
-    canaried: tuple[BackendServer, AdapterRegistry],
+    canaried: tuple[BackendServer, TenantAdapterRegistry],
 ) -> None:
     backend, registry = canaried
     start = datetime.now(UTC) + timedelta(seconds=2)  # after the canary started
@@ -136,7 +137,7 @@ def test_a_bad_adapter_is_rolled_back_by_its_canary(
 
 
 def test_a_good_adapter_serves_alone_after_its_canary(
-    canaried: tuple[BackendServer, AdapterRegistry],
+    canaried: tuple[BackendServer, TenantAdapterRegistry],
 ) -> None:
     backend, registry = canaried
     start = datetime.now(UTC) + timedelta(seconds=2)
@@ -151,7 +152,7 @@ def test_a_good_adapter_serves_alone_after_its_canary(
 
 
 def test_events_without_a_model_version_are_accepted_and_judge_nothing(
-    canaried: tuple[BackendServer, AdapterRegistry],
+    canaried: tuple[BackendServer, TenantAdapterRegistry],
 ) -> None:
     backend, registry = canaried
     start = datetime.now(UTC) + timedelta(seconds=2)
@@ -165,7 +166,7 @@ def test_events_without_a_model_version_are_accepted_and_judge_nothing(
 
 
 def test_decisions_before_the_canary_started_judge_nothing(
-    canaried: tuple[BackendServer, AdapterRegistry],
+    canaried: tuple[BackendServer, TenantAdapterRegistry],
 ) -> None:
     backend, _registry = canaried
     before = datetime.now(UTC) - timedelta(hours=1)
@@ -189,7 +190,7 @@ def test_a_tenant_that_requires_approval_gets_a_pending_promotion(
     cache = tmp_path / "cache"
     monkeypatch.setenv("TABLOOP_CACHE_DIR", str(cache))
     with BackendServer(f"sqlite:///{tmp_path / 'db.sqlite3'}") as backend:
-        registry = AdapterRegistry(scope_dir(cache, tenant=backend.tenant))
+        registry = tenant_registry(backend.storage, cache, backend.tenant)
         record = registry.add(fake_adapter(tmp_path / "a1", 1), FAKE_BASE_MODEL, {})
         backend.storage.set_require_approval(backend.tenant, True)
         reason = release_version(

@@ -38,10 +38,15 @@ def _run(command: list[str], cache: Path, **env: str) -> subprocess.CompletedPro
     return subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True)
 
 
-def _serve_now(tenant: str) -> list[str]:
-    """`tabloop model promote 1` for `tenant`, serving every client at once (no canary)."""
-    promote = ["model", "promote", "1", "--force", "--canary-share", "0", "--tenant", tenant]
-    return [sys.executable, "-m", "tabloop", *promote]
+def _serve_now(backend: BackendServer) -> list[str]:
+    """`tabloop model promote 1` for the backend's tenant, serving every client at once (no
+    canary)."""
+    promote = ["model", "promote", "1", "--force", "--canary-share", "0"]
+    return [sys.executable, "-m", "tabloop", *promote, *_tenant(backend)]
+
+
+def _tenant(backend: BackendServer) -> list[str]:
+    return ["--tenant", backend.principal.tenant, "--db", backend.storage.url]
 
 
 def _tensors(adapter: Path) -> dict[str, torch.Tensor]:
@@ -83,20 +88,24 @@ def test_a_tenant_run_trains_evaluates_and_registers_an_adapter(
     assert not (version.parent / "runs" / "current").exists()  # finished: the next starts fresh
 
     listed = _run(
-        [sys.executable, "-m", "tabloop", "model", "list", "--tenant", tenant, "--json"], cache
+        [sys.executable, "-m", "tabloop", "model", "list", *_tenant(sqlite_backend), "--json"],
+        cache,
     )
     assert listed.returncode == 0, listed.stderr
     registry = json.loads(listed.stdout)
     assert [v["name"] for v in registry["versions"]] == ["v0001"]
     assert registry["versions"][0]["train"]["through_event_id"] > 0
     assert registry["versions"][0]["evaluation"] == evaluation
-    forced = _run(_serve_now(tenant), cache)
+    forced = _run(_serve_now(sqlite_backend), cache)
     assert forced.returncode == 0, forced.stderr
-    back = _run([sys.executable, "-m", "tabloop", "model", "rollback", "--tenant", tenant], cache)
+    back = _run(
+        [sys.executable, "-m", "tabloop", "model", "rollback", *_tenant(sqlite_backend)], cache
+    )
     assert back.returncode == 0, back.stderr
     assert json.loads(
         _run(
-            [sys.executable, "-m", "tabloop", "model", "list", "--tenant", tenant, "--json"], cache
+            [sys.executable, "-m", "tabloop", "model", "list", *_tenant(sqlite_backend), "--json"],
+            cache,
         ).stdout
     )["serving"] == (1 if "promoted" in report else None)
 
@@ -117,8 +126,10 @@ def test_a_killed_tenant_run_resumes_to_the_same_adapter(
     report = json.loads(resumed.stdout)
     assert report["training"]["resumed_from_step"] == 2
     assert report["examples"]["training"] == json.loads(straight.stdout)["examples"]["training"]
+    # One database: the resumed run's adapter is the tenant's second version.
+    assert report["version"] == "v0002"
     a = _tensors(next((tmp_path / "straight").glob("adapters/tenant-*/v0001")))
-    b = _tensors(next((tmp_path / "killed").glob("adapters/tenant-*/v0001")))
+    b = _tensors(next((tmp_path / "killed").glob("adapters/tenant-*/v0002")))
     assert a.keys() == b.keys() and a
     for name in a:
         assert torch.allclose(a[name], b[name], rtol=0, atol=1e-5), name
@@ -175,8 +186,7 @@ def test_the_next_tenant_version_warm_starts_and_trains_on_what_is_new(
     report = json.loads(first.stdout)
     assert report["warm_start"]["fresh"] and report["window"]["since"] is None
     assert (report["window"]["new"], report["window"]["held_out"]) == (24, 6)
-    tenant = sqlite_backend.principal.tenant
-    promoted = _run(_serve_now(tenant), cache)
+    promoted = _run(_serve_now(sqlite_backend), cache)
     assert promoted.returncode == 0, promoted.stderr
     post(sqlite_backend, [replace(i, minute=i.minute + 30) for i in logged(20)])
     second = _run(_train(sqlite_backend, tiny_model_path, "--eval-n", "0"), cache)

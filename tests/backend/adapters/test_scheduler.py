@@ -23,6 +23,7 @@ from sqlalchemy import event
 import backend.adapters.run as adapter_run
 import backend.adapters.scheduler as adapter_scheduler
 import training.workspace
+from backend.adapters.run import tenant_registry
 from backend.adapters.scheduler import (
     DEFAULT_EVERY_S,
     NO_TEXT,
@@ -42,7 +43,6 @@ from backend.settings import BackendSettings
 from backend.storage import Storage
 from tests.backend.adapters.events import logged, post
 from tests.support.backend_server import BackendServer, postgres_database, postgres_url
-from training.registry import AdapterRegistry, scope_dir
 from training.trainer import KILL_AT_STEP_ENV, TrainSettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -196,7 +196,7 @@ def test_a_tenant_is_due_after_enough_new_text_events_and_trained(
 
     reports = scheduler.run_once()
     assert [r["version"] for r in reports] == ["v0001"], reports
-    registry = AdapterRegistry(scope_dir(tmp_path, tenant=tenant))
+    registry = tenant_registry(storage, tmp_path, tenant)
     (version,) = registry.versions()
     assert version.evaluation is not None and version.train["through_event_id"] > 0
     # Nothing new since the run: not due until enough new text-carrying events arrive.
@@ -275,7 +275,7 @@ def test_cluster_jobs_are_claimed_and_a_killed_trainers_job_resumes(
         (job,) = leader.adapter_queue.jobs()
         assert job["runs"] == 1 and job["claimed_by"] is None
         assert job["done_event_id"] == job["wanted_event_id"]
-        registry = AdapterRegistry(scope_dir(cache, tenant=tenant))
+        registry = tenant_registry(storage, cache, tenant)
         assert [v.name for v in registry.versions()] == ["v0001"]
         # Nothing new: no job is wanted again.
         assert leader.schedule_adapters() == 0

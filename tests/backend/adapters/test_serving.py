@@ -10,17 +10,20 @@ from typing import Any
 import httpx
 import pytest
 
+from backend.adapters.registry import TenantAdapterRegistry
+from backend.adapters.run import tenant_registry
 from completion.adapters import CONFIG, MANIFEST, WEIGHTS, save_adapter
 from completion.runners.loading import load_model, resolve_source
 from tests.support.backend_server import BackendServer
+from tests.support.fake_adapter import blob_path, damage_blob
 from training.lora import LoraShape, attach_lora
-from training.registry import AdapterRegistry, scope_dir
+from training.registry import scope_dir
 
 
 @pytest.fixture
 def served(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_path: Path
-) -> Iterator[tuple[BackendServer, AdapterRegistry, Path]]:
+) -> Iterator[tuple[BackendServer, TenantAdapterRegistry, Path]]:
     cache = tmp_path / "cache"
     monkeypatch.setenv("TABLOOP_CACHE_DIR", str(cache))
     source = resolve_source(str(tiny_model_path), cache)
@@ -30,7 +33,7 @@ def served(
     save_adapter(attach_lora(model, LoraShape(rank=2, alpha=4)), adapter, base, {})
     with BackendServer(f"sqlite:///{tmp_path / 'db.sqlite3'}") as backend:
         assert backend.services.cache_dir == cache
-        registry = AdapterRegistry(scope_dir(cache, tenant=backend.tenant))
+        registry = tenant_registry(backend.storage, cache, backend.tenant)
         yield backend, registry, adapter
 
 
@@ -41,7 +44,7 @@ def _get(backend: BackendServer, path: str, **headers: str) -> httpx.Response:
 
 
 def test_the_serving_version_its_checksums_and_files(
-    served: tuple[BackendServer, AdapterRegistry, Path],
+    served: tuple[BackendServer, TenantAdapterRegistry, Path],
 ) -> None:
     backend, registry, adapter = served
     nothing = _get(backend, "/v1/model")
@@ -66,9 +69,16 @@ def test_the_serving_version_its_checksums_and_files(
     assert _get(backend, "/v1/model/files/..%2Fregistry.json").status_code == 404
     assert httpx.get(backend.url + "/v1/model").status_code == 401
 
-    # A damaged version is refused, never served.
+    # A copy changed on this instance is fetched again from the blob store; a damaged blob,
+    # with no good copy left here, is refused, never served.
     (registry.path(1) / WEIGHTS).write_bytes(b"not weights")
-    assert _get(backend, "/v1/model").status_code == 503
+    again = _get(backend, f"/v1/model/files/{WEIGHTS}")
+    assert again.status_code == 200 and again.content == weights.content
+    damage_blob(registry, 1)
+    (registry.root / "v0001" / WEIGHTS).write_bytes(b"not weights")
+    refused = _get(backend, "/v1/model")
+    assert refused.status_code == 503 and "v0001" in refused.json()["detail"]
+    assert "is damaged" in refused.json()["detail"]
     registry.rollback()
     assert _get(backend, "/v1/model").json()["version"] is None
 
@@ -99,11 +109,11 @@ def _fake_adapter(directory: Path, weights: bytes = b"\x00" * 4096) -> Path:
 @pytest.fixture
 def fake_served(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[BackendServer, AdapterRegistry]]:
+) -> Iterator[tuple[BackendServer, TenantAdapterRegistry]]:
     cache = tmp_path / "cache"
     monkeypatch.setenv("TABLOOP_CACHE_DIR", str(cache))
     with BackendServer(f"sqlite:///{tmp_path / 'db.sqlite3'}") as backend:
-        registry = AdapterRegistry(scope_dir(cache, tenant=backend.tenant))
+        registry = tenant_registry(backend.storage, cache, backend.tenant)
         record = registry.add(_fake_adapter(tmp_path / "adapter"), "base@1", {})
         registry.promote(record.version, force=True)
         yield backend, registry
@@ -132,11 +142,12 @@ def _damage_manifest(path: Path) -> None:
     ],
 )
 def test_a_damaged_version_serves_none_of_its_files(
-    fake_served: tuple[BackendServer, AdapterRegistry], damaged: str, damage: Any
+    fake_served: tuple[BackendServer, TenantAdapterRegistry], damaged: str, damage: Any
 ) -> None:
     backend, registry = fake_served
     for name in (CONFIG, WEIGHTS, MANIFEST):
         assert _get(backend, f"/v1/model/files/{name}").status_code == 200
+    damage(blob_path(registry, 1, damaged))  # in the store, and in this instance's copy
     damage(registry.path(1) / damaged)
     for path in ["/v1/model", *(f"/v1/model/files/{n}" for n in (CONFIG, WEIGHTS, MANIFEST))]:
         answer = _get(backend, path)
@@ -150,32 +161,29 @@ def test_a_damaged_version_serves_none_of_its_files(
     "registry_text",
     [
         pytest.param('{"versions": [], "serving": "abc", "history": []}', id="serving-a-string"),
-        pytest.param(None, id="extra-key-in-a-version"),
         pytest.param('{"versions": {}, "serving": 1}', id="versions-not-a-list"),
         pytest.param("[1, 2]", id="not-an-object"),
         pytest.param("{not json", id="not-json"),
     ],
 )
-def test_a_registry_of_the_wrong_shape_is_503_without_paths(
-    fake_served: tuple[BackendServer, AdapterRegistry], registry_text: str | None
+def test_a_file_registry_of_the_wrong_shape_is_503_without_paths(
+    fake_served: tuple[BackendServer, TenantAdapterRegistry], registry_text: str
 ) -> None:
-    import json
-
-    backend, registry = fake_served
-    path = registry.root / "registry.json"
-    if registry_text is None:
-        state = json.loads(path.read_text())
-        state["versions"][0]["unexpected"] = 1
-        registry_text = json.dumps(state)
-    path.write_text(registry_text)
+    """A tenant's file registry from before is copied into the database on first use; one that
+    cannot be read is refused, naming no path."""
+    backend, _registry = fake_served
+    token = backend.storage.create_token("older")
+    root = scope_dir(backend.services.cache_dir, tenant="older")
+    root.mkdir(parents=True)
+    (root / "registry.json").write_text(registry_text)
     for route in ("/v1/model", f"/v1/model/files/{WEIGHTS}"):
-        answer = _get(backend, route)
+        answer = httpx.get(backend.url + route, headers={"Authorization": f"Bearer {token}"})
         assert answer.status_code == 503, (route, answer.text)
-        assert str(registry.root) not in answer.text and "/" not in answer.json()["detail"]
+        assert str(root) not in answer.text and "/" not in answer.json()["detail"]
 
 
 def test_a_verified_version_is_not_hashed_again_until_a_file_changes(
-    fake_served: tuple[BackendServer, AdapterRegistry],
+    fake_served: tuple[BackendServer, TenantAdapterRegistry],
 ) -> None:
     backend, registry = fake_served
     adapters = backend.services.served_adapters
@@ -187,12 +195,15 @@ def test_a_verified_version_is_not_hashed_again_until_a_file_changes(
         assert again.status_code == 304
         assert _get(backend, f"/v1/model/files/{WEIGHTS}").status_code == 200
     assert adapters.verifications == hashed
-    _flip_byte(registry.path(1) / WEIGHTS)
-    assert _get(backend, "/v1/model", **{"If-None-Match": first.headers["ETag"]}).status_code == 503
+    copy = registry.root / "v0001" / WEIGHTS
+    _flip_byte(copy)  # this instance's copy: checked again, and fetched again from the store
+    assert _get(backend, "/v1/model", **{"If-None-Match": first.headers["ETag"]}).status_code == 304
+    assert adapters.verifications > hashed
+    assert hashlib.sha256(copy.read_bytes()).hexdigest() == first.json()["files"][WEIGHTS]
 
 
 def test_adapter_files_must_be_revalidated(
-    fake_served: tuple[BackendServer, AdapterRegistry],
+    fake_served: tuple[BackendServer, TenantAdapterRegistry],
 ) -> None:
     backend, _registry = fake_served
     description = _get(backend, "/v1/model").json()

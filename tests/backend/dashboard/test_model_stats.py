@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
+from backend.adapters.run import tenant_registry
 from backend.stats_cli import stats_main
 from tests.support.backend_server import BackendServer
 from tests.support.fake_adapter import FAKE_BASE_MODEL, fake_adapter
 from tests.support.model_events import shown
-from training.registry import AdapterRegistry, scope_dir
 
 # (model_version, shown, accepted): every decision is shown; `accepted` of them are accepted.
 ARMS = (("v0001", 30, 6), ("v0002", 20, 12), (None, 10, 1))
@@ -41,7 +41,7 @@ def with_models(
     cache = tmp_path / "cache"
     monkeypatch.setenv("TABLOOP_CACHE_DIR", str(cache))
     with BackendServer(db_url) as backend:
-        registry = AdapterRegistry(scope_dir(cache, tenant=backend.tenant))
+        registry = tenant_registry(backend.storage, cache, backend.tenant)
         for fill in (1, 2):
             registry.add(fake_adapter(tmp_path / f"a{fill}", fill), FAKE_BASE_MODEL, {})
         registry.promote(1, force=True)

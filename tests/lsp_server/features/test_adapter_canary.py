@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from backend.adapters.run import tenant_registry
 from completion.adapters import WEIGHTS, save_adapter
 from completion.cache import TypingThroughCache
 from completion.runners.loading import load_model
@@ -75,7 +76,7 @@ async def test_the_backend_canary_arm_follows_the_installation(
 ) -> None:
     monkeypatch.setenv("TABLOOP_CACHE_DIR", str(tmp_path / "backend-cache"))
     with BackendServer(f"sqlite:///{tmp_path / 'db.sqlite3'}") as backend:
-        tenant = AdapterRegistry(scope_dir(tmp_path / "backend-cache", tenant=backend.tenant))
+        tenant = tenant_registry(backend.storage, tmp_path / "backend-cache", backend.tenant)
         first = tenant.add(tmp_path / "a", runner.base_model_id, {})
         second = tenant.add(tmp_path / "a", runner.base_model_id, {})
         tenant.promote(first.version, force=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from backend.adapters.run import tenant_registry
 from completion.adapters import WEIGHTS, save_adapter
 from completion.cache import TypingThroughCache
 from completion.runners.loading import load_model
@@ -154,7 +155,7 @@ async def test_the_server_serves_its_tenants_adapter_from_the_backend(
     workspace.promote(workspace.add(tmp_path / "a", runner.base_model_id, {}).version, force=True)
 
     with BackendServer(f"sqlite:///{tmp_path / 'db.sqlite3'}") as backend:
-        tenant = AdapterRegistry(scope_dir(tmp_path / "backend-cache", tenant=backend.tenant))
+        tenant = tenant_registry(backend.storage, tmp_path / "backend-cache", backend.tenant)
         version = tenant.add(tmp_path / "a", runner.base_model_id, {}).version
 
         def started(source: str = "auto") -> tuple[FeatureServer, AdapterFeature]:
