@@ -1,12 +1,19 @@
 """The trainer: LoRA on the completion model under a budget, with checkpoints that survive a kill.
 
-One optimiser step sees `effective_batch` examples, run as `accumulation` micro-batches of
-`micro_batch` examples (sized from free memory unless fixed). Every `checkpoint_every` steps the
-LoRA weights, the optimiser, the scheduler, the stream position and the random state are written
-atomically; a run started again in the same directory resumes from the newest checkpoint that
-verifies. With the micro-batch fixed, a run killed at any point and resumed ends with the same
-adapter as a run never interrupted (the data stream is a pure function of the seed, so resuming
-skips exactly the examples already seen).
+The loop runs on HF accelerate (`accelerate.Accelerator`): the same code trains in one plain
+process (a CPU or one GPU) and in several processes under `accelerate launch` or `torchrun`
+(DDP; gloo on CPUs, NCCL on GPUs). One optimiser step sees `effective_batch` examples of the
+run's example stream, whatever the number of processes: each process takes its share of them
+(every `num_processes`-th), run as micro-batches of `micro_batch` examples (sized from free
+memory unless fixed) with the gradients all-reduced once a step; an out-of-memory error halves
+the micro-batch and runs the same examples again (`accelerate.utils.find_executable_batch_size`),
+so the effective batch and the examples seen do not change. Every `checkpoint_every` steps the
+LoRA weights and the optimiser's state (`torch.distributed.checkpoint`, which reshards), the
+scheduler, the data position (examples of the stream consumed, counted over all processes) and
+the random state are written, each file with its SHA-256; a run started again in the same
+directory resumes from the newest checkpoint that verifies, on any number of processes and with
+any micro-batch. The data stream is a pure function of the seed, so resuming skips exactly the
+examples already trained on.
 
 The objective (docs/learning.md): for code examples the mean negative log-likelihood of the
 middle's tokens; for feedback examples a policy-gradient term, advantage times clipped inverse
@@ -15,23 +22,26 @@ it is pushed down only until it is unlikely); with `kl_weight` a KL anchor to a 
 at the middle's positions (`training.objective`).
 
 What makes a step cheaper (each a setting): the frozen base in bfloat16 (`base_dtype`), bfloat16
-autocast (`autocast`), the LM head at the middle's positions only (`middle_only`) and activation
-checkpointing (`checkpointing`); the micro-batch sizing follows them (`bytes_per_example`).
+autocast (`autocast`: accelerate's bf16 mixed precision, refused on a GPU without bfloat16),
+the LM head at the middle's positions only (`middle_only`) and activation checkpointing
+(`checkpointing`); the micro-batch sizing follows them (`bytes_per_example`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import resource
 import shutil
 import signal
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -68,10 +78,14 @@ OBJECTIVES: tuple[Objective, ...] = ("fim", "kto")
 
 KILL_AT_STEP_ENV = "TABLOOP_TRAIN_KILL_AT_STEP"
 """Fault injection for the resume test: the process SIGKILLs itself part-way into this step."""
+EXAMPLES_LOG_ENV = "TABLOOP_TRAIN_EXAMPLES_LOG"
+"""A file each process appends one JSON line to per optimiser step: the step, the stream
+positions of the examples it trained on and its micro-batch (what the resume tests check)."""
 
 CHECKPOINTS = "checkpoints"
 FINAL_ADAPTER = "adapter"
-_STATE = "state.pt"
+CHECKPOINT_FORMAT = 2  # torch.distributed.checkpoint files plus `trainer.pt`
+_TRAINER_STATE = "trainer.pt"  # the scheduler, the random state (the main process's)
 _MANIFEST = "manifest.json"
 
 
@@ -87,7 +101,9 @@ class TrainSettings:
     learning_rate: float = 2e-4
     warmup_steps: int = 10
     effective_batch: int = 8
-    micro_batch: int = 0  # 0: one on a CPU; on a GPU the largest free memory allows (a divisor)
+    # Examples a forward pass takes in each process (0: one on a CPU; on a GPU the most free
+    # memory allows); halved on an out-of-memory error. Not part of a checkpoint's identity.
+    micro_batch: int = 0
     max_prompt_tokens: int = 384
     max_middle_tokens: int = 64
     checkpoint_every: int = 20
@@ -119,11 +135,13 @@ class TrainSettings:
         if self.kl_weight > 0 and not self.middle_only:
             raise ValueError("the KL anchor needs middle_only (the head at the middle's positions)")
 
-    def identity(self, micro_batch: int) -> str:
-        """What a checkpoint must have been made with to be resumed (the budget may change, and
-        so may activation checkpointing, which recomputes the same values)."""
+    def identity(self) -> str:
+        """What a checkpoint must have been made with to be resumed: what decides the maths of a
+        step. The budget may change, and so may what only decides how a step is computed: the
+        micro-batch, the number of processes, activation checkpointing (which recomputes the
+        same values)."""
         fields = asdict(self)
-        fields["micro_batch"] = micro_batch
+        fields.pop("micro_batch")
         fields.pop("checkpoint_every")
         fields.pop("keep_checkpoints")
         fields.pop("checkpointing")
@@ -163,6 +181,9 @@ class TrainResult:
     peak_rss_mb: float
     adapter: str
     stream_ended: bool
+    processes: int = 1  # processes that trained (each its share of every step)
+    weights_sha256: str = ""  # this process's LoRA weights (`weights_digest`): equal on all
+    mixed_precision: str = "no"  # accelerate's: "bf16" with autocast
     # Set by the caller that chose the data (`training.workspace`, `backend.adapters.run`): the
     # training window's counts and marks, and what the weights started from.
     window: dict[str, Any] | None = None
@@ -255,8 +276,91 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def weights_digest(model: Any) -> str:
+    """SHA-256 of a model's trainable weights in name order (processes that agree have the
+    same)."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        if param.requires_grad:
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def mixed_precision_for(device: str, autocast: bool) -> str:
+    """accelerate's mixed precision for `autocast` on `device`: "bf16" where the device computes
+    in bfloat16 (a CPU, a GPU that supports it), "no" without autocast; ValueError otherwise."""
+    import torch
+
+    if not autocast:
+        return "no"
+    if device.startswith("cuda") and not torch.cuda.is_bf16_supported():
+        raise ValueError("autocast needs bfloat16, which this GPU does not support")
+    return "bf16"
+
+
+def _accelerator(device: str, mixed_precision: str) -> Any:
+    """An `accelerate.Accelerator` for this run: DDP without broadcasting buffers at each
+    forward pass (the processes may run different numbers of micro-batches), and the scheduler
+    stepped once per optimiser step (not once per process)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    if PartialState._shared_state and PartialState().num_processes == 1:
+        # A plain process (the language server, the tests) trains one run after another, each
+        # with its own device and precision; accelerate keeps one state per process.
+        AcceleratorState._reset_state(reset_partial_state=True)
+    return Accelerator(
+        cpu=device.startswith("cpu"),
+        mixed_precision=mixed_precision,
+        step_scheduler_with_optimizer=False,
+        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+    )
+
+
+def _forward_module(model: Any) -> Any:
+    """The model's forward pass as the objective needs it, as one module, so that DDP (which
+    syncs the gradients of what runs through its `forward`) sees it: the logits at the middle's
+    positions (`middle_only`) or the model's output over the batch's last `kept` positions."""
+    import torch
+
+    class ObjectiveForward(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, packed: TokenBatch, device: str, kept: int) -> Any:
+            if kept == 0:
+                return middle_logits(self.model, packed, device)
+            return self.model(
+                input_ids=packed.ids.to(device),
+                attention_mask=packed.mask.to(device),
+                position_ids=packed.positions.to(device),
+                logits_to_keep=kept,
+                use_cache=False,
+            ).logits
+
+    return ObjectiveForward()
+
+
+@dataclass
+class _Step:
+    """One optimiser step's examples: their stream positions and encodings (all processes')."""
+
+    positions: list[int]
+    encoded: list[_Encoded]
+
+    def share(self, rank: int, processes: int) -> list[tuple[int, _Encoded]]:
+        return list(zip(self.positions, self.encoded, strict=True))[rank::processes]
+
+
 class Trainer:
-    """Trains a LoRA adapter on a peft-wrapped model in `work_dir` (checkpoints, final adapter)."""
+    """Trains a LoRA adapter on a peft-wrapped model in `work_dir` (checkpoints, final adapter).
+
+    Under `accelerate launch`/`torchrun` every process builds its own `Trainer` on the same
+    model, settings and `work_dir` (a directory all of them see); the main process writes the
+    adapter."""
 
     def __init__(
         self,
@@ -276,11 +380,19 @@ class Trainer:
         self.base_model_id = base_model_id
         self.settings = settings
         self.work_dir = work_dir
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model.to(self.device)
+        wanted = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.mixed_precision = mixed_precision_for(wanted, settings.autocast)
+        self.accelerator = _accelerator(wanted, self.mixed_precision)
+        placed = self.accelerator.device
+        self.device = "cpu" if placed.type == "cpu" else str(placed)
+        self.processes = int(self.accelerator.num_processes)
+        self.rank = int(self.accelerator.process_index)
+        # Each process's share of a step (the first processes take one more when it does not
+        # divide).
+        self.share = math.ceil(settings.effective_batch / self.processes)
         sequence = settings.max_prompt_tokens + settings.max_middle_tokens + 8
-        self.micro_batch = settings.micro_batch or size_micro_batch(
-            settings.effective_batch,
+        sized = settings.micro_batch or size_micro_batch(
+            self.share,
             self.device,
             available_memory_bytes(self.device),
             bytes_per_example(
@@ -292,36 +404,43 @@ class Trainer:
                 kl=settings.kl_weight > 0,
             ),
         )
-        if settings.effective_batch % self.micro_batch:
-            raise ValueError(
-                f"micro_batch {self.micro_batch} does not divide effective_batch "
-                f"{settings.effective_batch}"
-            )
-        self.accumulation = settings.effective_batch // self.micro_batch
-        self._params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self._params, lr=settings.learning_rate, weight_decay=0.0
-        )
-        warmup = max(1, settings.warmup_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup)
-        )
+        self.micro_batch = max(1, min(sized, self.share))
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         if settings.checkpointing:
             enable_checkpointing(model)
+        self.model.to(self.device)
         # Made before any checkpoint is loaded: the weights the run started from.
         self.reference = (
             ReferenceModel(model, settings.kl_reference) if settings.kl_weight > 0 else None
         )
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(self._params, lr=settings.learning_rate, weight_decay=0.0)
+        warmup = max(1, settings.warmup_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / warmup)
+        )
+        self._optimizer = optimizer  # the torch objects, for checkpoints
+        self._scheduler = scheduler
+        self.forward, self.optimizer, self.scheduler = self.accelerator.prepare(
+            _forward_module(model), optimizer, scheduler
+        )
+        self.before_micro_batch: Callable[[int], None] | None = None
+        """Called with each micro-batch's size before its forward pass (fault injection)."""
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches a process runs per optimiser step at the current micro-batch."""
+        return math.ceil(self.share / self.micro_batch)
 
     # --- checkpoints ---
 
-    def _trainable_state(self) -> dict[str, Any]:
-        return {
-            name: p.detach().cpu().clone()
-            for name, p in self.model.named_parameters()
-            if p.requires_grad
-        }
+    def _state_dicts(self) -> dict[str, Any]:
+        """The LoRA weights and the optimiser's state, as `torch.distributed.checkpoint` saves
+        and loads them (keyed by parameter name, whatever wraps the model)."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        weights, optimizer = get_state_dict(self.model, self._optimizer, options=_OPTIONS())
+        return {"weights": weights, "optimizer": optimizer}
 
     def _save_checkpoint(
         self, step: int, position: int, samples: int, tokens: int, elapsed: float, loss: float
@@ -329,24 +448,32 @@ class Trainer:
         import random
 
         import torch
+        import torch.distributed.checkpoint as dcp
 
         root = self.work_dir / CHECKPOINTS
-        root.mkdir(parents=True, exist_ok=True)
         target = root / f"step-{step:08d}"
-        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-        try:
-            state = {
-                "weights": self._trainable_state(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-                "python_rng": random.getstate(),
-            }
-            torch.save(state, work / _STATE)
-            with (work / _STATE).open("rb") as handle:
+        work = root / f".{target.name}.partial"
+        main = self.accelerator.is_main_process
+        if main:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+        self.accelerator.wait_for_everyone()
+        with _single_process_quiet():
+            dcp.save(self._state_dicts(), checkpoint_id=work)
+        if main:
+            torch.save(
+                {
+                    "scheduler": self._scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+                    "python_rng": random.getstate(),
+                },
+                work / _TRAINER_STATE,
+            )
+            with (work / _TRAINER_STATE).open("rb") as handle:
                 os.fsync(handle.fileno())
             manifest = {
+                "format": CHECKPOINT_FORMAT,
                 "step": step,
                 "position": position,
                 "samples": samples,
@@ -354,56 +481,73 @@ class Trainer:
                 "elapsed_s": elapsed,
                 "loss": loss,
                 "base_model": self.base_model_id,
-                "identity": self.settings.identity(self.micro_batch),
-                "sha256": _sha256(work / _STATE),
+                "identity": self.settings.identity(),
+                "processes": self.processes,
+                "micro_batch": self.micro_batch,
+                "sha256": {
+                    f.name: _sha256(f) for f in sorted(work.iterdir()) if f.name != _MANIFEST
+                },
             }
             (work / _MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
             if target.exists():  # a refused checkpoint of this step, from before a resume
                 shutil.rmtree(target)
             os.rename(work, target)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        kept = sorted(root.glob("step-*"))
-        for old in kept[: -self.settings.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+            kept = sorted(root.glob("step-*"))
+            for old in kept[: -self.settings.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
 
-    def _load_checkpoint(self, directory: Path) -> dict[str, Any]:
-        import random
-
-        import torch
-
+    def _verified_manifest(self, directory: Path) -> dict[str, Any]:
+        """The manifest of the checkpoint in `directory` once its identity and every file's
+        SHA-256 match (CheckpointError otherwise)."""
         try:
             manifest = json.loads((directory / _MANIFEST).read_text())
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{directory}: unreadable manifest ({exc})") from None
         if manifest.get("base_model") != self.base_model_id:
             raise CheckpointError(f"{directory}: made on {manifest.get('base_model')}")
-        if manifest.get("identity") != self.settings.identity(self.micro_batch):
+        if manifest.get("identity") != self.settings.identity():
             raise CheckpointError(
                 f"{directory}: made with other settings (seed, batch, LoRA shape...); "
                 "resume with the same settings or start in a new directory"
             )
-        path = directory / _STATE
-        if not path.is_file() or _sha256(path) != manifest.get("sha256"):
-            raise CheckpointError(f"{directory}: {_STATE} does not match its checksum")
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as exc:  # torch raises many kinds for a damaged file
-            raise CheckpointError(f"{directory}: unreadable state ({exc})") from None
-        names = {n for n, p in self.model.named_parameters() if p.requires_grad}
-        if set(state["weights"]) != names:
-            raise CheckpointError(f"{directory}: its weights do not fit this adapter")
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                if p.requires_grad:
-                    p.copy_(state["weights"][name].to(p.device))
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        random.setstate(state["python_rng"])
+        digests = manifest.get("sha256")
+        if manifest.get("format") != CHECKPOINT_FORMAT or not isinstance(digests, dict):
+            raise CheckpointError(f"{directory}: made by an older trainer (another format)")
+        for name, digest in digests.items():
+            path = directory / name
+            if not path.is_file() or _sha256(path) != digest:
+                raise CheckpointError(f"{directory}: {name} does not match its checksum")
         return dict(manifest)
+
+    def _load_checkpoint(self, directory: Path) -> dict[str, Any]:
+        import random
+
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        manifest = self._verified_manifest(directory)
+        state = self._state_dicts()
+        try:
+            with _single_process_quiet():
+                dcp.load(state, checkpoint_id=directory)
+            extra = torch.load(directory / _TRAINER_STATE, map_location="cpu", weights_only=False)
+        except Exception as exc:  # a checkpoint of another adapter, or damaged past the hash
+            raise CheckpointError(f"{directory}: its state does not fit this run ({exc})") from None
+        set_state_dict(
+            self.model,
+            self._optimizer,
+            model_state_dict=state["weights"],
+            optim_state_dict=state["optimizer"],
+            options=_OPTIONS(),
+        )
+        self._scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["torch_rng"])
+        if extra["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(extra["cuda_rng"])
+        random.setstate(extra["python_rng"])
+        return manifest
 
     def _resume(self) -> tuple[dict[str, Any] | None, list[str]]:
         refused: list[str] = []
@@ -418,15 +562,6 @@ class Trainer:
 
     # --- steps ---
 
-    def _autocast(self) -> Any:
-        import contextlib
-
-        import torch
-
-        if not self.settings.autocast:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16)
-
     def _mean_logprobs(self, batch: list[_Encoded]) -> tuple[Any, Any]:
         """([batch] each middle's mean token log-likelihood, [batch] its KL to the reference or
         None), with the LM head at the middle's positions only (`middle_only`) or, as before,
@@ -435,13 +570,13 @@ class Trainer:
         packed = pack([(e.ids, e.prompt_len) for e in batch], self._pad)
         if not self.settings.middle_only:
             return self._mean_logprobs_last_positions(packed), None
-        with self._autocast():
+        with self.accelerator.autocast():
             # The reference first: taking the start weights swaps them in and back in place,
             # which must not happen between the forward pass and its backward.
             reference = (
                 self.reference.logits(packed, self.device) if self.reference is not None else None
             )
-            logits = middle_logits(self.model, packed, self.device)
+            logits = self.forward(packed, self.device, 0)
         picked, logprobs = token_logprobs(logits, packed, full=reference is not None)
         kl = kl_to_reference(logprobs, reference, packed) if reference is not None else None
         return per_row_mean(picked, packed), kl
@@ -452,21 +587,16 @@ class Trainer:
 
         kept = int(packed.counts.max()) + 1
         longest = packed.ids.shape[1]
-        with self._autocast():
-            out = self.model(
-                input_ids=packed.ids.to(self.device),
-                attention_mask=packed.mask.to(self.device),
-                position_ids=packed.positions.to(self.device),
-                logits_to_keep=kept,
-                use_cache=False,
-            )
-        logprobs = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
+        with self.accelerator.autocast():
+            logits = self.forward(packed, self.device, kept)
+        logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         columns = packed.columns.to(self.device) - (longest - kept)
         picked = logprobs[packed.rows.to(self.device), columns, packed.targets.to(self.device)]
         return per_row_mean(picked, packed)
 
-    def _micro_loss(self, batch: list[_Encoded]) -> tuple[Any, float]:
-        """Sum over the micro-batch of each example's loss, divided by the effective batch."""
+    def _micro_loss(self, batch: list[_Encoded], scale: float) -> tuple[Any, float]:
+        """Sum over the micro-batch of each example's loss times `scale`, and the sum of its
+        examples' negative log-likelihoods."""
         import torch
 
         mean_logprob, kl = self._mean_logprobs(batch)
@@ -487,7 +617,65 @@ class Trainer:
         total = torch.stack(losses).sum()
         if kl is not None:
             total = total + self.settings.kl_weight * kl.sum()
-        return total / self.settings.effective_batch, float(-mean_logprob.detach().mean())
+        return total * scale, float(-mean_logprob.detach().sum())
+
+    def _accumulate(
+        self,
+        micro_batch: int,
+        share: list[tuple[int, _Encoded]],
+        filler: _Encoded,
+        step: int,
+        kill_at: int,
+    ) -> tuple[float, int]:
+        """This process's share of a step as micro-batches of `micro_batch`, gradients
+        accumulated (synced across processes on the last); (summed NLL, tokens). A process
+        with no share (a short last step) runs `filler` at weight 0, as DDP needs every
+        process's backward pass."""
+        examples = [encoded for _, encoded in share]
+        # DDP averages the processes' gradients: each process's sum is scaled so that the
+        # average is the sum over the whole step divided by the effective batch.
+        scale = self.processes / self.settings.effective_batch
+        if not examples:
+            examples, scale = [filler], 0.0
+        chunks = [examples[k : k + micro_batch] for k in range(0, len(examples), micro_batch)]
+        self.optimizer.zero_grad(set_to_none=True)
+        nll = 0.0
+        for k, chunk in enumerate(chunks):
+            if self.before_micro_batch is not None:
+                self.before_micro_batch(len(chunk))
+            synced = k == len(chunks) - 1
+            with contextlib.nullcontext() if synced else self.accelerator.no_sync(self.forward):
+                loss, chunk_nll = self._micro_loss(chunk, scale)
+                self.accelerator.backward(loss)
+            if kill_at and step + 1 == kill_at and k == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            nll += chunk_nll if scale else 0.0
+        self.micro_batch = micro_batch
+        return nll, sum(len(e.ids) for _, e in share)
+
+    def _read_step(
+        self, examples: Iterator[tuple[int, FimExample]], position: int
+    ) -> tuple[_Step, int, bool]:
+        """The next `effective_batch` examples that encode (every process reads and encodes
+        the same ones), the stream position after them, and whether the stream ended."""
+        step = _Step([], [])
+        while len(step.encoded) < self.settings.effective_batch:
+            item = next(examples, None)
+            if item is None:
+                return step, position, True
+            index, example = item
+            position = index + 1
+            encoded = encode(
+                example,
+                self.tokenizer,
+                self.template,
+                self.settings.max_prompt_tokens,
+                self.settings.max_middle_tokens,
+            )
+            if encoded is not None:
+                step.positions.append(index)
+                step.encoded.append(encoded)
+        return step, position, False
 
     def run(
         self,
@@ -496,8 +684,10 @@ class Trainer:
         on_progress: Callable[[Progress], None] | None = None,
     ) -> TrainResult:
         """Train until `budget` is spent (or the stream ends), resuming from a checkpoint in
-        `work_dir` when there is one, and write the adapter to `work_dir/adapter`."""
+        `work_dir` when there is one, and write the adapter to `work_dir/adapter` (the main
+        process)."""
         import torch
+        from accelerate.utils import find_executable_batch_size
 
         manifest, refused = self._resume()
         step = int(manifest["step"]) if manifest else 0
@@ -509,59 +699,48 @@ class Trainer:
         resumed_from = step
         if manifest is None:
             torch.manual_seed(self.settings.seed)
-        examples = stream()
-        for _ in range(position):  # the stream is deterministic: skip what was trained on
+        # The stream is deterministic: skip what was trained on (counted over all processes).
+        examples = enumerate(stream())
+        for _ in range(position):
             if next(examples, None) is None:
                 break
+        accumulate = find_executable_batch_size(
+            self._accumulate,
+            starting_batch_size=self.micro_batch,
+            reduce_batch_size_fn=self._halve_micro_batch,
+        )
         kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0") or 0)
+        examples_log = os.environ.get(EXAMPLES_LOG_ENV)
         started = time.perf_counter()
         samples_at_start = samples
         ended = False
-        self.model.train()
+        self.forward.train()
         while not budget.reached(samples, tokens, elapsed_before + time.perf_counter() - started):
-            self.optimizer.zero_grad(set_to_none=True)
-            step_loss = 0.0
-            step_samples = 0
-            for micro in range(self.accumulation):
-                batch: list[_Encoded] = []
-                while len(batch) < self.micro_batch:
-                    example = next(examples, None)
-                    if example is None:
-                        ended = True
-                        break
-                    position += 1
-                    encoded = encode(
-                        example,
-                        self.tokenizer,
-                        self.template,
-                        self.settings.max_prompt_tokens,
-                        self.settings.max_middle_tokens,
-                    )
-                    if encoded is not None:
-                        batch.append(encoded)
-                if not batch:
-                    break
-                loss, nll = self._micro_loss(batch)
-                loss.backward()
-                if kill_at and step + 1 == kill_at and micro == 0:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                step_loss += nll * len(batch)
-                step_samples += len(batch)
-                tokens += sum(len(e.ids) for e in batch)
-            if step_samples == 0:
+            batch, position, ended = self._read_step(examples, position)
+            if not batch.encoded:
                 break
-            torch.nn.utils.clip_grad_norm_(self._params, 1.0)
+            share = batch.share(self.rank, self.processes)
+            nll, local_tokens = accumulate(share, batch.encoded[-1], step, kill_at)
+            self.accelerator.clip_grad_norm_(self._params, 1.0)
             self.optimizer.step()
             self.scheduler.step()
             step += 1
+            totals = self.accelerator.reduce(
+                torch.tensor([nll, float(local_tokens)], device=self.device), reduction="sum"
+            )
+            step_loss, step_tokens = (float(v) for v in totals.tolist())
+            step_samples = len(batch.encoded)
             samples += step_samples
+            tokens += int(step_tokens)
+            if examples_log:
+                _log_examples(Path(examples_log), self.rank, step, share, self.micro_batch)
             loss_avg = (
                 step_loss / step_samples
                 if step == 1
                 else 0.9 * loss_avg + 0.1 * (step_loss / step_samples)
             )
             elapsed = elapsed_before + time.perf_counter() - started
-            if on_progress is not None:
+            if on_progress is not None and self.accelerator.is_main_process:
                 rate = (samples - samples_at_start) / max(time.perf_counter() - started, 1e-9)
                 on_progress(
                     Progress(
@@ -578,16 +757,18 @@ class Trainer:
                 self._save_checkpoint(step, position, samples, tokens, elapsed, loss_avg)
             if ended:
                 break
-        self.model.eval()
+        self.forward.eval()
         run_s = time.perf_counter() - started
         elapsed = elapsed_before + run_s
         adapter = self.work_dir / FINAL_ADAPTER
-        save_adapter(
-            self.model,
-            adapter,
-            self.base_model_id,
-            {"steps": step, "samples": samples, "tokens": tokens, "seed": self.settings.seed},
-        )
+        if self.accelerator.is_main_process:
+            save_adapter(
+                self.model,
+                adapter,
+                self.base_model_id,
+                {"steps": step, "samples": samples, "tokens": tokens, "seed": self.settings.seed},
+            )
+        self.accelerator.wait_for_everyone()
         rate = (samples - samples_at_start) / run_s if run_s > 0 else 0.0
         return TrainResult(
             steps=step,
@@ -605,5 +786,48 @@ class Trainer:
             peak_rss_mb=round(_peak_rss_mb(), 1),
             adapter=str(adapter),
             stream_ended=ended,
+            processes=self.processes,
+            weights_sha256=weights_digest(self.model),
+            mixed_precision=self.mixed_precision,
             settings=asdict(self.settings),
         )
+
+    def _halve_micro_batch(self) -> int:
+        """The micro-batch after an out-of-memory error: half (0 when one example did not fit,
+        which ends the run with accelerate's error)."""
+        self.micro_batch //= 2
+        log.warning(
+            "out of memory: the micro-batch is now %d (%d a step)",
+            self.micro_batch,
+            self.accumulation if self.micro_batch else 0,
+        )
+        return self.micro_batch
+
+
+def _OPTIONS() -> Any:
+    """State-dict options of the checkpoints: the trainable (LoRA) weights only."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """torch.distributed.checkpoint in a plain process (no process group) warns that it
+    assumes one process, which is what is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _log_examples(
+    path: Path, rank: int, step: int, share: Sequence[tuple[int, _Encoded]], micro_batch: int
+) -> None:
+    line = {
+        "rank": rank,
+        "step": step,
+        "positions": [p for p, _ in share],
+        "micro_batch": micro_batch,
+    }
+    with path.open("a") as handle:
+        handle.write(json.dumps(line) + "\n")

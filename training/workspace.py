@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,18 @@ class TrainableModel:
     family: str
     warm_start: WarmStart
 
+    def trainer(self, settings: TrainSettings, work_dir: Path, device: str | None) -> Trainer:
+        """A `Trainer` of this model, its tokenizer and its family's FIM template."""
+        return Trainer(
+            self.model,
+            self.tokenizer,
+            template_for(self.family),
+            self.base_model_id,
+            settings,
+            work_dir,
+            device=device,
+        )
+
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -96,10 +109,13 @@ class RunPlan:
 
     def save(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        work = run_dir / f".{PLAN_FILE}.tmp"
         mark = list(self.mark) if self.mark is not None else None
-        work.write_text(json.dumps({"upto": self.upto, "mark": mark, "serving": self.serving}))
-        os.replace(work, run_dir / PLAN_FILE)
+        # A temporary file of its own: the processes of a launched run all write the same plan.
+        with tempfile.NamedTemporaryFile(
+            "w", dir=run_dir, prefix=f".{PLAN_FILE}.", delete=False
+        ) as handle:
+            handle.write(json.dumps({"upto": self.upto, "mark": mark, "serving": self.serving}))
+        os.replace(handle.name, run_dir / PLAN_FILE)
 
     def warm_source(self, registry: AdapterRegistry | None) -> tuple[int, Path] | WarmStart:
         """The adapter to start from, or why the run starts fresh."""
@@ -221,15 +237,7 @@ def train_workspace(
         result.window = chosen.summary()
         result.warm_start = trainable.warm_start.summary()
         return result, held_out
-    trainer = Trainer(
-        trainable.model,
-        trainable.tokenizer,
-        template_for(trainable.family),
-        trainable.base_model_id,
-        settings,
-        work_dir,
-        device=device,
-    )
+    trainer = trainable.trainer(settings, work_dir, device)
     stream = example_stream(root, train_files, settings.seed, feedback, chosen, rewards)
     result = trainer.run(stream, budget, on_progress)
     result.window = chosen.summary()

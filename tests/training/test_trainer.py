@@ -160,7 +160,7 @@ def test_corrupt_checkpoint_is_refused_and_the_previous_one_used(
 ) -> None:
     work = tmp_path / "run"
     _train(workspace, tiny_model_path, tmp_path, work, samples=8)  # checkpoints at steps 1, 2
-    newest = work / CHECKPOINTS / "step-00000002" / "state.pt"
+    newest = next((work / CHECKPOINTS / "step-00000002").glob("*.distcp"))
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF
     newest.write_bytes(bytes(data))
@@ -169,18 +169,21 @@ def test_corrupt_checkpoint_is_refused_and_the_previous_one_used(
     assert "does not match its checksum" in result.refused_checkpoints[0]
 
 
-def test_checkpoint_of_other_settings_is_refused(
+def test_a_checkpoint_resumes_with_another_micro_batch_but_not_another_effective_batch(
     workspace: Path, tiny_model_path: Path, tmp_path: Path
 ) -> None:
+    """The micro-batch only decides how a step is computed (it may differ on other hardware),
+    so a checkpoint resumes with another; the effective batch decides the maths: refused."""
     work = tmp_path / "run"
     _train(workspace, tiny_model_path, tmp_path, work, samples=4)
-    other = TrainSettings(micro_batch=1, effective_batch=4, max_prompt_tokens=96)
-    result, _ = train_workspace(
-        workspace, model=str(tiny_model_path), cache_dir=tmp_path, work_dir=work,
-        budget=Budget(samples=4), settings=other,
-    )  # fmt: skip
-    assert result.resumed_from_step == 0
-    assert "other settings" in result.refused_checkpoints[0]
+    other_micro = replace(SMALL, micro_batch=1)
+    resumed = _train(workspace, tiny_model_path, tmp_path, work, 8, other_micro)
+    assert resumed.resumed_from_step == 1 and resumed.steps == 2
+    assert resumed.micro_batch == 1 and resumed.accumulation == 4
+    other = replace(SMALL, effective_batch=2)
+    refused = _train(workspace, tiny_model_path, tmp_path, work, 4, other)
+    assert refused.resumed_from_step == 0
+    assert "other settings" in refused.refused_checkpoints[0]
 
 
 def test_a_run_resumes_across_activation_checkpointing_but_not_across_the_math(
