@@ -3,9 +3,10 @@
 tabloop backend [--host 127.0.0.1] [--port 8765] [--db URL] [--workers N] [--lambda 1]
                 [--train-interval 60] [--failover 30] [--rate-limits shared|local]
                 [--adapter-every 1h|off] [--adapter-min-events 200] [--adapter-budget 20m]
-                [--adapter-model bundled]
+                [--adapter-model bundled] [--adapter-blob-url URL]
 tabloop backend trainer --db POSTGRESQL_URL [--failover 30] [--lambda 1]
-                        [--adapters [--adapter-budget 20m] [--adapter-model bundled]]
+                        [--adapters [--adapter-budget 20m] [--adapter-model bundled]
+                                    [--adapter-blob-url URL]]
 tabloop backend token create --tenant NAME [--label WHO] [--admin] [--db URL]
 tabloop backend token revoke TOKEN [--db URL]
 tabloop backend tenant set NAME --require-approval|--no-require-approval [--db URL]
@@ -202,6 +203,12 @@ def _adapter_arguments(parser: argparse.ArgumentParser, *, trainer: bool = False
     group.add_argument(
         "--adapter-model", default=None, help="base model of the adapters (default: bundled)"
     )
+    group.add_argument(
+        "--adapter-blob-url",
+        default=None,
+        help="where the adapter files are stored: a directory or any fsspec URL, the same for "
+        "every instance and trainer (default: adapter-blobs/ in the cache directory)",
+    )
 
 
 def adapter_schedule(args: argparse.Namespace) -> AdapterSchedule:
@@ -307,6 +314,7 @@ _FLAGS: dict[str, tuple[str, ...]] = {
     "adapter_budget": ("adapters", "budget_s"),
     "adapter_samples": ("adapters", "budget_samples"),
     "adapter_model": ("adapters", "model"),
+    "adapter_blob_url": ("adapters", "blob_url"),
 }
 
 

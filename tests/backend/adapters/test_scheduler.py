@@ -72,6 +72,14 @@ def test_on_by_default_and_off_with_the_setting(
         assert not adapter_schedule(_serve_parser().parse_args(["--adapter-every", off])).enabled
     trainer = _trainer_parser().parse_args(["--adapters", "--adapter-samples", "64"])
     assert trainer.adapters and adapter_schedule(trainer).budget_samples == 64
+    assert default_schedule.blob_url is None  # adapter-blobs/ in the cache directory
+    monkeypatch.setenv("TABLOOP_BACKEND_ADAPTERS__BLOB_URL", "s3://team/adapters")
+    assert adapter_schedule(_trainer_parser().parse_args(["--adapters"])).blob_url == (
+        "s3://team/adapters"
+    )
+    flagged = _serve_parser().parse_args(["--adapter-blob-url", str(tmp_path / "blobs")])
+    assert adapter_schedule(flagged).blob_url == str(tmp_path / "blobs")
+    monkeypatch.delenv("TABLOOP_BACKEND_ADAPTERS__BLOB_URL")
     for bad in ("often", "-1h"):
         with pytest.raises(SystemExit):
             _serve_parser().parse_args(["--adapter-every", bad])
