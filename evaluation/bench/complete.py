@@ -14,7 +14,10 @@ report lists under `changed_from_defaults`: telemetry is sent to a real backend 
 port, started for the run (by default nothing leaves the machine). Other configurations change
 what they say on top of that: `gate_open` (the gate never silences: `policy.showFloor` 1.0),
 `no_cache` (every cache and the prefetch off), `ct2` (CTranslate2 int8), `torch` (the torch
-runner), `no_wait` (`completion.latencyWaitMs` 0).
+runner), `no_wait` (`completion.latencyWaitMs` 0), `no_training` (the background training loop
+off) and `training` (a background training run of the workspace's adapter going on while the
+person types: the loop's settings changed only so that the run is due at once, and the typing
+starts once it has made a step; the loop pauses it while completions are served, as always).
 
 Every request is counted, by how it ended (the server's own timing record of each request,
 joined by its JSON-RPC id): shown, silenced by the gate, empty, latency skip, cancelled by the
@@ -181,14 +184,18 @@ async def replay(
     after: str,
     path: Path,
     changed: dict[str, Any],
+    *,
+    training: bool = False,
 ) -> dict[str, Any]:
-    """Type `keys` into `path` through a server started with `changed` (and nothing else)."""
+    """Type `keys` into `path` through a server started with `changed` (and nothing else);
+    with `training`, once the server's background run has made its first step."""
     client = TabloopClient()
     await client.launch(path.parent, changed)
     status = await client.wait_until_ready(900)
     if status["model"]["state"] != "ready":
         raise RuntimeError(f"model not ready: {status['model']}")
     index_s = await _wait_for_index(client)
+    training_s = await _wait_for_training(client) if training else None
     status = await client.status()
     uri = client.open(path, before + after)
     start_status = status
@@ -296,7 +303,26 @@ async def replay(
         "server_rss_mb": memory["rss_mb"],
         "server_peak_rss_mb": memory["peak_rss_mb"],
         "telemetry": status.get("telemetry", {}),
+        # The background loop at the end: its state, and the run's pauses and last step.
+        "training": {"seconds_waited_for_a_step": training_s, **status.get("training", {})},
     }
+
+
+async def _wait_for_training(client: TabloopClient, timeout_s: float = 900) -> float:
+    """Seconds until the server's background training run reported its first step (or ended:
+    a small workspace's run may end before the status is read; the report's `training` says
+    whether one was still going on at the end)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        training = (await client.status()).get("training") or {}
+        if training.get("state") == "off":
+            raise RuntimeError(f"background training is off: {training.get('reason')}")
+        if (training.get("run") or {}).get("step") or (training.get("lastRun") or {}).get(
+            "endedAt"
+        ):
+            return round(time.monotonic() - started, 1)
+        await asyncio.sleep(0.5)
+    raise RuntimeError("the background training run made no step in time")
 
 
 async def _wait_for_index(client: TabloopClient, timeout_s: float = 900) -> float | None:
@@ -459,7 +485,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "torch": {"completion": {"engine": "torch"}},
     # A request that would come too late answered empty at once, without waiting.
     "no_wait": {"completion": {"latencyWaitMs": 0}},
+    # The background training loop off: what `training` is compared with.
+    "no_training": {"training": {"auto": False}},
+    # A background training run of the workspace's adapter going on while the person types: due
+    # at once (any changed file, no idle wait, whatever the load), the loop's other settings
+    # (its thread, priority, memory cap, pausing while completions are served) as they are.
+    "training": {"training": {"idleS": 0, "minChangedFiles": 1, "checkEveryS": 1, "maxLoad": 1000}},
 }
+TRAINING_CONFIGS = ("training",)
+"""Configurations whose typing waits until the background run has made a training step."""
 
 
 def _merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
@@ -510,7 +544,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if completion:
                     changed["completion"] = completion
                 results[name] = await replay(
-                    keys, before, after, path, _merged(changed, CONFIGS[name])
+                    keys,
+                    before,
+                    after,
+                    path,
+                    _merged(changed, CONFIGS[name]),
+                    training=name in TRAINING_CONFIGS,
                 )
         finally:
             backend.terminate()
