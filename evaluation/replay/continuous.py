@@ -338,6 +338,15 @@ def run_continuous(
     rounds: list[dict[str, Any]] = []
     plays: list[Play] = []
     pending: dict[str, Any] | None = None  # the last run, until its version serves
+
+    def save_partial() -> None:
+        """What is done so far, to `--out`: it survives a run cut short."""
+        if args.out is not None:
+            partial = _report(
+                args, argv, rounds, plays, changed, loop_settings_, base_model, runner, started
+            )
+            args.out.write_text(json.dumps({**partial, "partial": True}, indent=2) + "\n")
+
     try:
         for number, part in enumerate(parts, start=1):
             for rel in part:
@@ -379,6 +388,7 @@ def run_continuous(
             }
             rounds.append(entry)
             plays.append((baseline, live))
+            save_partial()
             if number == len(parts):
                 break
             run = train_between_rounds(args, workspace, loop_settings_, clock, work, number)
@@ -391,6 +401,7 @@ def run_continuous(
                 run.pop("launched_at", None)
             entry["training"] = run
             pending = run
+            save_partial()
             brief = {k: v for k, v in run.items() if k != "report"}
             log.warning("round %d: %s", number, json.dumps(brief)[:400])
     finally:
