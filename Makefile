@@ -29,7 +29,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0 $(PIP_QUIET)
 	$(PIP) -e '.[dev,models,train]' $(PIP_QUIET)
-	$(PY) -c "import torch, transformers, ctranslate2, onnxruntime_genai, pygls, faiss, sentence_transformers"
+# The `stream` extra without torchvision (pyproject.toml says why).
+	$(PIP) --no-deps 'litdata>=0.2.76,<0.3' $(PIP_QUIET)
+	$(PY) -c "import torch, transformers, ctranslate2, onnxruntime_genai, pygls, faiss, sentence_transformers, peft, litdata"
 	touch $(STAMP)
 
 # Rebuilt when a source changes; needs npm (and the registry, once, for `npm ci`).
