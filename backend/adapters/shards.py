@@ -10,8 +10,9 @@ again with the same identity it reads nothing from the database when the epochs 
 there, and writes only the missing ones otherwise; shards made for another identity are refused
 (`ShardError`: a new plan needs a new directory).
 
-How a tenant run uses it (`backend.adapters.run` / `backend.adapters.launch`): the process that
-claims the job exports before it starts the training processes,
+How a tenant run is to use it (`backend.adapters.run` / `backend.adapters.launch` do not yet: they
+read the event store in every process): the process that claims the job exports before it starts
+the training processes,
 
     manifest = export_window(storage, tenant_id, plan.upto, plan.mark, window, seed,
                              run_dir / SHARDS, epochs=epochs_for(budget, count))
