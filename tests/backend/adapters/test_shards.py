@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from backend.adapters.dataset import TenantExamples, newest_event_row
-from backend.adapters.shards import export_window
+from backend.adapters.shards import epochs_for, export_window
 from backend.storage import Storage
 from tests.backend.adapters.events import logged, post
 from tests.support.backend_server import BackendServer
+from training.budget import Budget
 from training.examples import FimExample
+from training.lora import LoraShape
 from training.streamed import (
     MANIFEST,
     ShardError,
@@ -27,6 +29,7 @@ from training.streamed import (
     read_manifest,
     write_epoch,
 )
+from training.trainer import TrainSettings
 from training.window import WindowSettings
 
 SEED = 7
@@ -177,3 +180,28 @@ def test_a_damaged_record_is_refused_where_files_are_not_checked(tmp_path: Path)
     read = rank_examples(tmp_path, manifest=manifest)  # files not checked
     with pytest.raises(ShardError, match="SHA-256"):
         list(read)
+
+
+def test_the_trainer_on_the_shards_trains_the_adapter_the_database_stream_trains(
+    pg_backend: BackendServer, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    from training.workspace import load_trainable
+
+    data = _window(pg_backend)
+    settings = TrainSettings(
+        seed=SEED, effective_batch=4, micro_batch=2, max_prompt_tokens=64, lora=LoraShape(rank=4)
+    )
+    budget = Budget(samples=12)
+    epochs = epochs_for(budget, data.train_count)
+    assert epochs == 1
+    _export(data, tmp_path / "shards", epochs, pg_backend.services.storage)
+    digests = []
+    for name, stream in (
+        ("database", data.stream(SEED)),
+        ("shards", rank_stream(tmp_path / "shards")),
+    ):
+        trainable = load_trainable(str(tiny_model_path), tmp_path / "cache", settings)
+        result = trainable.trainer(settings, tmp_path / name, "cpu").run(stream, budget)
+        assert result.samples == 12
+        digests.append(result.weights_sha256)
+    assert digests[0] == digests[1]
