@@ -61,6 +61,9 @@ class TenantRunOptions:
     """A promoted version serves this share of the tenant's clients first (0: all at once)."""
     blob_url: str | None = None
     """Where the adapter files are stored (`backend.adapters.blobs`; None: under the cache)."""
+    processes: int = 1
+    """Processes that train the run on this machine (more than 1: under torchrun,
+    `backend.adapters.launch`; the database must be one they can all open)."""
 
 
 def tenant_registry(
@@ -166,26 +169,32 @@ def train_tenant(
     (run_dir / MARK_FILE).write_text(f"{upto}\n")
 
     from completion.adapters import read_manifest
-    from completion.fim import template_for
-    from training.trainer import Trainer
     from training.workspace import load_trainable
 
-    trainable = load_trainable(
-        options.model, cache_dir, options.settings, warm_source(plan, registry)
-    )
-    trainer = Trainer(
-        trainable.model,
-        trainable.tokenizer,
-        template_for(trainable.family),
-        trainable.base_model_id,
-        options.settings,
-        run_dir,
-        device=options.device,
-    )
-    result = trainer.run(data.stream(options.settings.seed), options.budget, on_progress)
+    warm = warm_source(plan, registry)
+    if options.processes > 1:
+        from backend.adapters.launch import run_launched
+
+        result = run_launched(
+            options.processes,
+            database_url=storage.url,
+            tenant=tenant,
+            model=options.model,
+            cache_dir=cache_dir,
+            run_dir=run_dir,
+            settings=options.settings,
+            budget=options.budget,
+            window=options.window,
+            warm=warm,
+            device=options.device,
+        )
+    else:
+        trainable = load_trainable(options.model, cache_dir, options.settings, warm)
+        trainer = trainable.trainer(options.settings, run_dir, options.device)
+        result = trainer.run(data.stream(options.settings.seed), options.budget, on_progress)
+        result.warm_start = trainable.warm_start.summary()
+        del trainer, trainable  # the evaluation loads the model for serving
     result.window = data.window.summary()
-    result.warm_start = trainable.warm_start.summary()
-    del trainer, trainable  # the evaluation loads the model for serving
     manifest = read_manifest(Path(result.adapter))
     train = {**asdict(result), "tenant": tenant, "through_event_id": upto}
     train["examples"] = data.summary()
