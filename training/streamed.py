@@ -40,8 +40,10 @@ How the trainer calls it (`training.trainer.Trainer.run` takes a `Callable[[], I
     # or, a trainer that reads only its own share and resumes at its checkpoint's `position`:
     stream = rank_stream(shards, rank, world_size, position)
 
-The shards are a directory on this machine by default; `location` may be any URL litdata reads
-(`s3://...`, with `cache_dir` for its downloaded chunks), its manifest read through fsspec.
+The shards are a directory on this machine by default, read in place; `location` may be any URL
+litdata reads (`s3://`, `gs://`, `azure://`, `r2://`, or `local:/dir`, a directory read as such
+a store), whose chunks litdata downloads to `cache_dir`; the manifest is read through fsspec
+(`local:` directly) and only records are checked there, not files.
 The workspace's own training (`training.workspace`) does not use shards: it reads its feedback
 and code directly in one process.
 """
@@ -62,7 +64,8 @@ from training.examples import FimExample
 MANIFEST = "manifest.json"
 FORMAT = 1
 DEFAULT_CHUNK_SIZE = 256  # records per litdata chunk file
-_INDEX = "index.json"  # litdata's
+LITDATA_LOCAL = "local:"
+"""litdata's prefix of a directory read as a remote store is (downloaded to `cache_dir`)."""
 _FIELDS = tuple(f for f in FimExample.__dataclass_fields__)
 
 # litdata asks the package index for a newer version of itself whenever a dataset is made.
@@ -176,8 +179,8 @@ def write_epoch(
 def read_manifest(location: str | Path) -> ShardManifest:
     """The manifest of the shards at `location` (a directory or a URL fsspec opens)."""
     where = f"{location}/{MANIFEST}"
-    if _is_local(location):
-        path = Path(location) / MANIFEST
+    if _is_local(location) or str(location).startswith(LITDATA_LOCAL):
+        path = Path(str(location).removeprefix(LITDATA_LOCAL)) / MANIFEST
         if not path.is_file():
             raise ShardError(f"{where}: no shard manifest")
         return ShardManifest.from_json(path.read_text(), where)
@@ -192,7 +195,10 @@ def read_manifest(location: str | Path) -> ShardManifest:
 
 
 def _is_local(location: str | Path) -> bool:
-    return isinstance(location, Path) or "://" not in location
+    """Whether the shards are a directory read in place (else litdata downloads them)."""
+    return isinstance(location, Path) or not (
+        "://" in location or location.startswith(LITDATA_LOCAL)
+    )
 
 
 def verify_local(location: str | Path, manifest: ShardManifest) -> None:

@@ -205,3 +205,20 @@ def test_the_trainer_on_the_shards_trains_the_adapter_the_database_stream_trains
         assert result.samples == 12
         digests.append(result.weights_sha256)
     assert digests[0] == digests[1]
+
+
+def test_shards_read_through_litdatas_download_path(tmp_path: Path) -> None:
+    """`local:DIR` is read as litdata reads a remote store (chunks downloaded to `cache_dir`):
+    the same records, and a changed text is refused by its record's SHA-256."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    _small_shards(shards)
+    local = [(i.position, i.example) for i in rank_examples(shards, 1, 2, position=3)]
+    remote = f"local:{shards}"
+    fetched = rank_examples(remote, 1, 2, position=3, cache_dir=tmp_path / "cache-a")
+    assert [(i.position, i.example) for i in fetched] == local
+    assert [p for p, _ in local] == [3, 5, 7, 9]
+    chunk = _chunk(shards)
+    chunk.write_bytes(chunk.read_bytes().replace(b"middle 4", b"middle 9"))
+    with pytest.raises(ShardError, match="SHA-256"):
+        list(rank_stream(remote, cache_dir=tmp_path / "cache-b")())
