@@ -89,6 +89,12 @@ class AdapterSchedule(BaseModel):
     eval_n: int = Field(50, ge=0, description="Held-out accepted suggestions replayed.")
     promote: bool = Field(True, description="Promote by the registry's rule after evaluation.")
     device: str | None = None
+    processes: int = Field(
+        1,
+        ge=1,
+        description="Processes that train each tenant run on the trainer's machine (more than "
+        "1: under torchrun, DDP; gloo on CPUs, NCCL on GPUs).",
+    )
     canary: ModelCanarySettings = Field(
         default_factory=lambda: ModelCanarySettings.model_validate({}),
         description="How a promoted version is canaried and judged (`backend.adapters.canary`).",
@@ -128,6 +134,7 @@ class AdapterSchedule(BaseModel):
             device=self.device,
             canary_share=self.canary.share,
             blob_url=self.blob_url,
+            processes=self.processes,
         )
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
+from pydantic import ValidationError
 from safetensors.torch import load_file
 
 from backend.adapters.run import TenantRunOptions, tenant_registry, train_tenant
+from backend.adapters.scheduler import AdapterSchedule
 from completion.adapters import WEIGHTS
 from tests.backend.adapters.events import logged, post
 from tests.support.backend_server import BackendServer
@@ -55,3 +58,10 @@ def test_a_tenant_run_on_two_processes_matches_one(
     assert any(t.abs().max() > 0 for name, t in weights[2].items() if "lora_B" in name)
     for name in weights[1]:
         assert torch.allclose(weights[1][name], weights[2][name], rtol=0, atol=1e-6), name
+
+
+def test_the_schedule_sets_the_process_count_of_its_runs() -> None:
+    assert AdapterSchedule.model_validate({}).options().processes == 1
+    assert AdapterSchedule.model_validate({"processes": 2}).options().processes == 2
+    with pytest.raises(ValidationError):
+        AdapterSchedule.model_validate({"processes": 0})
