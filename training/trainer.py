@@ -594,10 +594,14 @@ class Trainer:
         picked = logprobs[packed.rows.to(self.device), columns, packed.targets.to(self.device)]
         return per_row_mean(picked, packed)
 
-    def _micro_loss(self, batch: list[_Encoded], scale: float) -> tuple[Any, float]:
-        """Sum over the micro-batch of each example's loss times `scale`, and the sum of its
-        examples' negative log-likelihoods."""
+    def _micro_loss(self, batch: list[_Encoded], scale: float | None = None) -> tuple[Any, float]:
+        """Sum over the micro-batch of each example's loss times `scale` (None: divided by the
+        effective batch, as in one process), and the sum of its examples' negative
+        log-likelihoods."""
         import torch
+
+        if scale is None:
+            scale = 1 / self.settings.effective_batch
 
         mean_logprob, kl = self._mean_logprobs(batch)
         losses = []
