@@ -24,7 +24,7 @@ from training.budget import Budget
 from training.examples import FimExample, split_files, stream_code_examples, workspace_files
 from training.feedback import FeedbackStore, stream_feedback_examples
 from training.lora import attach_lora, load_lora, lora_config, lora_mismatch
-from training.registry import AdapterRegistry, AdapterRegistryError
+from training.registry import AdapterRegistry, AdapterRegistryError, AdapterVersions
 from training.trainer import Progress, Trainer, TrainResult, TrainSettings, mixed_stream
 from training.window import (
     OutcomeKey,
@@ -82,7 +82,7 @@ class RunPlan:
     serving: int | None  # the version serving then: the run warm-starts from its adapter
 
     @classmethod
-    def new(cls, registry: AdapterRegistry | None, upto: int) -> RunPlan:
+    def new(cls, registry: AdapterVersions | None, upto: int) -> RunPlan:
         serving = registry.serving() if registry is not None else None
         if registry is None or serving is None:
             return cls(upto, None, None)
@@ -117,7 +117,7 @@ class RunPlan:
             handle.write(json.dumps({"upto": self.upto, "mark": mark, "serving": self.serving}))
         os.replace(handle.name, run_dir / PLAN_FILE)
 
-    def warm_source(self, registry: AdapterRegistry | None) -> tuple[int, Path] | WarmStart:
+    def warm_source(self, registry: AdapterVersions | None) -> tuple[int, Path] | WarmStart:
         """The adapter to start from, or why the run starts fresh."""
         if registry is None:
             return WarmStart(None, "no adapter registry")

@@ -30,8 +30,8 @@ from backend.storage import Storage
 from training.budget import Budget
 from training.registry import RUN_DIR, AdapterRegistryError, AdapterVersions
 from training.trainer import Progress, TrainSettings
-from training.window import WindowSettings, mark_of
-from training.workspace import RunPlan, WarmStart
+from training.window import WindowSettings
+from training.workspace import RunPlan
 
 MARK_FILE = "events-upto"
 TRAINER = "trainer"
@@ -78,24 +78,6 @@ def tenant_registry(
     under `cache_dir`); ValueError for an unknown tenant or a name no tenant directory may
     have."""
     return TenantAdapters.open(storage, cache_dir, blob_url).registry(tenant, tenant_id)
-
-
-def new_plan(registry: AdapterVersions, upto: int) -> RunPlan:
-    """A run's plan (`training.workspace.RunPlan.new`) on a registry of either kind."""
-    serving = registry.serving()
-    if serving is None:
-        return RunPlan(upto, None, None)
-    return RunPlan(upto, mark_of(registry.get(serving).train), serving)
-
-
-def warm_source(plan: RunPlan, registry: AdapterVersions) -> tuple[int, Path] | WarmStart:
-    """The adapter a run starts from, or why it starts fresh (`RunPlan.warm_source`)."""
-    if plan.serving is None:
-        return WarmStart(None, "no adapter serves: the base model")
-    try:
-        return plan.serving, registry.path(plan.serving)
-    except AdapterRegistryError as exc:
-        return WarmStart(None, str(exc))
 
 
 def last_trained_event(registry: AdapterVersions) -> int:
@@ -148,7 +130,7 @@ def train_tenant(
     if options.fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
     try:
-        plan = RunPlan.load(run_dir) or new_plan(registry, newest_event_row(storage, tenant_id))
+        plan = RunPlan.load(run_dir) or RunPlan.new(registry, newest_event_row(storage, tenant_id))
     except ValueError as exc:  # a damaged plan: the message says to start afresh
         raise TenantTrainingError(f"tenant {tenant!r}: {exc}") from None
     upto = plan.upto
@@ -171,7 +153,7 @@ def train_tenant(
     from completion.adapters import read_manifest
     from training.workspace import load_trainable
 
-    warm = warm_source(plan, registry)
+    warm = plan.warm_source(registry)
     if options.processes > 1:
         from backend.adapters.launch import run_launched
 
