@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -58,11 +59,22 @@ CONFIGS: dict[str, dict[str, Any]] = {
 DEFAULT_CONFIGS = "today,default,checkpointing"
 
 
-def settings_of(name: str, args: argparse.Namespace) -> Any:
-    """The `TrainSettings` of configuration `name` (the shared choices from `args`)."""
+def split_config(spec: str) -> tuple[str, int]:
+    """`name` or `name@P` (P processes under torchrun, each with its share of the threads)."""
+    name, _, processes = spec.partition("@")
+    if not processes:
+        return name, 1
+    if not processes.isdigit() or int(processes) < 1:
+        raise SystemExit(f"tabloop bench train: {spec!r}: processes after @ must be at least 1")
+    return name, int(processes)
+
+
+def settings_of(spec: str, args: argparse.Namespace) -> Any:
+    """The `TrainSettings` of configuration `spec` (the shared choices from `args`)."""
     from training.lora import LoraShape
     from training.trainer import TrainSettings
 
+    name, _processes = split_config(spec)
     if name not in CONFIGS:
         raise SystemExit(
             f"tabloop bench train: unknown configuration {name!r}: {', '.join(CONFIGS)}"
@@ -136,6 +148,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         cpu_s = time.process_time() - cpu_began
     report: dict[str, Any] = {
         "config": args.child,
+        "rank": int(os.environ.get("RANK", "0")),
+        "processes": result.processes,
         "load_s": round(load_s, 2),
         "steps": result.steps,
         "samples": result.samples,
@@ -187,24 +201,52 @@ def _reset_peak_rss_mb() -> float | None:
 
 
 def _run_child(args: argparse.Namespace, name: str) -> dict[str, Any]:
-    command = [
-        sys.executable, "-m", "evaluation.bench.train", "--child", name,
-        "--model", args.model, "--cache-dir", args.cache_dir, "--threads", str(args.threads),
+    """Configuration `name` trained in a process of its own (or `name@P`: P processes under
+    torchrun, the threads shared out); its report (with several processes, the main process's,
+    with every process's peak memory and the CPU time of them all)."""
+    from training.launch import launch_command
+
+    _name, processes = split_config(name)
+    threads = max(1, args.threads // processes)
+    arguments = [
+        "--child", name,
+        "--model", args.model, "--cache-dir", args.cache_dir, "--threads", str(threads),
         "--samples", str(args.samples), "--corpus", args.corpus, "--seed", str(args.seed),
         "--effective-batch", str(args.effective_batch), "--micro-batch", str(args.micro_batch),
         "--max-prompt-tokens", str(args.max_prompt_tokens),
     ]  # fmt: skip
+    command = (
+        [sys.executable, "-m", __name__, *arguments]
+        if processes == 1
+        else launch_command(processes, arguments, module=__name__)
+    )
     print(f"bench train: {name}...", file=sys.stderr, flush=True)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return {"config": name, "error": done.stderr.strip().splitlines()[-3:]}
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    reports = sorted(
+        (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
+        key=lambda r: int(r["rank"]),
+    )
+    report = dict(reports[0])
+    if processes > 1:
+        cpu_s = sum(float(r["cpu_s"]) for r in reports)
+        report["threads_per_process"] = threads
+        report["cpu_s"] = round(cpu_s, 1)
+        report["samples_per_cpu_s"] = round(report["samples"] / cpu_s, 4) if cpu_s else None
+        report["peak_rss_mb_per_process"] = [r["peak_rss_mb"] for r in reports]
+        report["peak_rss_mb"] = round(sum(r["peak_rss_mb"] for r in reports), 1)
+    return report
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tabloop bench train", description=__doc__)
     parser.add_argument("--model", default="bundled")
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help=", ".join(CONFIGS))
+    parser.add_argument(
+        "--configs",
+        default=DEFAULT_CONFIGS,
+        help=", ".join(CONFIGS) + " (NAME@P: on P processes under torchrun, the threads shared)",
+    )
     parser.add_argument("--samples", type=int, default=16, help="training examples each")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--corpus", default="email", help="a directory or a stdlib package")
@@ -230,7 +272,7 @@ def main(argv: list[str]) -> int:
 
         args.cache_dir = str(default_cache_dir())
     if args.child:
-        print(json.dumps(child(args)))
+        print(json.dumps(child(args)), flush=True)
         return 0
     names = [BASELINE] + [n for n in args.configs.split(",") if n and n != BASELINE]
     for name in names:

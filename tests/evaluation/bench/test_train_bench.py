@@ -15,7 +15,7 @@ def test_each_configuration_trains_in_its_own_process_on_the_same_examples(
     tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = [
-        "--model", str(tiny_model_path), "--configs", "default", "--samples", "4",
+        "--model", str(tiny_model_path), "--configs", "default,default@2", "--samples", "4",
         "--effective-batch", "2", "--max-prompt-tokens", "64", "--corpus", "json",
         "--threads", "1", "--cache-dir", str(tmp_path), "--json",
     ]  # fmt: skip
@@ -23,7 +23,7 @@ def test_each_configuration_trains_in_its_own_process_on_the_same_examples(
     report = json.loads(capsys.readouterr().out)
     assert report["baseline"] == "today" and report["command"].startswith("tabloop bench train")
     results = report["results"]
-    assert list(results) == ["today", "default"]
+    assert list(results) == ["today", "default", "default@2"]
     for name, result in results.items():
         assert "error" not in result, result
         assert result["config"] == name and result["samples"] == 4 and result["steps"] == 2
@@ -41,8 +41,15 @@ def test_each_configuration_trains_in_its_own_process_on_the_same_examples(
         False,
     )
     assert today["checkpointing"] is False
-    assert default["middle_only"] is True and default["checkpointing"] is True
+    assert default["middle_only"] is True and default["checkpointing"] is False
     assert report["ratio_to_baseline"]["today"]["samples_per_s"] == 1.0
+    # Two processes under torchrun: the main process's report, every process's memory, the
+    # same examples (the token count) and the same settings.
+    assert [results[n]["processes"] for n in results] == [1, 1, 2]
+    two = results["default@2"]
+    assert two["settings"] == results["default"]["settings"]
+    assert len(two["peak_rss_mb_per_process"]) == 2
+    assert two["peak_rss_mb"] == pytest.approx(sum(two["peak_rss_mb_per_process"]), abs=0.2)
 
 
 def test_an_unknown_configuration_is_refused_before_anything_runs(tmp_path: Path) -> None:
