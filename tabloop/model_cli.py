@@ -44,6 +44,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from common.memory import release_memory
 from lsp_server import config
 from training.background import ProgressLog
 from training.budget import Budget, parse_duration
@@ -324,6 +325,7 @@ def train_model_main(argv: list[str]) -> int:
     if args.eval_n > 0 and held_out:
         if steps is not None:
             steps.judging()
+        release_memory()  # the trained model's memory, before the judging merges and converts
         report["evaluation"] = _evaluate(
             registry,
             record.version,

@@ -76,7 +76,7 @@ class TrainingLoopSettings(BaseModel):
         1, ge=1, description="CPU threads of the training process (OMP_NUM_THREADS, torch)."
     )
     max_memory_mb: int = Field(
-        8192,
+        12_288,
         ge=0,
         description="The training process is stopped when its resident memory passes this "
         "(it resumes from its checkpoint later); 0 sets no cap.",

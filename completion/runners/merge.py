@@ -22,6 +22,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from common.memory import release_memory
 from completion.adapters import (
     CONFIG,
     WEIGHTS,
@@ -128,6 +129,8 @@ def ensure_merged(
             raise
         except Exception as exc:
             raise ConversionError(f"could not merge adapter {version}: {exc}") from exc
+        finally:
+            release_memory()  # the merged torch model, before the converter loads it again
         return scratch
 
     files = manifest["files"]

@@ -294,6 +294,8 @@ def train_between_rounds(
             **report,
             "ran": True,
             "exit": code,
+            "stopped_for": child.stopped_for,  # the memory cap, when it was this side
+            "peak_rss_mb_sampled": round(peak_rss / 2**20),
             "run_s": round(run_s, 1),
             "log_tail": tail,
             "launched_at": launched_at,
