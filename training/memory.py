@@ -58,15 +58,20 @@ def bytes_per_example(
 
 
 def size_micro_batch(effective_batch: int, device: str, free_bytes: int, per_example: int) -> int:
-    """One example per pass on a CPU; on a GPU the largest divisor of `effective_batch` whose
-    activations fit in a third of the free memory (the machine keeps working beside the
-    trainer).
+    """One example per pass on a CPU; on a GPU `memory_micro_batch`.
 
     On a CPU a larger micro-batch only costs: the examples are padded to the longest, and the
     matrix products of one 450-token example already keep the cores busy (the bundled model on 2
     threads: 0.156 samples/s at one example per pass, 0.106 at two)."""
     if not device.startswith("cuda"):
         return 1
+    return memory_micro_batch(effective_batch, free_bytes, per_example)
+
+
+def memory_micro_batch(effective_batch: int, free_bytes: int, per_example: int) -> int:
+    """The largest divisor of `effective_batch` whose activations fit in a third of the free
+    memory (the machine keeps working beside the trainer): the rule on every device as the
+    trainer was first built (`tabloop bench train`'s baseline keeps it)."""
     fits = max(1, (free_bytes // 3) // max(per_example, 1))
     return max(d for d in range(1, effective_batch + 1) if effective_batch % d == 0 and d <= fits)
 

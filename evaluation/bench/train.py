@@ -12,7 +12,8 @@ micro-batch chosen, the final loss and the settings. The peak is also given for 
 model alone and for training alone (the peak is reset in between, where Linux allows it): loading
 maps the model's file, whose pages count as resident while it is read. `today` is the trainer as
 first built (float32 base, no autocast, logits for the batch's last positions, no activation
-checkpointing); `autocast` adds bfloat16 autocast and the head at the middle's positions, `bf16`
+checkpointing, the micro-batch sized from free memory on a CPU too); `autocast` adds bfloat16
+autocast and the head at the middle's positions, `bf16`
 a bfloat16 base too, `default` is `TrainSettings()` (float32, the head at the middle's positions,
 no activation checkpointing), `middle_only` the same spelt out, `checkpointing` the defaults with
 activation checkpointing (the least memory), `no_dropout` without the LoRA's
@@ -35,7 +36,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,20 @@ def corpus_root(corpus: str) -> Path:
     return stdlib
 
 
+def first_built_micro_batch(settings: Any, trainable: Any) -> int:
+    """The micro-batch the trainer as first built chose here: the memory rule on every device
+    (`memory_micro_batch`), where the trainer now takes one example a pass on a CPU."""
+    from training.memory import available_memory_bytes, bytes_per_example, memory_micro_batch
+
+    sequence = settings.max_prompt_tokens + settings.max_middle_tokens + 8
+    per_example = bytes_per_example(
+        trainable.model.config, sequence, settings.max_middle_tokens + 1, checkpointing=False
+    )
+    return memory_micro_batch(
+        settings.effective_batch, available_memory_bytes("cpu"), per_example
+    )
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """Train configuration `args.child` in this process and measure it."""
     import torch
@@ -120,6 +135,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     trainable = load_trainable(args.model, Path(args.cache_dir), settings)
     load_s = time.perf_counter() - started
     loading_peak = _reset_peak_rss_mb()
+    if split_config(args.child)[0] == BASELINE and not settings.micro_batch:
+        settings = replace(settings, micro_batch=first_built_micro_batch(settings, trainable))
     from completion.fim import template_for
 
     steps: list[tuple[float, int, int]] = []
