@@ -113,9 +113,7 @@ def first_built_micro_batch(settings: Any, trainable: Any) -> int:
     per_example = bytes_per_example(
         trainable.model.config, sequence, settings.max_middle_tokens + 1, checkpointing=False
     )
-    return memory_micro_batch(
-        settings.effective_batch, available_memory_bytes("cpu"), per_example
-    )
+    return memory_micro_batch(settings.effective_batch, available_memory_bytes("cpu"), per_example)
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
