@@ -3,8 +3,9 @@
 them and reads the result.
 
 The run that claims the job has already fixed the plan (the newest event row, the mark, the
-version it warm-starts from) in the run directory; every process reads the same plan and the same
-tenant examples from the database, loads the model, and trains its share of each step
+version it warm-starts from) and exported the window's examples as shards (`backend.adapters.
+shards`) in the run directory; every process reads the same plan and the same shards
+(`training.streamed.rank_stream`), loads the model, and trains its share of each step
 (`training.trainer`); the main process writes the adapter and prints the `TrainResult` as JSON,
 which the claiming run registers, evaluates and promotes as it does a run in its own process.
 Progress is not reported step by step from the processes (the report has the totals).
@@ -19,10 +20,11 @@ import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
-from backend.adapters.dataset import TenantExamples
+from backend.adapters.shards import SHARDS
 from backend.storage import Storage
 from training.budget import Budget
 from training.launch import launch_command, settings_json, settings_of
+from training.streamed import rank_stream
 from training.trainer import TrainResult, TrainSettings
 from training.window import WindowSettings
 from training.workspace import RunPlan, WarmStart, load_trainable
@@ -94,8 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     plan = RunPlan.load(args.run_dir)
     if tenant_id is None or plan is None:
         parser.error(f"no tenant {args.tenant!r} or no run planned in {args.run_dir}")
-    window = WindowSettings(**json.loads(args.window))
-    data = TenantExamples(storage, tenant_id, plan.upto, mark=plan.mark, window=window)
     warm: tuple[int, Path] | WarmStart = (
         (args.warm_version, args.warm_dir)
         if args.warm_version is not None and args.warm_dir is not None
@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     trainable = load_trainable(args.model, args.cache_dir, settings, warm)
     trainer = trainable.trainer(settings, args.run_dir, args.device)
-    result = trainer.run(data.stream(settings.seed), Budget(**json.loads(args.budget)))
+    # The window's shards, which the launching process exported (`backend.adapters.run`).
+    stream = rank_stream(args.run_dir / SHARDS)
+    result = trainer.run(stream, Budget(**json.loads(args.budget)))
     result.warm_start = trainable.warm_start.summary()
     if PartialState().is_main_process:
         print(json.dumps(asdict(result)))

@@ -26,9 +26,11 @@ from typing import Any
 
 from backend.adapters.dataset import TenantExamples, newest_event_row
 from backend.adapters.registry import TenantAdapterRegistry, TenantAdapters
+from backend.adapters.shards import SHARDS, epochs_for, export_window
 from backend.storage import Storage
 from training.budget import Budget
 from training.registry import RUN_DIR, AdapterRegistryError, AdapterVersions
+from training.streamed import rank_stream
 from training.trainer import Progress, TrainSettings
 from training.window import WindowSettings
 from training.workspace import RunPlan
@@ -154,6 +156,19 @@ def train_tenant(
     from training.workspace import load_trainable
 
     warm = plan.warm_source(registry)
+    # The window as shards, read by every process from the same place (a resumed run reuses
+    # them without reading the event store again).
+    export_window(
+        storage,
+        tenant_id,
+        upto,
+        plan.mark,
+        options.window,
+        options.settings.seed,
+        run_dir / SHARDS,
+        epochs=epochs_for(options.budget, data.train_count),
+        data=data,
+    )
     if options.processes > 1:
         from backend.adapters.launch import run_launched
 
@@ -173,7 +188,7 @@ def train_tenant(
     else:
         trainable = load_trainable(options.model, cache_dir, options.settings, warm)
         trainer = trainable.trainer(options.settings, run_dir, options.device)
-        result = trainer.run(data.stream(options.settings.seed), options.budget, on_progress)
+        result = trainer.run(rank_stream(run_dir / SHARDS), options.budget, on_progress)
         result.warm_start = trainable.warm_start.summary()
         del trainer, trainable  # the evaluation loads the model for serving
     result.window = data.window.summary()
