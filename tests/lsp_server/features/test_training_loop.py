@@ -180,7 +180,9 @@ async def test_training_pauses_while_completions_are_served_and_resumes(
     workspace: Path, tiny_model_path: Path, tmp_path: Path, clients: list[LanguageClient]
 ) -> None:
     cache = tmp_path / "cache"
-    init = options(cache, tiny_model_path, budget="10m", budgetSamples=100_000, pauseAfterMs=5000)
+    # The child stays stopped for 20 s after a request: long enough that a loaded machine
+    # cannot let the pause run out before the test looks at it.
+    init = options(cache, tiny_model_path, budget="10m", budgetSamples=100_000, pauseAfterMs=20_000)
     client = await start(workspace, init)
     clients.append(client)
     await until(client, lambda s: s["model"]["state"] == "ready", "model")
