@@ -74,7 +74,13 @@ from training.background import (
 from training.examples import workspace_files
 from training.feedback import FEEDBACK_FILE, FeedbackStore
 from training.local_canary import settle_local_canary, workspace_label
-from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir, version_label
+from training.registry import (
+    AdapterRegistry,
+    AdapterRegistryError,
+    parse_version_label,
+    scope_dir,
+    version_label,
+)
 from training.settings import TrainingLoopSettings
 from training.window import mark_of
 
@@ -150,7 +156,7 @@ class Workspace:
             mark = None
         return max(self.record.feedback_upto, mark[1] if mark is not None else 0)
 
-    def material(self, settings: TrainingLoopSettings) -> Material:
+    def material(self) -> Material:
         """What is new since the last run, counted as the server's training loop counts it."""
         new_feedback = self.store.count_after(self.serving_mark())
         started = self.record.last_started
@@ -246,7 +252,7 @@ def train_between_rounds(
 ) -> dict[str, Any]:
     """What the server's training loop does after the round: a run if one is due, waited for."""
     waited = clock.skip(loop_settings_.idle_s) + clock.skip(loop_settings_.check_every_s)
-    material = workspace.material(loop_settings_)
+    material = workspace.material()
     activity = Activity(0, loop_settings_.idle_s, 0.0)
     reason = wait_reason(loop_settings_, material, activity, workspace.record, clock.now())
     if reason is not None and reason.startswith("the minimum interval"):
@@ -367,7 +373,7 @@ def run_continuous(
             )
             if pending is not None and pending.get("outcome") == "promoted":
                 # Served from the next round's first session on it: add the swap measured then.
-                label = workspace_label(_version_number(pending["version"]))
+                label = workspace_label(parse_version_label(pending["version"]))
                 swaps = [s for name, s in serving["swaps"] if name == label]
                 pending["event_to_serving_s"] = (
                     round(pending["to_run_end_s"] + swaps[0], 1) if swaps else None
@@ -409,10 +415,6 @@ def run_continuous(
     finally:
         store.close()
     return _report(args, argv, rounds, plays, changed, loop_settings_, base_model, runner, started)
-
-
-def _version_number(name: str | None) -> int | None:
-    return int(name.lstrip("v")) if name else None
 
 
 def _gains(compared: dict[str, Any]) -> dict[str, Any]:
