@@ -31,6 +31,8 @@ from telemetry.spool import Spool
 log = logging.getLogger(__name__)
 
 SPOOL_FILE = "spool.sqlite3"
+TELEMETRY_DIR = "telemetry"
+"""The telemetry client's directory under the cache: the spool and the installation's id."""
 WRITER_BATCH = 1000
 
 
@@ -49,6 +51,11 @@ def install_id(directory: Path) -> str:
     tmp.write_text(made, encoding="ascii")
     tmp.replace(path)
     return made
+
+
+def cached_install_id(cache: Path) -> str:
+    """This installation's id, as its telemetry client under cache directory `cache` sends it."""
+    return install_id(cache / TELEMETRY_DIR)
 
 
 class TelemetryClient:

@@ -23,8 +23,12 @@ def load_runner(
     cache_dir: Path,
     *,
     progress: Callable[[str], None] | None = None,
+    user: str = "",
 ) -> ModelRunner:
     """The runner the settings ask for: in-process (`local`) or an OpenAI-compatible server.
+
+    `user` is the installation's id, which an OpenAI-compatible server is sent with each request
+    (the backend's adapter canary picks the installation's arm by it).
 
     Loading a local model takes seconds to minutes; call this off the event loop.
     """
@@ -39,6 +43,7 @@ def load_runner(
             api_key=settings.http_api_key,
             timeout_s=settings.http_timeout_s,
             family=family,
+            user=user,
         )
     adapter = Path(settings.adapter).expanduser() if settings.adapter else None
     if settings.engine != "torch":

@@ -9,6 +9,10 @@ On a server that loads LoRA adapters by name (vLLM's `--lora-modules` or its dyn
 `adapter` name is sent as `model` in place of the base model's. A server that answers 404 for it
 (not loaded there) gets the request again for the base model, and the log says so once, until
 the adapter serves again.
+
+A `user` (the installation's id, as its telemetry events carry it) goes with every request, as the
+OpenAI API's `user` field: the backend's completion endpoint puts the installation on its tenant's
+adapter canary arm by it (`backend/routes/completions.py`); other servers ignore it.
 """
 
 from __future__ import annotations
@@ -53,11 +57,13 @@ class HttpRunner:
         family: str | None = None,
         logprobs: bool = True,
         adapter: str = "",
+        user: str = "",
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.adapter = adapter
+        self.user = user
         self._adapter_missing = False
         self.timeout_s = timeout_s
         self.logprobs = logprobs
@@ -95,6 +101,8 @@ class HttpRunner:
         }
         if self.logprobs:
             payload["logprobs"] = 1
+        if self.user:
+            payload["user"] = self.user
         started = time.perf_counter()
         models = [self.adapter, self.model] if self.adapter and self.adapter != self.model else []
         for model in models or [self.model]:

@@ -26,7 +26,7 @@ from lsp_server.config import Settings
 from lsp_server.progress import WorkDoneProgress
 from lsp_server.protocol import ADAPTER_PROGRESS_TITLE, ADAPTER_PROGRESS_TOKEN_PREFIX
 from lsp_server.server import TabloopServer
-from telemetry.client import install_id
+from telemetry.client import cached_install_id
 from telemetry.events import BASE_MODEL_VERSION
 from training.local_canary import workspace_label
 from training.registry import REGISTRY_FILE, AdapterRegistry, AdapterRegistryError, scope_dir
@@ -225,7 +225,7 @@ class AdapterFeature:
             scope = hashlib.sha256(f"{url}\n{token}".encode()).hexdigest()[:16]
             root = settings.cache_path() / "adapters" / f"backend-{scope}"
             # The installation's id, as telemetry sends it: the backend's canary arm follows it.
-            client = install_id(settings.cache_path() / "telemetry")
+            client = cached_install_id(settings.cache_path())
             self._fetcher_obj = AdapterFetcher(url, token or None, root, client_key=client)
             self._fetcher_key = key
         return self._fetcher_obj

@@ -21,6 +21,7 @@ from lsp_server.protocol import (
 )
 from lsp_server.retrieval import WorkspaceContext
 from lsp_server.server import TabloopServer
+from telemetry.client import cached_install_id
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,13 @@ async def load_engine(server: TabloopServer) -> None:
         policy.follow(server.settings)
         return Engine(
             settings.completion,
-            load_runner(settings.completion, settings.cache_path(), progress=report),
+            load_runner(
+                settings.completion,
+                settings.cache_path(),
+                progress=report,
+                # An OpenAI-compatible server is told the installation (the canary's arm).
+                user=cached_install_id(settings.cache_path()),
+            ),
             context_source=context_source,
             policy_source=policy.current,
         )

@@ -27,7 +27,7 @@ from lsp_server.protocol import (
     read_params,
 )
 from lsp_server.server import TabloopServer
-from telemetry.client import TelemetryClient
+from telemetry.client import TELEMETRY_DIR, TelemetryClient
 from telemetry.events import (
     MAX_FEATURE_MAGNITUDE,
     MAX_TEXT_CHARS,
@@ -157,7 +157,7 @@ class TelemetryFeature:
             return
         if client is not None:
             self._retire(client)
-        self.client = TelemetryClient(wanted, settings.cache_path() / "telemetry")
+        self.client = TelemetryClient(wanted, settings.cache_path() / TELEMETRY_DIR)
         try:
             self.client.start()  # no-op while the level is off
         except Exception:

@@ -236,6 +236,18 @@ def test_a_canary_installation_gets_the_canarys_adapter(team: Team) -> None:
     # Without an installation id (or with a `user` that is not one): the serving version.
     assert team.complete("acme")[1]["X-Tabloop-Model-Version"] == "v0001"
     assert team.complete("acme", user="not an id!")[1]["X-Tabloop-Model-Version"] == "v0001"
+    # The language server's HttpRunner names its installation, so it lands on its arm too.
+    for user, files in ((on, canary), (off, serving)):
+        runner = HttpRunner(
+            f"{team.backend.url}/v1", api_key=team.tokens["acme"], user=user, timeout_s=30
+        )
+        try:
+            result = runner.generate(
+                "def f():", max_new_tokens=8, stop=lambda text: None, cancel=CancelToken()
+            )
+        finally:
+            runner.close()
+        assert result.text.endswith(f" {weights_digest(files)}]")
 
 
 def test_a_failed_load_falls_back_to_the_base_model_visibly(

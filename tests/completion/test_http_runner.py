@@ -68,6 +68,18 @@ def test_streams_the_same_text_as_the_local_runner(
     assert sent["model"] == "qwen2.5-coder-test"
     assert sent["stop"] == list(template_for("qwen").stop_tokens[:4])
     assert sent["logprobs"] == 1
+    assert "user" not in sent  # no installation id was given
+
+
+def test_the_installation_id_goes_as_user(
+    server: tuple[str, ServerState], state: ServerState
+) -> None:
+    client = HttpRunner(server[0], model="qwen2.5-coder-test", timeout_s=5.0, user="install-7")
+    try:
+        client.generate(PROMPT, max_new_tokens=2, stop=never, cancel=CancelToken())
+    finally:
+        client.close()
+    assert state.requests[-1]["user"] == "install-7"
 
 
 def test_identity_and_token_estimate(runner: HttpRunner) -> None:

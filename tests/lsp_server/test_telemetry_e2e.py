@@ -23,7 +23,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient
 
 from evaluation.lsp_client import plain
 from tests.support.backend_server import BackendServer
-from tests.support.completion_server import serve_completions
+from tests.support.completion_server import ServerState, serve_completions
 from tests.support.scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -58,7 +58,7 @@ def telemetry_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Back
 
 
 @pytest.fixture(scope="module")
-def model_url() -> Iterator[str]:
+def model_server() -> Iterator[tuple[str, ServerState]]:
     """A loopback completion server whose model answers `SUGGESTION` at `CURSOR`."""
     model = ScriptedModel(
         rules={
@@ -66,8 +66,8 @@ def model_url() -> Iterator[str]:
             "    result = ": SUGGESTION,
         }
     )
-    with serve_completions(model) as (url, _):
-        yield url
+    with serve_completions(model) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 )
 async def client(
     lsp_client: LanguageClient,
-    model_url: str,
+    model_server: tuple[str, ServerState],
     workspace: Path,
     telemetry_backend: BackendServer,
     tmp_path_factory: pytest.TempPathFactory,
@@ -92,7 +92,7 @@ async def client(
         "cacheDir": str(tmp_path_factory.mktemp("cache")),
         "completion": {
             "runner": "http",
-            "httpUrl": model_url,
+            "httpUrl": model_server[0],
             "httpModel": "scripted",
             "fimTemplate": "qwen",
             "maxNewTokens": 16,
@@ -304,7 +304,9 @@ async def test_editor_switch_off_records_nothing(
 
 
 async def test_metrics_level_sends_no_code_paths_or_identifiers(
-    client: LanguageClient, telemetry_backend: BackendServer
+    client: LanguageClient,
+    telemetry_backend: BackendServer,
+    model_server: tuple[str, ServerState],
 ) -> None:
     # Runs last in the module: every case above has sent its events by now.
     bodies = telemetry_backend.bodies
@@ -317,6 +319,12 @@ async def test_metrics_level_sends_no_code_paths_or_identifiers(
     for _, event in decisions:
         assert event["prompt"] is None and event["suggestion"] is None
         assert event["model_version"] == "base"  # no adapter serves: the base model made it
+    # The completion server was told the installation the events name (an adapter canary's
+    # arm follows it), and nothing else that identifies the user.
+    installs = {event["install_id"] for _, event in decisions}
+    assert len(installs) == 1
+    users = {request.get("user") for request in model_server[1].requests}
+    assert users == installs
     status = plain(await client.protocol.send_request_async("tabloop/status", {}))
     assert status["telemetry"]["level"] == "metrics"
     assert status["telemetry"]["spool"]["dropped_events"] == 0
