@@ -30,6 +30,7 @@ class _Entry:
     # acceptance leads to, with the model's output (its log-probabilities are gate features).
     source: str = "typing"
     generation: Generation | None = None
+    model_version: str = ""  # the version a remote server said wrote it (`Generation`'s)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Hit:
     text: str
     source: str
     generation: Generation | None
+    model_version: str = ""
 
 
 class TypingThroughCache:
@@ -64,8 +66,10 @@ class TypingThroughCache:
         *,
         source: str = "typing",
         generation: Generation | None = None,
+        model_version: str = "",
     ) -> None:
-        """Remember `suggestion` as the answer at `request`'s cursor."""
+        """Remember `suggestion` as the answer at `request`'s cursor (`model_version`: the one a
+        remote server named for it, when `generation` is not kept)."""
         if not self.enabled or not suggestion:
             return
         entry = _Entry(
@@ -75,6 +79,7 @@ class TypingThroughCache:
             suggestion,
             source,
             generation,
+            model_version or (generation.model_version if generation is not None else ""),
         )
         key = (entry.prefix_len, entry.prefix_digest, entry.suffix_digest)
         with self._lock:
@@ -111,6 +116,8 @@ class TypingThroughCache:
             if digest == entry.prefix_digest:
                 self.hits += 1
                 generation = entry.generation if typed_len == 0 else None
-                return Hit(entry.suggestion[typed_len:], entry.source, generation)
+                return Hit(
+                    entry.suggestion[typed_len:], entry.source, generation, entry.model_version
+                )
         self.misses += 1
         return None

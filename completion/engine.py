@@ -116,6 +116,7 @@ class Engine:
             texts = [hit.text]
             generations = [hit.generation]
             signals = gate.Signals(**{**signals.__dict__, "cache_hit": True})
+            model_version = hit.model_version
         else:
             prompt, signals = self._prompt(request, signals, timings)
             if self.too_late(request, pause_ms, prompt, timings.context_ms):
@@ -123,6 +124,7 @@ class Engine:
                 return self._skipped(timings)
             found = self._run_model(request, prompt, cancel, timings, wanted)
             generations = list(found)
+            model_version = found[0].model_version
             for index, generation in enumerate(found):
                 text, reason = postprocess.clean_with_reason(
                     generation.text, request, self.settings.min_chars
@@ -135,7 +137,7 @@ class Engine:
                     empty_reason = postprocess.SYNTAX_DROPPED if outcome == "dropped" else reason
                 texts.append(checked)
             if texts[0]:
-                self.cache.store(request, texts[0])
+                self.cache.store(request, texts[0], model_version=model_version)
 
         policy = self.policy_source()
         features = gate.extract_features(request, texts[0], generations[0], signals, syntax=syntax)
@@ -158,6 +160,7 @@ class Engine:
             reason=empty_reason if not texts[0] else action,
             generation=generations[0],
             syntax=syntax,
+            model_version=model_version,
         )
         if texts[0]:
             decision.alternatives = self._alternatives(
@@ -423,6 +426,7 @@ class Engine:
                     timings=first.timings,
                     reason=first.reason,
                     generation=generation,
+                    model_version=first.model_version,
                     rank=len(found) + 1,
                     request_id=first.decision_id,
                 )

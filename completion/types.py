@@ -117,6 +117,9 @@ class Generation:
     # Token healing in an engine that cannot constrain a step (CTranslate2): prompts read again
     # because the model's own choice did not spell the typed text.
     forced_rereads: int = 0
+    # The model version a remote server says wrote this (its `X-Tabloop-Model-Version`: `base`,
+    # or a tenant's adapter version); "" when the runner serves its own weights or is not told.
+    model_version: str = ""
 
 
 StopRule = Callable[[str], int | None]
@@ -168,6 +171,9 @@ class Decision:
     request_id: str = ""
     # What the syntax check did to the suggestion: kept, cut, dropped, or unchecked.
     syntax: str = "unchecked"
+    # The model version a remote server named for the suggestion (`Generation.model_version`,
+    # kept through the typing cache); "" when the runner serves its own weights.
+    model_version: str = ""
 
     @property
     def shown(self) -> bool:

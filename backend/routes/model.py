@@ -37,10 +37,10 @@ from backend.services.served_adapters import (
     ServedAdapters,
 )
 from completion.adapters import CONFIG, MANIFEST, WEIGHTS
+from completion.runners.http import MODEL_VERSION_HEADER
 
 router = APIRouter()
 
-MODEL_VERSION_HEADER = "X-Tabloop-Model-Version"
 SERVED_FILES = (CONFIG, WEIGHTS, MANIFEST)
 InstallId = Annotated[
     str | None,

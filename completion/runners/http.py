@@ -12,7 +12,9 @@ the adapter serves again.
 
 A `user` (the installation's id, as its telemetry events carry it) goes with every request, as the
 OpenAI API's `user` field: the backend's completion endpoint puts the installation on its tenant's
-adapter canary arm by it (`backend/routes/completions.py`); other servers ignore it.
+adapter canary arm by it (`backend/routes/completions.py`); other servers ignore it. The backend
+names the version that answered in a header, which `Generation.model_version` reports, so the
+installation's events say which adapter wrote each suggestion.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ APPROX_BYTES_PER_TOKEN = 3.0
 """Without the server's tokenizer, token counts are estimated from UTF-8 length. BPE tokenizers of
 code models average 3-4 bytes per token on source code; dividing by 3 overestimates, so prompts
 built to a token budget stay inside the model's context."""
+MODEL_VERSION_HEADER = "X-Tabloop-Model-Version"
+"""The backend's answer names the model version that wrote it (`base` or the tenant adapter's):
+the runner reports it in `Generation.model_version`, and the decision events carry it."""
 MAX_STOP_SEQUENCES = 4  # the OpenAI API accepts at most four
 _WATCH_INTERVAL_S = 0.02
 _ERROR_BODY_CHARS = 500
@@ -138,6 +143,7 @@ class HttpRunner:
                     return False
                 if response.status_code != 200:
                     raise RunnerError(self._http_error(response))
+                result.model_version = response.headers.get(MODEL_VERSION_HEADER, "")
                 if not base and self._adapter_missing:
                     self._adapter_missing = False
                     log.info("adapter %s serves again at %s", self.adapter, self.base_url)

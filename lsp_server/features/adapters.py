@@ -22,6 +22,7 @@ from pathlib import Path
 
 from completion.adapter_client import AdapterFetcher, AdapterFetchError
 from completion.runners.base import PreparedModel, PreparingAdapterRunner, RunnerCapabilities
+from completion.types import Decision
 from lsp_server.config import Settings
 from lsp_server.progress import WorkDoneProgress
 from lsp_server.protocol import ADAPTER_PROGRESS_TITLE, ADAPTER_PROGRESS_TOKEN_PREFIX
@@ -67,6 +68,11 @@ class AdapterFeature:
         if adapter is None:
             return BASE_MODEL_VERSION
         return self._labels.get(adapter, NAMED_ADAPTER)
+
+    def version_of(self, decision: Decision) -> str:
+        """The model version that wrote `decision`'s suggestion: the one a remote server named
+        (the backend on `runner = "http"`), else the one serving here."""
+        return decision.model_version or self.model_version()
 
     def on_settings(self, settings: Settings) -> None:
         if self._timer is None:

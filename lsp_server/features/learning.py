@@ -67,7 +67,7 @@ class LearningFeature:
     def on_decision(self, decision: Decision, request: CompletionRequest) -> None:
         if self.store is not None:
             adapters = self.server.find_feature(AdapterFeature)
-            version = adapters.model_version() if adapters is not None else None
+            version = adapters.version_of(decision) if adapters is not None else None
             self._recorder.shown(decision, request, version)
 
     def on_outcome(self, event: OutcomeEvent) -> None:

@@ -202,8 +202,8 @@ class TelemetryFeature:
         candidates = [decision, *decision.alternatives] if decision.shown else [decision]
         if client is not None and client.level != "off":
             adapters = self.server.find_feature(AdapterFeature)
-            model_version = adapters.model_version() if adapters is not None else None
             for candidate in candidates:
+                model_version = adapters.version_of(candidate) if adapters is not None else None
                 try:
                     event = decision_event(
                         candidate,

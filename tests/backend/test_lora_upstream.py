@@ -237,7 +237,7 @@ def test_a_canary_installation_gets_the_canarys_adapter(team: Team) -> None:
     assert team.complete("acme")[1]["X-Tabloop-Model-Version"] == "v0001"
     assert team.complete("acme", user="not an id!")[1]["X-Tabloop-Model-Version"] == "v0001"
     # The language server's HttpRunner names its installation, so it lands on its arm too.
-    for user, files in ((on, canary), (off, serving)):
+    for user, files, version in ((on, canary, "v0002"), (off, serving, "v0001")):
         runner = HttpRunner(
             f"{team.backend.url}/v1", api_key=team.tokens["acme"], user=user, timeout_s=30
         )
@@ -248,6 +248,7 @@ def test_a_canary_installation_gets_the_canarys_adapter(team: Team) -> None:
         finally:
             runner.close()
         assert result.text.endswith(f" {weights_digest(files)}]")
+        assert result.model_version == version  # what its decision events will carry
 
 
 def test_a_failed_load_falls_back_to_the_base_model_visibly(

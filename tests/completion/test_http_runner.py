@@ -69,6 +69,7 @@ def test_streams_the_same_text_as_the_local_runner(
     assert sent["stop"] == list(template_for("qwen").stop_tokens[:4])
     assert sent["logprobs"] == 1
     assert "user" not in sent  # no installation id was given
+    assert got.model_version == ""  # the server did not name a model version
 
 
 def test_the_installation_id_goes_as_user(

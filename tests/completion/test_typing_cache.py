@@ -81,3 +81,12 @@ def test_clear_forgets_every_suggestion() -> None:
     assert cache.find(request) is not None
     cache.clear()
     assert cache.find(request) is None
+
+
+def test_the_version_that_wrote_it_is_kept_while_typing_through() -> None:
+    filled = TypingThroughCache()
+    filled.store(request(), SUGGESTION, model_version="v0004")
+    typed = filled.find(request(PREFIX + "wid"))
+    assert typed is not None and typed.text == "th * height"
+    assert typed.generation is None  # its log-probabilities describe the whole suggestion
+    assert typed.model_version == "v0004"

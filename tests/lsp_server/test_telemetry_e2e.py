@@ -21,6 +21,7 @@ import pytest_lsp
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
 
+from completion.runners.http import MODEL_VERSION_HEADER
 from evaluation.lsp_client import plain
 from tests.support.backend_server import BackendServer
 from tests.support.completion_server import ServerState, serve_completions
@@ -47,6 +48,7 @@ SUGGESTION = "separator.join(kept)"
 ACCEPTED_WORD = SUGGESTION[:2]  # what an accept-word takes of it
 IGNORE_AFTER_S = 2.0
 RETENTION_SCALE = 20.0  # the 30 s checkpoint comes after 1.5 s
+SERVED_VERSION = "v0003"  # the adapter version the completion server says answered
 EDITOR_NAME, EDITOR_VERSION = "zqx-editor", "9.8.7"  # clientInfo, carried by every decision
 
 
@@ -67,6 +69,8 @@ def model_server() -> Iterator[tuple[str, ServerState]]:
         }
     )
     with serve_completions(model) as running:
+        # As the backend does: it names the tenant's adapter version that wrote each answer.
+        running[1].headers[MODEL_VERSION_HEADER] = SERVED_VERSION
         yield running
 
 
@@ -318,7 +322,7 @@ async def test_metrics_level_sends_no_code_paths_or_identifiers(
             assert canary.encode() not in body, f"{canary!r} left the machine"
     for _, event in decisions:
         assert event["prompt"] is None and event["suggestion"] is None
-        assert event["model_version"] == "base"  # no adapter serves: the base model made it
+        assert event["model_version"] == SERVED_VERSION  # as the completion server named it
     # The completion server was told the installation the events name (an adapter canary's
     # arm follows it), and nothing else that identifies the user.
     installs = {event["install_id"] for _, event in decisions}

@@ -50,6 +50,7 @@ class ServerState:
     cancelled: threading.Event = field(default_factory=threading.Event)
     closing: threading.Event = field(default_factory=threading.Event)
     generate_lock: threading.Lock = field(default_factory=threading.Lock)
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every streamed answer
 
 
 class ServerDied(Exception):
@@ -77,7 +78,9 @@ def create_app(state: ServerState) -> FastAPI:
             await asyncio.sleep(0.05)
         if faults.status != 200:
             return JSONResponse({"error": {"message": "overloaded"}}, status_code=faults.status)
-        return StreamingResponse(_stream(state, body), media_type="text/event-stream")
+        return StreamingResponse(
+            _stream(state, body), media_type="text/event-stream", headers=dict(state.headers)
+        )
 
     return app
 
