@@ -1,7 +1,8 @@
 """The trainer on accelerate under a real launcher (torchrun) with 2 processes on the CPU
 (gloo): they agree with each other and with one process; a run killed on 2 processes
 resumes on 1 with another micro-batch and sees every example exactly once; an out-of-memory
-error halves the micro-batch and keeps the effective batch and the examples."""
+error halves the micro-batch and keeps the effective batch and the examples, also when it comes
+in the last micro-batch of a step, after gradients were accumulated."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from training.trainer import (
     CHECKPOINTS,
     EXAMPLES_LOG_ENV,
     KILL_AT_STEP_ENV,
+    TrainResult,
     TrainSettings,
 )
 from training.workspace import load_trainable
@@ -169,19 +171,64 @@ class _OutOfMemoryAbove:
             raise self.error
 
 
-@pytest.mark.parametrize(
-    "error",
-    [
-        pytest.param(
-            RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8GB"),
-            id="cpu-allocator",
-        ),
-        pytest.param(
-            torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-            id="cuda",
-        ),
-    ],
-)
+class _OutOfMemoryOnCall:
+    """Fault injection: the device runs out of memory once, on the `call`-th micro-batch."""
+
+    def __init__(self, call: int, error: Exception) -> None:
+        self.call = call
+        self.error = error
+        self.calls = 0
+        self.raised = 0
+
+    def __call__(self, size: int) -> None:
+        self.calls += 1
+        if self.calls == self.call:
+            self.raised += 1
+            raise self.error
+
+
+def _with_and_without(
+    inject: _OutOfMemoryAbove | _OutOfMemoryOnCall,
+    settings: TrainSettings,
+    workspace: Path,
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[TrainResult, TrainResult]:
+    """The same run from the same weights with the fault injected, and without it."""
+    train_files, _ = split_files(workspace_files(workspace, ()))
+    trainable = load_trainable(str(model), tmp_path / "cache", settings)
+    start = {n: p.detach().clone() for n, p in trainable.model.named_parameters()}
+    results = []
+    for name, fault in (("oom", inject), ("plain", None)):
+        with torch.no_grad():  # both runs from the same weights
+            for n, p in trainable.model.named_parameters():
+                p.copy_(start[n])
+        trainer = trainable.trainer(settings, tmp_path / name, "cpu")
+        trainer.before_micro_batch = fault
+        monkeypatch.setenv(EXAMPLES_LOG_ENV, str(tmp_path / f"{name}.log"))
+        results.append(
+            trainer.run(
+                lambda: stream_code_examples(workspace, train_files, settings.seed),
+                Budget(samples=SAMPLES),
+            )
+        )
+    return results[0], results[1]
+
+
+OUT_OF_MEMORY = [
+    pytest.param(
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8GB"),
+        id="cpu-allocator",
+    ),
+    pytest.param(
+        torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        id="cuda",
+    ),
+]
+
+
+@pytest.mark.parametrize("error", OUT_OF_MEMORY)
 def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(
     workspace: Path,
     tiny_model_path: Path,
@@ -191,22 +238,9 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(
 ) -> None:
     injected = _OutOfMemoryAbove(1, error)
     settings = replace(SETTINGS, micro_batch=4)
-    train_files, _ = split_files(workspace_files(workspace, ()))
-    trainable = load_trainable(str(tiny_model_path), tmp_path / "cache", settings)
-    start = {n: p.detach().clone() for n, p in trainable.model.named_parameters()}
-    results = {}
-    for name, inject in (("oom", injected), ("plain", None)):
-        with torch.no_grad():  # both runs from the same weights
-            for n, p in trainable.model.named_parameters():
-                p.copy_(start[n])
-        trainer = trainable.trainer(settings, tmp_path / name, "cpu")
-        trainer.before_micro_batch = inject
-        monkeypatch.setenv(EXAMPLES_LOG_ENV, str(tmp_path / f"{name}.log"))
-        results[name] = trainer.run(
-            lambda: stream_code_examples(workspace, train_files, settings.seed),
-            Budget(samples=SAMPLES),
-        )
-    oom, plain = results["oom"], results["plain"]
+    oom, plain = _with_and_without(
+        injected, settings, workspace, tiny_model_path, tmp_path, monkeypatch
+    )
     assert injected.raised == 2  # at 4, then at 2; one example a pass fits
     assert (oom.micro_batch, oom.accumulation) == (1, 4)
     assert (plain.micro_batch, plain.accumulation) == (4, 1)
@@ -214,5 +248,31 @@ def test_out_of_memory_halves_the_micro_batch_and_keeps_the_effective_batch(
     entries = _entries(tmp_path / "oom.log")
     assert [len(e["positions"]) for e in entries] == [4, 4, 4, 4]  # type: ignore[arg-type]
     assert [e["micro_batch"] for e in entries] == [1, 1, 1, 1]
+    assert _positions(entries) == list(range(SAMPLES))
+    _assert_close(_tensors(tmp_path / "oom"), _tensors(tmp_path / "plain"))
+
+
+@pytest.mark.parametrize("error", OUT_OF_MEMORY[:1])
+def test_out_of_memory_in_a_steps_last_micro_batch_discards_its_gradients(
+    workspace: Path,
+    tiny_model_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+) -> None:
+    # Two micro-batches of 2 a step; the second of the third step (the one whose backward pass
+    # syncs) runs out of memory after the first has accumulated its gradients: the retry must
+    # start the step from no gradients, or those examples would count twice.
+    injected = _OutOfMemoryOnCall(6, error)
+    settings = replace(SETTINGS, micro_batch=2)
+    oom, plain = _with_and_without(
+        injected, settings, workspace, tiny_model_path, tmp_path, monkeypatch
+    )
+    assert injected.raised == 1
+    assert (oom.micro_batch, oom.accumulation) == (1, 4)
+    assert (plain.micro_batch, plain.accumulation) == (2, 2)
+    assert oom.steps == plain.steps == 4 and oom.samples == plain.samples == SAMPLES
+    entries = _entries(tmp_path / "oom.log")
+    assert [e["micro_batch"] for e in entries] == [2, 2, 1, 1]
     assert _positions(entries) == list(range(SAMPLES))
     _assert_close(_tensors(tmp_path / "oom"), _tensors(tmp_path / "plain"))
