@@ -1,7 +1,9 @@
-"""`bench/train_gpu.py` without a GPU: its arguments, its dry run, and a clear refusal."""
+"""`bench/train_gpu.py` without a GPU: its arguments, its dry run, a clear refusal, and its run
+on the CPU with the tiny model."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -54,3 +56,34 @@ def test_without_a_gpu_it_says_so_and_trains_nothing() -> None:
     assert done.returncode == 2
     assert "no CUDA GPU here" in done.stderr
     assert done.stdout == ""
+
+
+def test_the_same_run_on_the_cpu_trains_registers_and_serves_a_version(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    # Everything the GPU run does but CUDA's counters: the bfloat16 settings, the trainer, the
+    # registry's add and promotion, the report.
+    spec = importlib.util.spec_from_file_location("train_gpu", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for n in range(6):
+        body = "\n".join(f"    total += value * {k} + {n}" for k in range(12))
+        source = f"def f{n}(value):\n    total = 0\n{body}\n    return total\n"
+        (corpus / f"m{n}.py").write_text(source)
+    args = script.parse_args(
+        [
+            "--model", str(tiny_model_path), "--cache-dir", str(tmp_path / "cache"),
+            "--corpus", str(corpus), "--samples", "4", "--effective-batch", "2",
+            "--max-prompt-tokens", "96",
+        ]
+    )  # fmt: skip
+    report = script.train(args, device="cpu")
+    assert report["device"] == "cpu" and report["gpu"] is None
+    assert report["samples"] == 4 and report["steps"] == 2
+    assert report["served_version"] == 1
+    assert report["mixed_precision"] == "bf16"
+    assert report["settings"]["base_dtype"] == "bfloat16"
+    assert report["samples_per_s"] > 0 and report["time_to_servable_s"] >= report["train_s"]
