@@ -67,7 +67,8 @@ def train_edits_main(argv: list[str]) -> int:
         parser.error(str(exc))
     if chosen.objective != "fim":
         parser.error("--objective: next edits train with fim (the examples' own loss)")
-    from training.edit_training import edit_train_settings, train_edits
+    from training.edit_training import train_edits
+    from training.workspace import edit_train_settings
 
     repo = Path(args.repo).resolve()
     settings = config.resolve(repo).settings

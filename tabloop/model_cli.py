@@ -49,6 +49,7 @@ from lsp_server import config
 from training.background import ProgressLog
 from training.budget import Budget, parse_duration
 from training.canary import ModelCanarySettings
+from training.edit_store import EditExampleStore
 from training.examples import split_files, workspace_files
 from training.feedback import FEEDBACK_FILE, FeedbackStore
 from training.local_canary import LOCAL_CANARY
@@ -281,6 +282,8 @@ def train_model_main(argv: list[str]) -> int:
     if args.fresh:
         shutil.rmtree(run_dir, ignore_errors=True)
     feedback = FeedbackStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
+    # The next-edit examples the language server kept from this workspace's editing.
+    edits = EditExampleStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
     bar = _Bar(enabled=not args.json)
     steps = ProgressLog(Path(args.progress_file)) if args.progress_file else None
 
@@ -299,6 +302,7 @@ def train_model_main(argv: list[str]) -> int:
             budget=budget,
             settings=train_settings,
             feedback=feedback,
+            edits=edits,
             exclude=settings.index.exclude,
             on_progress=on_progress,
             device=args.device,
@@ -309,6 +313,7 @@ def train_model_main(argv: list[str]) -> int:
         raise SystemExit(f"tabloop train model: {exc}") from None
     finally:
         bar.close()
+        edits.close()
     from completion.adapters import read_manifest
 
     manifest = read_manifest(Path(result.adapter))
@@ -318,6 +323,7 @@ def train_model_main(argv: list[str]) -> int:
         "version": record.name,
         "window": result.window,
         "warm_start": result.warm_start,
+        "edit_examples": result.edit_examples,
         "training": asdict(result),
     }
     if unattributed := feedback.unattributed():

@@ -51,6 +51,8 @@ moving from one change to the next pauses."""
 PAUSE_S = 0.5
 """Simulated seconds from the last edit to the prediction (the pause that asks for it)."""
 NO_CHANGE_SHARE = 0.3
+EDIT_KIND = "edit"
+"""The `FimExample.kind` of a next-edit example: the trainer reads its prompt verbatim."""
 EDIT_TRAINING_FILE = "edit_training.json"
 """Written into an adapter directory trained on a history: the commits it learned from."""
 
@@ -116,7 +118,7 @@ class EditExample:
 
     def fim(self) -> FimExample:
         """As the trainer takes it (with `EDIT_TEMPLATE`)."""
-        return FimExample(self.path, self.prompt, self.target + FILE_SEP, "", "edit")
+        return FimExample(self.path, self.prompt, self.target + FILE_SEP, "", EDIT_KIND)
 
 
 def settled_window(
@@ -206,8 +208,7 @@ def replay_examples(
     if not 0 <= no_change_share < 1:
         raise ValueError(f"no_change_share must be in [0, 1), not {no_change_share}")
     found = ExampleCounts()
-    edits: list[tuple[int, EditExample]] = []
-    unchanged: list[tuple[int, EditExample]] = []
+    kept: list[EditExample] = []
     for point in points:
         if point.expects_change and undoes(point.text, point.target, point.history[-1:]):
             found.counts["dropped_undoes_previous_edit"] += 1
@@ -229,14 +230,28 @@ def replay_examples(
         if count_tokens(example.prompt) > max_prompt_tokens:
             found.counts["dropped_prompt_too_long"] += 1
             continue
-        (unchanged if example.no_change else edits).append((len(edits) + len(unchanged), example))
-    wanted = round(len(edits) * no_change_share / (1 - no_change_share))
-    if len(unchanged) > wanted:
-        found.counts["dropped_no_change_over_share"] += len(unchanged) - wanted
-        unchanged = sorted(random.Random(seed).sample(unchanged, wanted), key=lambda kept: kept[0])
-    found.counts["edit"] = len(edits)
-    found.counts["no_change"] = len(unchanged)
-    return [example for _, example in sorted(edits + unchanged, key=lambda kept: kept[0])], found
+        kept.append(example)
+    examples, dropped = capped_no_change(kept, no_change_share, seed)
+    if dropped:
+        found.counts["dropped_no_change_over_share"] += dropped
+    found.counts["no_change"] = sum(example.no_change for example in examples)
+    found.counts["edit"] = len(examples) - found.counts["no_change"]
+    return examples, found
+
+
+def capped_no_change(
+    examples: Sequence[EditExample], no_change_share: float, seed: int
+) -> tuple[list[EditExample], int]:
+    """`examples` in their order with at most `no_change_share` of them no-change examples (the
+    ones kept drawn with `seed`), and how many no-change examples were dropped."""
+    if not 0 <= no_change_share < 1:
+        raise ValueError(f"no_change_share must be in [0, 1), not {no_change_share}")
+    unchanged = [index for index, example in enumerate(examples) if example.no_change]
+    wanted = round((len(examples) - len(unchanged)) * no_change_share / (1 - no_change_share))
+    if len(unchanged) <= wanted:
+        return list(examples), 0
+    dropped = set(unchanged) - set(random.Random(seed).sample(unchanged, wanted))
+    return [e for index, e in enumerate(examples) if index not in dropped], len(dropped)
 
 
 def stream_edit_examples(examples: Sequence[EditExample], seed: int) -> Iterator[FimExample]:
@@ -251,6 +266,16 @@ def stream_edit_examples(examples: Sequence[EditExample], seed: int) -> Iterator
         for index in order:
             yield examples[index].fim()
         epoch += 1
+
+
+def stream_live_edits(examples: Sequence[EditExample], seed: int) -> Iterator[FimExample]:
+    """The server's own examples (newest first): the first epoch in that order, so a budget that
+    ends early has spent itself on the newest, then epoch after epoch in a seeded order."""
+    if not examples:
+        return
+    for example in examples:
+        yield example.fim()
+    yield from stream_edit_examples(examples, seed)
 
 
 def write_edit_training(adapter: Path, record: dict[str, Any]) -> None:

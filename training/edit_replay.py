@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from completion.next_edit.text import lines_of
 
@@ -450,7 +450,17 @@ def _squeezed(text: str) -> str:
     return "".join(text.split())
 
 
-def undoes(before: str, after: str, edits: Sequence[ReplayedEdit]) -> bool:
+class Reversible(Protocol):
+    """An edit as `undoes` reads it: the text it removed and the text it inserted."""
+
+    @property
+    def removed(self) -> str: ...
+
+    @property
+    def inserted(self) -> str: ...
+
+
+def undoes(before: str, after: str, edits: Sequence[Reversible]) -> bool:
     """Whether changing `before` into `after` undoes one of `edits`: some line hunk of the change
     removes what the edit inserted and puts back what it removed (whitespace aside), so an edit
     and the change that reverts it cancel out. A change that only adds to an edit, or reverts

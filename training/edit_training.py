@@ -12,7 +12,7 @@ commits judged overlap it (train on older commits, judge on newer ones).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +29,6 @@ from training.edit_examples import (
 from training.edit_replay import GitHistory, ReplaySettings, replay_commits
 from training.trainer import Progress, Trainer, TrainResult, TrainSettings
 from training.workspace import load_trainable
-
-
-def edit_train_settings(settings: TrainSettings, next_edit: NextEditSettings) -> TrainSettings:
-    """`settings` with room for a whole rewritten window (and its end marker) as the middle."""
-    middle = next_edit.window_tokens + next_edit.margin_tokens + 2
-    return replace(settings, max_middle_tokens=max(settings.max_middle_tokens, middle))
 
 
 @dataclass(frozen=True)

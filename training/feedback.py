@@ -91,14 +91,12 @@ class Feedback:
     """The decision that showed the suggestion, by which its kept text is updated."""
 
 
-class FeedbackStore:
-    """One workspace's view of the on-disk feedback store (bounded, safe to use from several
-    threads): it records rows of `workspace` and reads only those. Without a workspace (a
-    store of its own, such as the replay's) it records and reads rows that have none."""
+class WorkspaceTable:
+    """One workspace's view of a table in a SQLite file of the cache (bounded, safe to use from
+    several threads): the connection, its lock, the bound and the workspace's key; `_create`
+    makes the table."""
 
-    def __init__(
-        self, path: Path, max_rows: int = DEFAULT_MAX_ROWS, *, workspace: Path | str | None = None
-    ) -> None:
+    def __init__(self, path: Path, max_rows: int, *, workspace: Path | str | None) -> None:
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,12 +107,31 @@ class FeedbackStore:
         self._db = sqlite3.connect(str(path), check_same_thread=False)
         with self._lock, self._db:
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(_SCHEMA)
-            _add_column(self._db, "workspace")
-            _add_column(self._db, "model_version")
-            _add_column(self._db, "kept")
-            _add_column(self._db, "decision_id")
-            self._db.execute(_INDEX)
+            self._create(self._db)
+
+    def _create(self, db: sqlite3.Connection) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class FeedbackStore(WorkspaceTable):
+    """One workspace's view of the on-disk feedback store (bounded, safe to use from several
+    threads): it records rows of `workspace` and reads only those. Without a workspace (a
+    store of its own, such as the replay's) it records and reads rows that have none."""
+
+    def __init__(
+        self, path: Path, max_rows: int = DEFAULT_MAX_ROWS, *, workspace: Path | str | None = None
+    ) -> None:
+        super().__init__(path, max_rows, workspace=workspace)
+
+    def _create(self, db: sqlite3.Connection) -> None:
+        db.execute(_SCHEMA)
+        for column in ("workspace", "model_version", "kept", "decision_id"):
+            _add_column(db, column)
+        db.execute(_INDEX)
 
     def record(self, item: Feedback) -> None:
         """Keep one example of this workspace; its oldest rows go beyond `max_rows`."""
@@ -247,10 +264,6 @@ class FeedbackStore:
         for version, reward in rows:
             found[str(version)].append(float(reward))
         return found
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
 
 
 def _add_column(db: sqlite3.Connection, name: str) -> None:

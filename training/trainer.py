@@ -49,6 +49,7 @@ from typing import Any, Literal, TypeVar
 from completion.adapters import save_adapter
 from completion.fim import FimTemplate
 from training.budget import Budget
+from training.edit_examples import EDIT_KIND, EDIT_TEMPLATE
 from training.examples import FimExample
 from training.lora import LoraShape
 from training.memory import (
@@ -188,6 +189,8 @@ class TrainResult:
     # training window's counts and marks, and what the weights started from.
     window: dict[str, Any] | None = None
     warm_start: dict[str, Any] | None = None
+    # The live next-edit examples a workspace's run read (`training.workspace`): kept, dropped.
+    edit_examples: dict[str, int] | None = None
     settings: dict[str, Any] | None = None  # the run's `TrainSettings`
 
 
@@ -207,7 +210,10 @@ def encode(
     max_prompt_tokens: int,
     max_middle_tokens: int,
 ) -> _Encoded | None:
-    """Token ids of the FIM prompt followed by the middle (and end of text when it fits)."""
+    """Token ids of the FIM prompt followed by the middle (and end of text when it fits). A
+    next-edit example's prompt is its prefix as it is (`EDIT_TEMPLATE`), whatever `template`."""
+    if example.kind == EDIT_KIND:
+        template = EDIT_TEMPLATE
     prefix_budget = max_prompt_tokens * 3 // 4
     suffix_budget = max_prompt_tokens - prefix_budget
     # Characters are cut first (a token is at least one character) so that a long file is never

@@ -1,4 +1,5 @@
-"""Training an adapter for one workspace: its code (less held-out files) and its local feedback.
+"""Training an adapter for one workspace: its code (less held-out files), its local feedback and
+the next-edit examples the server kept from the user's editing (`training.edit_store`).
 
 What a version starts from is shared with the backend's tenant runs (`backend.adapters.run`):
 `RunPlan` fixes, when a run first starts, the newest row it reads, the serving version's mark
@@ -13,14 +14,22 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from completion.adapters import AdapterError, verify_adapter
 from completion.fim import detect_family, template_for
+from completion.next_edit import NextEditSettings
 from completion.runners.loading import load_model, resolve_source
 from training.budget import Budget
+from training.edit_examples import (
+    NO_CHANGE_SHARE,
+    EditExample,
+    capped_no_change,
+    stream_live_edits,
+)
+from training.edit_store import EditExampleStore
 from training.examples import FimExample, split_files, stream_code_examples, workspace_files
 from training.feedback import FeedbackStore, stream_feedback_examples
 from training.lora import attach_lora, load_lora, lora_config, lora_mismatch
@@ -35,6 +44,8 @@ from training.window import (
 )
 
 FEEDBACK_SHARE = 0.5
+EDIT_SHARE = 0.2
+"""Of what a run trains on, the share of next-edit examples while the workspace has any."""
 PLAN_FILE = "plan.json"
 
 
@@ -80,13 +91,14 @@ class RunPlan:
     upto: int  # the newest row it reads
     mark: OutcomeKey | None  # what the version serving then was trained up to
     serving: int | None  # the version serving then: the run warm-starts from its adapter
+    edits_upto: int = 0  # the newest next-edit example it reads (`training.edit_store`)
 
     @classmethod
-    def new(cls, registry: AdapterVersions | None, upto: int) -> RunPlan:
+    def new(cls, registry: AdapterVersions | None, upto: int, edits_upto: int = 0) -> RunPlan:
         serving = registry.serving() if registry is not None else None
         if registry is None or serving is None:
-            return cls(upto, None, None)
-        return cls(upto, mark_of(registry.get(serving).train), serving)
+            return cls(upto, None, None, edits_upto)
+        return cls(upto, mark_of(registry.get(serving).train), serving, edits_upto)
 
     @classmethod
     def load(cls, run_dir: Path) -> RunPlan | None:
@@ -99,6 +111,7 @@ class RunPlan:
                 int(data["upto"]),
                 (float(mark[0]), int(mark[1])) if mark is not None else None,
                 int(serving) if serving is not None else None,
+                int(data.get("edits_upto", 0)),  # none in plans from before edits were kept
             )
         except FileNotFoundError:
             return None
@@ -114,7 +127,16 @@ class RunPlan:
         with tempfile.NamedTemporaryFile(
             "w", dir=run_dir, prefix=f".{PLAN_FILE}.", delete=False
         ) as handle:
-            handle.write(json.dumps({"upto": self.upto, "mark": mark, "serving": self.serving}))
+            handle.write(
+                json.dumps(
+                    {
+                        "upto": self.upto,
+                        "mark": mark,
+                        "serving": self.serving,
+                        "edits_upto": self.edits_upto,
+                    }
+                )
+            )
         os.replace(handle.name, run_dir / PLAN_FILE)
 
     def warm_source(self, registry: AdapterVersions | None) -> tuple[int, Path] | WarmStart:
@@ -184,8 +206,11 @@ def example_stream(
     feedback: FeedbackStore | None,
     window: TrainingWindow,
     rewards: dict[OutcomeKey, float],
+    edits: Sequence[EditExample] = (),
 ) -> Callable[[], Iterator[FimExample]]:
-    """A factory of the run's example stream (the same sequence every time it is called)."""
+    """A factory of the run's example stream (the same sequence every time it is called): code
+    and feedback, and `EDIT_SHARE` of it next-edit examples while there are any (`edits`, newest
+    first)."""
 
     def make() -> Iterator[FimExample]:
         code = stream_code_examples(root, train_files, seed)
@@ -194,9 +219,44 @@ def example_stream(
             if feedback is not None and window.new
             else None
         )
-        return mixed_stream(code, notes, FEEDBACK_SHARE)
+        completions = mixed_stream(code, notes, FEEDBACK_SHARE)
+        if not edits:
+            return completions
+        return mixed_stream(completions, stream_live_edits(edits, seed), EDIT_SHARE)
 
     return make
+
+
+def edit_train_settings(settings: TrainSettings, next_edit: NextEditSettings) -> TrainSettings:
+    """`settings` with room for a whole rewritten window (and its end marker) as the middle."""
+    middle = next_edit.window_tokens + next_edit.margin_tokens + 2
+    return replace(settings, max_middle_tokens=max(settings.max_middle_tokens, middle))
+
+
+def live_edit_examples(
+    store: EditExampleStore | None,
+    upto: int,
+    count_tokens: Callable[[str], int],
+    settings: TrainSettings,
+) -> tuple[list[EditExample], dict[str, int]]:
+    """The store's examples up to `upto`, newest first, less those whose prompt the trainer
+    would cut (over three quarters of its prompt budget, as `tabloop train edits` drops them)
+    and the no-change examples over `NO_CHANGE_SHARE`; with what became of them."""
+    if store is None or upto <= 0:
+        return [], {}
+    budget = settings.max_prompt_tokens * 3 // 4
+    found = store.examples(upto)
+    fitting = [example for example in found if count_tokens(example.prompt) <= budget]
+    kept, dropped = capped_no_change(fitting, NO_CHANGE_SHARE, settings.seed)
+    no_change = sum(example.no_change for example in kept)
+    counts = {
+        "stored": len(found),
+        "edit": len(kept) - no_change,
+        "no_change": no_change,
+        "dropped_prompt_too_long": len(found) - len(fitting),
+        "dropped_no_change_over_share": dropped,
+    }
+    return kept, counts
 
 
 def train_workspace(
@@ -208,6 +268,7 @@ def train_workspace(
     budget: Budget,
     settings: TrainSettings,
     feedback: FeedbackStore | None = None,
+    edits: EditExampleStore | None = None,
     exclude: Sequence[str] = (),
     on_progress: Callable[[Progress], None] | None = None,
     device: str | None = None,
@@ -216,9 +277,10 @@ def train_workspace(
     window: WindowSettings | None = None,
 ) -> tuple[TrainResult, list[str]]:
     """Train in `work_dir` (resuming there) on `root`'s training files (none with `code` off:
-    feedback alone) and the training window of `feedback` (the view of `root`'s rows), starting
-    from the adapter serving in `registry` when it fits; (result, held-out files). The result's
-    `window` and `warm_start` say what it trained on and started from."""
+    feedback alone), the training window of `feedback` (the view of `root`'s rows) and the live
+    next-edit examples of `edits`, starting from the adapter serving in `registry` when it fits;
+    (result, held-out files). The result's `window`, `edit_examples` and `warm_start` say what it
+    trained on and started from."""
     train_files, held_out = split_files(workspace_files(root, exclude))
     if not code:
         train_files = []
@@ -226,22 +288,36 @@ def train_workspace(
         raise ValueError(f"{root}: no code files to train on")
     plan = RunPlan.load(work_dir)
     if plan is None:
-        plan = RunPlan.new(registry, feedback.last_id() if feedback is not None else 0)
+        plan = RunPlan.new(
+            registry,
+            feedback.last_id() if feedback is not None else 0,
+            edits.last_id() if edits is not None else 0,
+        )
         plan.save(work_dir)
     rewards = dict(feedback.keys(plan.upto)) if feedback is not None else {}
     chosen = select_window(rewards, plan.mark, window or WindowSettings())
     trainable = load_trainable(model, cache_dir, settings, plan.warm_source(registry))
-    if settings.objective == "kto":
+    if settings.objective == "kto":  # trl's loop on the feedback alone: no next-edit examples
         result = _train_kto(trainable, settings, feedback, chosen, rewards, budget, work_dir)
         result.device = device or result.device
         result.window = chosen.summary()
         result.warm_start = trainable.warm_start.summary()
         return result, held_out
+    tokenizer = trainable.tokenizer
+    live, counts = live_edit_examples(
+        edits,
+        plan.edits_upto,
+        lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
+        settings,
+    )
+    if live:  # a rewritten window is a longer middle than a completion's
+        settings = edit_train_settings(settings, NextEditSettings())
     trainer = trainable.trainer(settings, work_dir, device)
-    stream = example_stream(root, train_files, settings.seed, feedback, chosen, rewards)
+    stream = example_stream(root, train_files, settings.seed, feedback, chosen, rewards, live)
     result = trainer.run(stream, budget, on_progress)
     result.window = chosen.summary()
     result.warm_start = trainable.warm_start.summary()
+    result.edit_examples = counts or None
     return result, held_out
 
 

@@ -105,6 +105,21 @@ class EditHistory:
     def __len__(self) -> int:
         return len(self._events)
 
+    def snapshot(self) -> EditHistory:
+        """A copy of the history as it is now (its events are immutable), on the same clock and
+        rules: what a prediction saw, kept while later edits go on in this one."""
+        copy = EditHistory(
+            clock=self.clock,
+            max_events=self._events.maxlen or MAX_EVENTS,
+            merge_lines=self.merge_lines,
+            pause_s=self.pause_s,
+            context_lines=self.context_lines,
+            max_event_chars=self.max_event_chars,
+        )
+        with self._lock:
+            copy._events.extend(self._events)
+        return copy
+
     # -- recording ----------------------------------------------------------------------------
 
     def record_edit(

@@ -53,3 +53,11 @@ class NextEditSettings(BaseModel):
         "of the model there; later (or with no edit near the cursor) the answer is no change, "
         "at once.",
     )
+    learn_settle_s: float = Field(
+        20.0,
+        ge=0,
+        description="Learn next edits from the user's own editing: at each pause in a document "
+        "the server notes what a prediction would see, and this many seconds later the text the "
+        "user settled on, as a training example for the workspace's adapter (kept in the cache "
+        "directory, never sent). 0 keeps none.",
+    )

@@ -10,6 +10,7 @@ from lsp_server.features import (
     adapters,
     commands,
     documents,
+    edit_learning,
     index,
     inline,
     learning,
@@ -40,6 +41,7 @@ def create_server() -> TabloopServer:
     retrieval.register(server)
     index.register(server)
     learning.register(server)
+    edit_learning.register(server)  # after next_edit: its history has an edit when told of it
     adapters.register(server)
     training_loop.register(server)  # after adapters: it asks them to look at a promotion
     return server

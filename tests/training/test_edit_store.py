@@ -1,0 +1,138 @@
+"""The server's own next-edit examples: kept per workspace, read newest first, mixed into the
+workspace's run as a share of what it trains on, with the prompt read verbatim."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from completion.fim import template_for
+from completion.next_edit.prompt import FILE_SEP
+from training.edit_examples import EDIT_KIND, EditExample
+from training.edit_store import EditExampleStore
+from training.examples import FimExample
+from training.feedback import FEEDBACK_FILE
+from training.trainer import TrainSettings, encode
+from training.window import TrainingWindow
+from training.workspace import EDIT_SHARE, example_stream, live_edit_examples
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _example(n: int, *, change: bool = True, prompt_words: int = 4) -> EditExample:
+    current = f"x = {n}\n"
+    target = f"x = {n} + 1\n" if change else current
+    prompt = " ".join(["word"] * prompt_words) + f"\n{FILE_SEP}updated/f{n}.py\n"
+    return EditExample(f"f{n}.py", prompt, current, target, "live")
+
+
+def test_a_workspace_reads_its_own_examples_newest_first_and_keeps_a_bounded_number(
+    tmp_path: Path,
+) -> None:
+    mine = EditExampleStore(tmp_path / "store.sqlite", max_rows=3, workspace=tmp_path / "a")
+    theirs = EditExampleStore(tmp_path / "store.sqlite", workspace=tmp_path / "b")
+    for n in range(5):
+        mine.record(_example(n))
+    theirs.record(_example(99))
+    assert mine.count() == 3 and theirs.count() == 1
+    upto = mine.last_id()
+    assert [e.path for e in mine.examples(upto)] == ["f4.py", "f3.py", "f2.py"]
+    mine.record(_example(5))
+    # A run reads up to the id it started at: a later example is not in it.
+    assert [e.path for e in mine.examples(upto)] == ["f4.py", "f3.py"]
+    assert [e.path for e in theirs.examples(theirs.last_id())] == ["f99.py"]
+    mine.close()
+    theirs.close()
+
+
+def test_a_run_drops_prompts_the_trainer_would_cut_and_no_change_over_its_share(
+    tmp_path: Path,
+) -> None:
+    store = EditExampleStore(tmp_path / "store.sqlite", workspace=tmp_path)
+    for n in range(7):
+        store.record(_example(n))
+    for n in range(7, 17):
+        store.record(_example(n, change=False))
+    store.record(_example(17, prompt_words=200))
+    settings = TrainSettings(max_prompt_tokens=96)  # 72 tokens for the prompt
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    kept, counts = live_edit_examples(store, store.last_id(), words, settings)
+    assert counts == {
+        "stored": 18,
+        "edit": 7,
+        "no_change": 3,  # 30% of what is kept
+        "dropped_prompt_too_long": 1,
+        "dropped_no_change_over_share": 7,
+    }
+    assert [e.path for e in kept if not e.no_change] == [f"f{n}.py" for n in range(6, -1, -1)]
+    assert live_edit_examples(store, 0, words, settings) == ([], {})
+    assert live_edit_examples(None, 5, words, settings) == ([], {})
+
+
+def test_the_run_trains_a_share_of_edit_examples_newest_first(workspace: Path) -> None:
+    edits = [_example(n) for n in (3, 2, 1)]  # newest first
+    empty = TrainingWindow(None, (), (), ())
+    make = example_stream(workspace, ["json/decoder.py"], 0, None, empty, {}, edits)
+    drawn = list(itertools.islice(make(), 50))
+    kinds = [e.kind for e in drawn]
+    assert kinds.count(EDIT_KIND) == round(50 * EDIT_SHARE)
+    assert [e.path for e in drawn if e.kind == EDIT_KIND][:3] == ["f3.py", "f2.py", "f1.py"]
+    assert [(e.path, e.kind) for e in itertools.islice(make(), 50)] == [
+        (e.path, e.kind) for e in drawn
+    ]  # the same sequence every time: a resumed run needs it
+    without = list(
+        itertools.islice(example_stream(workspace, ["json/decoder.py"], 0, None, empty, {})(), 50)
+    )
+    assert all(e.kind != EDIT_KIND for e in without)
+
+
+def test_an_edit_examples_prompt_is_read_verbatim(tiny_model_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    example = _example(1).fim()
+    encoded = encode(example, tokenizer, template_for("qwen"), 96, 64)
+    assert encoded is not None
+    prompt = tokenizer.encode(example.prefix, add_special_tokens=False)
+    assert encoded.ids[: encoded.prompt_len] == prompt  # no FIM markers around it
+    completion = FimExample("f.py", "x = ", "1", "\n", "line")
+    fim = encode(completion, tokenizer, template_for("qwen"), 96, 64)
+    assert fim is not None and fim.ids[: fim.prompt_len] != tokenizer.encode(
+        "x = ", add_special_tokens=False
+    )
+
+
+def test_train_model_reads_the_workspaces_edit_examples(
+    workspace: Path, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    store = EditExampleStore(cache / FEEDBACK_FILE, workspace=workspace)
+    for n in range(4):
+        store.record(_example(n))
+    store.close()
+    command = [
+        sys.executable, "-m", "tabloop", "train", "model",
+        "--workspace", str(workspace), "--model", str(tiny_model_path),
+        "--samples", "8", "--micro-batch", "2", "--effective-batch", "4",
+        "--max-prompt-tokens", "96", "--rank", "4", "--eval-n", "0", "--json",
+    ]  # fmt: skip
+    environ = {**os.environ, "TABLOOP_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["edit_examples"] == {
+        "stored": 4,
+        "edit": 4,
+        "no_change": 0,
+        "dropped_prompt_too_long": 0,
+        "dropped_no_change_over_share": 0,
+    }
+    # Room for a whole rewritten window as the middle.
+    assert report["training"]["settings"]["max_middle_tokens"] >= 256
