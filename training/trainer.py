@@ -79,6 +79,9 @@ OBJECTIVES: tuple[Objective, ...] = ("fim", "kto")
 
 KILL_AT_STEP_ENV = "TABLOOP_TRAIN_KILL_AT_STEP"
 """Fault injection for the resume test: the process SIGKILLs itself part-way into this step."""
+OUT_OF_MEMORY_AT_ENV = "TABLOOP_TRAIN_OUT_OF_MEMORY_AT"
+"""For tests: `RANK:N` makes process RANK run out of memory once (the CPU allocator's error),
+before its N-th micro-batch of the run."""
 EXAMPLES_LOG_ENV = "TABLOOP_TRAIN_EXAMPLES_LOG"
 """A file each process appends one JSON line to per optimiser step: the step, the stream
 positions of the examples it trained on and its micro-batch (what the resume tests check)."""
@@ -649,19 +652,56 @@ class Trainer:
             examples, scale = [filler], 0.0
         chunks = [examples[k : k + micro_batch] for k in range(0, len(examples), micro_batch)]
         self.optimizer.zero_grad(set_to_none=True)
+        alone = self.processes == 1
         nll = 0.0
-        for k, chunk in enumerate(chunks):
-            if self.before_micro_batch is not None:
-                self.before_micro_batch(len(chunk))
-            synced = k == len(chunks) - 1
-            with contextlib.nullcontext() if synced else self.accelerator.no_sync(self.forward):
-                loss, chunk_nll = self._micro_loss(chunk, scale)
-                self.accelerator.backward(loss)
-            if kill_at and step + 1 == kill_at and k == 0:
-                os.kill(os.getpid(), signal.SIGKILL)
-            nll += chunk_nll if scale else 0.0
+        try:
+            for k, chunk in enumerate(chunks):
+                if self.before_micro_batch is not None:
+                    self.before_micro_batch(len(chunk))
+                # One process needs no sync. Several accumulate on their own and sync after
+                # all got through (`_sync_gradients`): never inside a backward pass, which may
+                # run out of memory on one process while the others wait in its all-reduce.
+                synced = alone and k == len(chunks) - 1
+                with contextlib.nullcontext() if synced else self.accelerator.no_sync(self.forward):
+                    loss, chunk_nll = self._micro_loss(chunk, scale)
+                    self.accelerator.backward(loss)
+                if kill_at and step + 1 == kill_at and k == 0:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                nll += chunk_nll if scale else 0.0
+        except Exception as exc:
+            from accelerate.utils.memory import should_reduce_batch_size
+
+            if alone or not should_reduce_batch_size(exc):
+                raise
+            self._sync_gradients(ran_out=True)  # the others learn it and halve too
+            raise
+        if not alone:
+            self._sync_gradients(ran_out=False)
         self.micro_batch = micro_batch
         return nll, sum(len(e.ids) for _, e in share)
+
+    def _sync_gradients(self, *, ran_out: bool) -> None:
+        """With several processes, after each accumulated its share: first all agree whether
+        one ran out of memory (then every process raises an out-of-memory error, so that each
+        halves its micro-batch and redoes the step), else the gradients are averaged, as DDP's
+        own sync would have done, in one all-reduce of the trainable weights' gradients."""
+        import torch
+
+        flag = torch.tensor([1.0 if ran_out else 0.0], device=self.device)
+        if float(self.accelerator.reduce(flag, reduction="sum").item()) > 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            if ran_out:
+                return  # the caller raises its own error
+            # accelerate's `should_reduce_batch_size` knows the error by " out of memory.".
+            raise RuntimeError("another process of this training run ran out of memory.")
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        averaged = self.accelerator.reduce(flat, reduction="mean")
+        offset = 0
+        for param, grad in zip(self._params, grads, strict=True):
+            size = grad.numel()
+            param.grad = averaged[offset : offset + size].view_as(grad).clone()
+            offset += size
 
     def _read_step(
         self, examples: Iterator[tuple[int, FimExample]], position: int
@@ -720,6 +760,8 @@ class Trainer:
             reduce_batch_size_fn=self._halve_micro_batch,
         )
         kill_at = int(os.environ.get(KILL_AT_STEP_ENV, "0") or 0)
+        if self.before_micro_batch is None and os.environ.get(OUT_OF_MEMORY_AT_ENV):
+            self.before_micro_batch = _out_of_memory_at(os.environ[OUT_OF_MEMORY_AT_ENV], self.rank)
         examples_log = os.environ.get(EXAMPLES_LOG_ENV)
         started = time.perf_counter()
         samples_at_start = samples
@@ -812,6 +854,22 @@ class Trainer:
             self.accumulation if self.micro_batch else 0,
         )
         return self.micro_batch
+
+
+def _out_of_memory_at(spec: str, rank: int) -> Callable[[int], None] | None:
+    """The fault `OUT_OF_MEMORY_AT_ENV` asks for, for process `rank` (None: not this one)."""
+    at_rank, _, at_call = spec.partition(":")
+    if int(at_rank) != rank:
+        return None
+    calls = 0
+
+    def before_micro_batch(size: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == int(at_call):
+            raise RuntimeError(f"DefaultCPUAllocator: can't allocate memory: injected ({spec})")
+
+    return before_micro_batch
 
 
 def _OPTIONS() -> Any:

@@ -26,6 +26,7 @@ from training.trainer import (
     CHECKPOINTS,
     EXAMPLES_LOG_ENV,
     KILL_AT_STEP_ENV,
+    OUT_OF_MEMORY_AT_ENV,
     TrainResult,
     TrainSettings,
 )
@@ -276,3 +277,30 @@ def test_out_of_memory_in_a_steps_last_micro_batch_discards_its_gradients(
     assert [e["micro_batch"] for e in entries] == [2, 2, 1, 1]
     assert _positions(entries) == list(range(SAMPLES))
     _assert_close(_tensors(tmp_path / "oom"), _tensors(tmp_path / "plain"))
+
+
+def test_out_of_memory_on_one_of_two_processes_halves_both(
+    workspace: Path, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    # Each process's share of a step is one micro-batch of 2. Process 1 runs out of memory on
+    # its third, the one whose backward pass DDP would sync: process 0 must not wait for it in
+    # an all-reduce, and both must go on at one example a pass with the same effective batch.
+    settings = replace(SETTINGS, micro_batch=2)
+    work = tmp_path / "oom" / "run"
+    args = _arguments(workspace, tiny_model_path, tmp_path / "cache", work, settings)
+    launched = _run(launch_command(2, args), tmp_path / "oom.log", **{OUT_OF_MEMORY_AT_ENV: "1:3"})
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "injected (1:3)" not in launched.stdout
+    ranks = [
+        json.loads((tmp_path / "oom" / "reports" / f"rank-{r}.json").read_text()) for r in (0, 1)
+    ]
+    assert [(r["micro_batch"], r["accumulation"]) for r in ranks] == [(1, 2), (1, 2)]
+    assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"]
+    entries = _entries(tmp_path / "oom.log")
+    assert [e["micro_batch"] for e in entries if e["rank"] == 1] == [2, 2, 1, 1]
+    assert _positions(entries) == list(range(SAMPLES))
+
+    plain = tmp_path / "plain" / "run"
+    args = _arguments(workspace, tiny_model_path, tmp_path / "cache", plain, settings)
+    assert _run(launch_command(2, args), tmp_path / "plain.log").returncode == 0
+    _assert_close(_tensors(work), _tensors(plain))
