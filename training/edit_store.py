@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from pathlib import Path
 
 from training.edit_examples import EditExample
 from training.feedback import WorkspaceTable
@@ -39,10 +38,7 @@ _INDEX = "CREATE INDEX IF NOT EXISTS edit_examples_workspace ON edit_examples (w
 class EditExampleStore(WorkspaceTable):
     """One workspace's view of the live next-edit examples (safe to use from several threads)."""
 
-    def __init__(
-        self, path: Path, max_rows: int = DEFAULT_MAX_ROWS, *, workspace: Path | str | None = None
-    ) -> None:
-        super().__init__(path, max_rows, workspace=workspace)
+    DEFAULT_ROWS = DEFAULT_MAX_ROWS
 
     def _create(self, db: sqlite3.Connection) -> None:
         db.execute(_SCHEMA)

@@ -19,6 +19,7 @@ import sqlite3
 import statistics
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -91,12 +92,17 @@ class Feedback:
     """The decision that showed the suggestion, by which its kept text is updated."""
 
 
-class WorkspaceTable:
+class WorkspaceTable(ABC):
     """One workspace's view of a table in a SQLite file of the cache (bounded, safe to use from
-    several threads): the connection, its lock, the bound and the workspace's key; `_create`
-    makes the table."""
+    several threads): the connection, its lock, the bound (`max_rows`, by default the class's
+    `DEFAULT_ROWS`) and the workspace's key; `_create` makes the table."""
 
-    def __init__(self, path: Path, max_rows: int, *, workspace: Path | str | None) -> None:
+    DEFAULT_ROWS: int
+
+    def __init__(
+        self, path: Path, max_rows: int | None = None, *, workspace: Path | str | None = None
+    ) -> None:
+        max_rows = self.DEFAULT_ROWS if max_rows is None else max_rows
         if max_rows < 1:
             raise ValueError("max_rows must be at least 1")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,8 +115,9 @@ class WorkspaceTable:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._create(self._db)
 
+    @abstractmethod
     def _create(self, db: sqlite3.Connection) -> None:
-        raise NotImplementedError
+        """Make the table (and migrate an older one) in `db`."""
 
     def close(self) -> None:
         with self._lock:
@@ -122,10 +129,7 @@ class FeedbackStore(WorkspaceTable):
     threads): it records rows of `workspace` and reads only those. Without a workspace (a
     store of its own, such as the replay's) it records and reads rows that have none."""
 
-    def __init__(
-        self, path: Path, max_rows: int = DEFAULT_MAX_ROWS, *, workspace: Path | str | None = None
-    ) -> None:
-        super().__init__(path, max_rows, workspace=workspace)
+    DEFAULT_ROWS = DEFAULT_MAX_ROWS
 
     def _create(self, db: sqlite3.Connection) -> None:
         db.execute(_SCHEMA)
