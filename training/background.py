@@ -143,6 +143,7 @@ class LoopRecord:
     resumed_from_step: int | None = None
     steps: int | None = None
     feedback_upto: int = 0  # the newest feedback row when the last run started
+    edits_upto: int = 0  # the newest next-edit example when the last run started
     pid: int | None = None  # the process of the run in progress
     pid_created: float | None = None  # its start time, which tells it from a reused pid
 
@@ -410,6 +411,7 @@ class Material:
     changed_files: int  # code files changed since the last run started (all, before the first)
     unfinished: bool  # a run was stopped before it ended: its checkpoints wait
     canary: str | None = None  # the version in canary, whose verdict a new run must wait for
+    new_edit_examples: int = 0  # next-edit examples kept since the last run started
 
 
 @dataclass(frozen=True)
@@ -419,6 +421,15 @@ class Activity:
     requests_in_flight: int
     since_last_request_s: float | None  # None: no completion asked for yet
     load_per_core: float
+
+
+def enough_material(settings: TrainingLoopSettings, material: Material) -> bool:
+    """Whether any kind of new material has reached its threshold."""
+    return (
+        material.new_feedback >= settings.min_new_feedback
+        or material.new_edit_examples >= settings.min_new_edit_examples
+        or material.changed_files >= settings.min_changed_files
+    )
 
 
 def wait_reason(
@@ -432,21 +443,19 @@ def wait_reason(
 
     An unfinished run resumes as soon as the machine is idle, unless it failed or was stopped
     for memory (then the minimum interval applies, so it is not retried at once); a new run
-    needs enough new material (feedback or changed files), no adapter canary waiting for its
-    verdict, and the minimum interval since the last one started."""
+    needs enough new material (feedback, next-edit examples or changed files), no adapter canary
+    waiting for its verdict, and the minimum interval since the last one started."""
     left = (
         record.last_started + settings.min_interval_s - now
         if record.last_started is not None
         else 0.0
     )
     retrying = record.outcome in (FAILED, OVER_MEMORY)
-    if not material.unfinished and (
-        material.new_feedback < settings.min_new_feedback
-        and material.changed_files < settings.min_changed_files
-    ):
+    if not material.unfinished and not enough_material(settings, material):
         return (
             f"new material: {material.new_feedback} of {settings.min_new_feedback} feedback "
-            f"rows, {material.changed_files} of {settings.min_changed_files} changed files"
+            f"rows, {material.new_edit_examples} of {settings.min_new_edit_examples} next-edit "
+            f"examples, {material.changed_files} of {settings.min_changed_files} changed files"
         )
     if material.canary is not None and not material.unfinished:
         # A new version could not be promoted while the canary runs, and it would start from

@@ -72,6 +72,15 @@ class EditExampleStore(WorkspaceTable):
             ).fetchone()
         return int(row[0])
 
+    def count_after(self, after_id: int) -> int:
+        """This workspace's examples newer than `after_id` (kept since a run started)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COUNT(*) FROM edit_examples WHERE workspace IS ? AND id > ?",
+                (self.workspace, after_id),
+            ).fetchone()
+        return int(row[0])
+
     def last_id(self) -> int:
         """The newest example's id (0 when none): a run reads the examples up to the id it
         started at, so a resumed run reads the same ones."""

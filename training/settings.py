@@ -32,6 +32,12 @@ class TrainingLoopSettings(BaseModel):
         description="New feedback rows (shown suggestions with their outcome) since the serving "
         "version's mark and since the last run that make a run due.",
     )
+    min_new_edit_examples: int = Field(
+        100,
+        ge=1,
+        description="New next-edit examples (kept at pauses in the user's editing, "
+        "`nextEdit.learnSettleS`) since the last run that make a run due.",
+    )
     min_changed_files: int = Field(
         20,
         ge=1,

@@ -33,6 +33,7 @@ from typing import Any
 
 from lsp_server.config import Settings
 from lsp_server.features.adapters import AdapterFeature
+from lsp_server.features.edit_learning import EditLearningFeature
 from lsp_server.features.learning import LearningFeature
 from lsp_server.progress import WorkDoneProgress
 from lsp_server.protocol import TRAINING_PROGRESS_TITLE, TRAINING_PROGRESS_TOKEN_PREFIX
@@ -55,12 +56,14 @@ from training.background import (
     TrainingChild,
     WorkspaceLock,
     child_environment,
+    enough_material,
     load_per_core,
     outcome_of_report,
     stop_orphan,
     train_command,
     wait_reason,
 )
+from training.edit_store import EditExampleStore
 from training.examples import workspace_files
 from training.registry import (
     RUN_DIR,
@@ -258,13 +261,21 @@ class TrainingLoopFeature:
         learning = self.server.find_feature(LearningFeature)
         store = learning.store if learning is not None else None
         new_feedback = store.count_after(since) if store is not None else 0
+        edits = self._edit_store()
+        new_edits = edits.count_after(self.record.edits_upto) if edits is not None else 0
         settings = self.server.settings.training
-        changed = 0
-        if new_feedback < settings.min_new_feedback and not unfinished:
+        material = Material(new_feedback, 0, unfinished, canary, new_edits)
+        if not unfinished and not enough_material(settings, material):
             started = self.record.last_started
             files = workspace_files(root, self.server.settings.index.exclude)
             changed = sum(1 for rel in files if started is None or _mtime(root / rel) > started)
-        return Material(new_feedback, changed, unfinished, canary)
+            material = replace(material, changed_files=changed)
+        return material
+
+    def _edit_store(self) -> EditExampleStore | None:
+        """The workspace's next-edit examples, when the server keeps them."""
+        feature = self.server.find_feature(EditLearningFeature)
+        return feature.store if feature is not None else None
 
     def _take_workspace(self) -> str | None:
         """Hold the workspace's lock, and stop a run its last server left running; None when
@@ -293,6 +304,8 @@ class TrainingLoopFeature:
         learning = self.server.find_feature(LearningFeature)
         store = learning.store if learning is not None else None
         upto = store.last_id() if store is not None else self.record.feedback_upto
+        edits = self._edit_store()
+        edits_upto = edits.last_id() if edits is not None else self.record.edits_upto
         try:
             child = TrainingChild.launch(
                 command, env=env, stdout=state_dir / REPORT_FILE, stderr=state_dir / LOG_FILE
@@ -304,6 +317,7 @@ class TrainingLoopFeature:
         record = self.record
         if not resuming:  # a resumed run keeps the start and the data it was planned with
             record.last_started, record.feedback_upto = time.time(), upto
+            record.edits_upto = edits_upto
         # The last run's outcome stays in the record (and the status) until this one ends.
         record.pid, record.pid_created = child.pid, child.created
         record.save(state_dir / STATE_FILE)

@@ -212,7 +212,12 @@ def test_a_bad_budget_is_refused() -> None:
 
 
 SETTINGS = TrainingLoopSettings(
-    min_new_feedback=10, min_changed_files=5, min_interval_s=100, idle_s=60, max_load=0.5
+    min_new_feedback=10,
+    min_new_edit_examples=7,
+    min_changed_files=5,
+    min_interval_s=100,
+    idle_s=60,
+    max_load=0.5,
 )
 IDLE = Activity(0, None, 0.1)
 ENOUGH = Material(new_feedback=10, changed_files=0, unfinished=False)
@@ -224,7 +229,16 @@ NOW = 1000.0
     [
         pytest.param(ENOUGH, IDLE, LoopRecord(), None, id="feedback-enough"),
         pytest.param(Material(0, 5, False), IDLE, LoopRecord(), None, id="files-enough"),
-        pytest.param(Material(9, 4, False), IDLE, LoopRecord(), "new material", id="too-little"),
+        pytest.param(
+            Material(0, 0, False, new_edit_examples=7), IDLE, LoopRecord(), None, id="edits-enough"
+        ),
+        pytest.param(
+            Material(9, 4, False, new_edit_examples=6),
+            IDLE,
+            LoopRecord(),
+            "6 of 7 next-edit examples",
+            id="too-little",
+        ),
         pytest.param(
             ENOUGH, IDLE, LoopRecord(last_started=NOW - 50), "minimum interval", id="too-soon"
         ),

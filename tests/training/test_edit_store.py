@@ -45,6 +45,9 @@ def test_a_workspace_reads_its_own_examples_newest_first_and_keeps_a_bounded_num
     # A run reads up to the id it started at: a later example is not in it.
     assert [e.path for e in mine.examples(upto)] == ["f4.py", "f3.py"]
     assert [e.path for e in theirs.examples(theirs.last_id())] == ["f99.py"]
+    # What the training loop counts as new since a run started: this workspace's alone.
+    assert mine.count_after(upto) == 1 and mine.count_after(0) == 3
+    assert theirs.count_after(0) == 1
     mine.close()
     theirs.close()
 

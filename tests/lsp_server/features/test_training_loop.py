@@ -28,6 +28,7 @@ from pytest_lsp import LanguageClient
 from pytest_lsp.client import make_test_lsp_client
 
 from lsp_server.config import Settings
+from lsp_server.features.edit_learning import EditLearningFeature
 from lsp_server.features.training_loop import TrainingLoopFeature
 from lsp_server.protocol import (
     NEXT_EDIT_TIMINGS_REQUEST,
@@ -37,13 +38,22 @@ from lsp_server.protocol import (
 )
 from tests.lsp_server.conftest import load_profile
 from tests.support.feature_server import feature_server
-from training.background import INTERRUPTED, OVER_MEMORY, STATE_DIR, STATE_FILE
+from training.background import (
+    INTERRUPTED,
+    OVER_MEMORY,
+    STATE_DIR,
+    STATE_FILE,
+    Activity,
+    wait_reason,
+)
+from training.edit_examples import EditExample
 from training.registry import RUN_DIR, scope_dir
 from training.trainer import CHECKPOINTS
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 SOURCE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+IDLE = Activity(0, None, 0.0)
 WAIT_S = 300.0  # not stuck: loading, converting and training the tiny model on a busy CPU
 
 
@@ -74,6 +84,38 @@ def test_the_loop_is_off_where_a_trained_version_could_not_serve(
         assert part["state"] == "off" and why in part["reason"], part
     server.workspace_root = None
     assert feature.why_off(Settings()) == "the server has no workspace root"
+
+
+def test_next_edit_examples_kept_since_the_last_run_are_new_material(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "a.py").write_text(SOURCE, encoding="utf-8")
+    server = feature_server(tmp_path)
+    server.settings = Settings.model_validate(
+        {
+            "cacheDir": str(tmp_path / "cache"),
+            "training": {"minNewEditExamples": 3, "minChangedFiles": 50},
+        }
+    )
+    learning = server.add_feature(EditLearningFeature(server))  # type: ignore[arg-type]
+    loop = TrainingLoopFeature(server)  # type: ignore[arg-type]
+    learning.on_settings(server.settings)
+    loop.on_settings(server.settings)
+    assert learning.store is not None
+    example = EditExample("a.py", "prompt", "x = 1\n", "x = 2\n", "live")
+    for _ in range(2):
+        learning.store.record(example)
+    material = loop._material()
+    assert (material.new_edit_examples, material.changed_files) == (2, 1)
+    reason = wait_reason(server.settings.training, material, IDLE, loop.record, time.time())
+    assert reason is not None and "2 of 3 next-edit examples" in reason
+    learning.store.record(example)
+    material = loop._material()
+    assert material.new_edit_examples == 3
+    assert wait_reason(server.settings.training, material, IDLE, loop.record, time.time()) is None
+    # A run that started after them read them: they are not new any more.
+    loop.record.edits_upto = learning.store.last_id()
+    assert loop._material().new_edit_examples == 0
+    learning.on_shutdown()
 
 
 @pytest.fixture
