@@ -40,7 +40,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -310,10 +310,10 @@ def train_model_main(argv: list[str]) -> int:
             window=window,
         )
     except ValueError as exc:
+        edits.close()
         raise SystemExit(f"tabloop train model: {exc}") from None
     finally:
         bar.close()
-        edits.close()
     from completion.adapters import read_manifest
 
     manifest = read_manifest(Path(result.adapter))
@@ -342,7 +342,9 @@ def train_model_main(argv: list[str]) -> int:
             cache_dir,
             args.eval_n,
             feedback,
+            edits,
         )
+    edits.close()
     if args.promote and "evaluation" in report:
         try:
             report["promoted"] = registry.promote(
@@ -413,10 +415,12 @@ def _evaluate(
     cache_dir: Path,
     n: int,
     feedback: FeedbackStore | None,
+    edits: EditExampleStore | None = None,
 ) -> dict[str, Any]:
     from training.evaluate import (
         compare,
         held_out_cursors,
+        held_out_edits,
         held_out_outcomes,
         judging_cost,
         judging_runner,
@@ -424,8 +428,13 @@ def _evaluate(
 
     started = time.perf_counter()
     train = registry.get(version).train
+    serving = registry.serving()
+    serving_train = registry.get(serving).train if serving is not None else None
     cursors = held_out_cursors(workspace, held_out, n, seed=0)
-    outcomes = held_out_outcomes(feedback, train, limit=n)
+    outcomes = replace(
+        held_out_outcomes(feedback, train, limit=n),
+        edits=held_out_edits(edits, train, serving_train, limit=n),
+    )
     completion = settings.completion.model_copy(
         update={"model": model, "adapter": "", "context_timeout_ms": 60_000}
     )
@@ -537,6 +546,7 @@ def model_main(argv: list[str]) -> int:
             registry.get(version)  # an unknown version fails before the model loads
             model = settings.completion.model
             feedback = FeedbackStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
+            edits = EditExampleStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
             report = _evaluate(
                 registry,
                 version,
@@ -547,8 +557,10 @@ def model_main(argv: list[str]) -> int:
                 cache_dir,
                 args.n,
                 feedback,
+                edits,
             )
             feedback.close()
+            edits.close()
             _print(report, args.json)
     except AdapterRegistryError as exc:
         print(f"tabloop model {args.action}: {exc}", file=sys.stderr)

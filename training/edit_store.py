@@ -91,12 +91,23 @@ class EditExampleStore(WorkspaceTable):
             ).fetchone()
         return int(row[0])
 
-    def examples(self, upto_id: int) -> list[EditExample]:
-        """This workspace's examples up to `upto_id`, newest first."""
+    def examples(self, upto_id: int, after_id: int = 0) -> list[EditExample]:
+        """This workspace's examples after `after_id` up to `upto_id`, newest first."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT path, prompt, current, target FROM edit_examples"
-                " WHERE workspace IS ? AND id <= ? ORDER BY id DESC",
-                (self.workspace, upto_id),
+                " WHERE workspace IS ? AND id > ? AND id <= ? ORDER BY id DESC",
+                (self.workspace, after_id, upto_id),
             ).fetchall()
         return [EditExample(path, prompt, now, then, "live") for path, prompt, now, then in rows]
+
+    def id_below_newest(self, upto_id: int, newest: int) -> int:
+        """The id of the newest example up to `upto_id` once its `newest` examples are left
+        out (0 when none is left): a run that holds those out trains on the ids up to it."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id FROM edit_examples WHERE workspace IS ? AND id <= ?"
+                " ORDER BY id DESC LIMIT 1 OFFSET ?",
+                (self.workspace, upto_id, newest),
+            ).fetchone()
+        return int(row[0]) if row is not None else 0

@@ -13,6 +13,13 @@ serving weights are reported with 95% intervals:
   included) in the logged context; the same two measures.
 - **ignored suggestions** (`ignored_reproduced`): held-out ignored and dismissed suggestions, and
   how often each model writes their first line again in the logged context (lower is better).
+- **next edits** (`next_edits`): the held-out next-edit examples the server kept from the user's
+  editing (`training.edit_store`; the newest a run could read, held out by
+  `training.workspace.live_edit_examples`, less any the serving version trained on); each
+  model rewrites the window from the example's prompt, as the predictor does, and scores 1
+  where the window it would show (its own rewrite, or the window unchanged when the rewrite
+  was cut short or empty) is the text the user settled on: exact window match, and its paired
+  difference.
 
 Held-out outcomes are those after the candidate's training mark (`training.window`), so it never
 trained on them. Judging runs on the configured engine when it is a fast one (`judging_runner`):
@@ -32,11 +39,15 @@ from typing import Any
 
 from common.languages import request_language
 from completion.engine import Engine
+from completion.next_edit.predictor import rewrite, rewritten_window
+from completion.next_edit.settings import NextEditSettings
 from completion.runners.base import ModelRunner, RunnerCapabilities
 from completion.runners.converted import ConvertedRunner
 from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
 from completion.types import CompletionRequest
+from training.edit_examples import EditExample
+from training.edit_store import EditExampleStore
 from training.examples import FimExample, cut_examples, read_text
 from training.feedback import FeedbackStore
 from training.window import mark_of
@@ -121,13 +132,52 @@ def _complete_all(
 class HeldOutOutcomes:
     """Logged outcomes of the workspace that no judged version trained on, as cursors in their
     logged context: `kept`, whose middle is the text the user kept (the positives), and
-    `ignored`, whose middle is a suggestion the user ignored or dismissed (the negatives)."""
+    `ignored`, whose middle is a suggestion the user ignored or dismissed (the negatives); and
+    `edits`, next-edit examples (the window before and as the user settled it)."""
 
     kept: tuple[FimExample, ...] = ()
     ignored: tuple[FimExample, ...] = ()
+    edits: tuple[EditExample, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.kept or self.ignored)
+        return bool(self.kept or self.ignored or self.edits)
+
+
+def _rewrite_all(
+    runner: ModelRunner, examples: Sequence[EditExample], tick: Callable[[], None]
+) -> list[str]:
+    """The window each example's rewrite would show: the rewrite, or the window as it is when
+    the rewrite ran out of tokens or came back empty (the predictor shows neither)."""
+    margin = NextEditSettings().margin_tokens
+    shown = []
+    for example in examples:
+        current = example.current
+        budget = runner.count_tokens(current) + margin
+        generation = rewrite(runner, example.prompt, current, max_new_tokens=budget)
+        text = rewritten_window(generation.text, current)
+        cut = generation.stop_reason == "length" or (not text and current)
+        shown.append(current if cut else text)
+        tick()
+    return shown
+
+
+def _window_matches(examples: Sequence[EditExample], shown: dict[str, list[str]]) -> dict[str, Any]:
+    """Each model's exact window match on next-edit `examples` (the window shown is the one the
+    user settled on), and the candidate's paired difference from the serving weights."""
+    per = {
+        name: [float(text == e.target) for e, text in zip(examples, texts, strict=True)]
+        for name, texts in shown.items()
+    }
+    report: dict[str, Any] = {
+        "n": len(examples),
+        "edits_due": sum(not e.no_change for e in examples),
+    }
+    for name, hits in per.items():
+        report[name] = {"exact_window_match": round(statistics.fmean(hits), 4) if hits else 0}
+    report["exact_window_difference"] = paired(
+        [c - s for s, c in zip(per["serving"], per["candidate"], strict=True)]
+    )
+    return report
 
 
 def _matches(examples: Sequence[FimExample], texts: dict[str, list[str]]) -> dict[str, Any]:
@@ -192,11 +242,13 @@ def compare(
     before = adapters.adapter
     sets = {"files": list(examples), "kept": list(outcomes.kept), "ignored": list(outcomes.ignored)}
     texts: dict[str, dict[str, list[str]]] = {name: {} for name in sets}
+    windows: dict[str, list[str]] = {}
     try:
         for name, adapter in (("serving", serving), ("candidate", candidate)):
             adapters.swap_adapter(adapter)
             for kind, cursors in sets.items():
                 texts[kind][name] = _complete_all(Engine(settings, runner), cursors, tick)
+            windows[name] = _rewrite_all(runner, outcomes.edits, tick)
     finally:
         adapters.swap_adapter(before)
     report = _matches(examples, texts["files"])
@@ -205,6 +257,8 @@ def compare(
         report["kept_text"] = _matches(outcomes.kept, texts["kept"])
     if outcomes.ignored:
         report["ignored_reproduced"] = _reproduced(outcomes.ignored, texts["ignored"])
+    if outcomes.edits:
+        report["next_edits"] = _window_matches(outcomes.edits, windows)
     return report
 
 
@@ -235,6 +289,32 @@ def held_out_outcomes(
         if len(kept) == len(ignored) == limit:
             break
     return HeldOutOutcomes(tuple(kept[::-1]), tuple(ignored[::-1]))
+
+
+def held_out_edits(
+    store: EditExampleStore | None,
+    train: dict[str, Any],
+    serving_train: dict[str, Any] | None,
+    limit: int,
+) -> tuple[EditExample, ...]:
+    """Up to `limit` of the newest next-edit examples that the version whose training record is
+    `train` held out and the serving version (`serving_train`; None: the base model) never
+    trained on; newest first. None for a version that held none out."""
+    mine = train.get("edit_examples") or {}
+    if store is None or limit <= 0 or not mine.get("held_out"):
+        return ()
+    seen = max(int(mine["trained_through_id"]), _edits_trained_through(serving_train))
+    return tuple(store.examples(int(mine["upto_id"]), after_id=seen)[:limit])
+
+
+def _edits_trained_through(train: dict[str, Any] | None) -> int:
+    """The newest next-edit example a version may have trained on (0: none)."""
+    edits = (train or {}).get("edit_examples") or {}
+    if not edits:
+        return 0
+    # A version from before runs held examples out read every one it could, up to an id its
+    # record does not say: none is taken as unseen by it.
+    return int(edits.get("trained_through_id", 2**62))
 
 
 def judging_cost(engine: str, seconds: float, train: dict[str, Any]) -> dict[str, Any]:

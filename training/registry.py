@@ -121,7 +121,8 @@ def promotion_decision(evaluation: dict[str, Any], margin: float) -> tuple[bool,
     and exact-line match not lower; on the held-out outcomes, where there are any, not
     clearly worse: the kept text's paired edit-similarity difference's upper bound not below
     zero, and ignored suggestions not written again more often (the paired difference's lower
-    bound not above zero)."""
+    bound not above zero); on the held-out next edits, where there are any, exact window match
+    not lower."""
     similarity = evaluation.get("edit_similarity_difference", {})
     exact = evaluation.get("exact_line_difference", {})
     low = float(similarity.get("ci95_low", float("-inf")))
@@ -142,6 +143,9 @@ def promotion_decision(evaluation: dict[str, Any], margin: float) -> tuple[bool,
             f"ignored suggestions are written again more often ({float(ignored['mean']):+.4f}, "
             f"95% lower bound {float(ignored['ci95_low']):+.4f})"
         )
+    edits = evaluation.get("next_edits", {}).get("exact_window_difference", {})
+    if float(edits.get("mean", 0.0)) < 0:
+        return False, f"next edits' exact window match is lower ({float(edits['mean']):+.4f})"
     return True, f"edit similarity gain's 95% lower bound {low:+.4f} > {floor}"
 
 

@@ -46,6 +46,11 @@ from training.window import (
 FEEDBACK_SHARE = 0.5
 EDIT_SHARE = 0.2
 """Of what a run trains on, the share of next-edit examples while the workspace has any."""
+EDIT_HELD_OUT_EVERY = 10
+EDIT_HELD_OUT_MAX = 20
+"""A run holds out the newest of every `EDIT_HELD_OUT_EVERY` next-edit examples it could read,
+at most `EDIT_HELD_OUT_MAX`: the version's judgement scores next edits on them
+(`training.evaluate.held_out_edits`)."""
 PLAN_FILE = "plan.json"
 
 
@@ -239,22 +244,29 @@ def live_edit_examples(
     count_tokens: Callable[[str], int],
     settings: TrainSettings,
 ) -> tuple[list[EditExample], dict[str, int]]:
-    """The store's examples up to `upto`, newest first, less those whose prompt the trainer
-    would cut (over three quarters of its prompt budget, as `tabloop train edits` drops them)
-    and the no-change examples over `NO_CHANGE_SHARE`; with what became of them."""
+    """The store's examples up to `upto`, newest first, less the newest held out for judging
+    (`EDIT_HELD_OUT_EVERY`), those whose prompt the trainer would cut (over three quarters of
+    its prompt budget, as `tabloop train edits` drops them) and the no-change examples over
+    `NO_CHANGE_SHARE`; with what became of them, and the ids that say which were held out
+    (`upto_id`, and `trained_through_id`: the newest id trained on)."""
     if store is None or upto <= 0:
         return [], {}
+    stored = store.examples(upto)
+    held = min(len(stored) // EDIT_HELD_OUT_EVERY, EDIT_HELD_OUT_MAX)
+    found = stored[held:]
     budget = settings.max_prompt_tokens * 3 // 4
-    found = store.examples(upto)
     fitting = [example for example in found if count_tokens(example.prompt) <= budget]
     kept, dropped = capped_no_change(fitting, NO_CHANGE_SHARE, settings.seed)
     no_change = sum(example.no_change for example in kept)
     counts = {
-        "stored": len(found),
+        "stored": len(stored),
         "edit": len(kept) - no_change,
         "no_change": no_change,
+        "held_out": held,
         "dropped_prompt_too_long": len(found) - len(fitting),
         "dropped_no_change_over_share": dropped,
+        "upto_id": upto,
+        "trained_through_id": store.id_below_newest(upto, held),
     }
     return kept, counts
 

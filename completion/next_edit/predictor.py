@@ -91,7 +91,6 @@ class NextEditPredictor:
     def __init__(self, runner: ModelRunner, settings: NextEditSettings | None = None) -> None:
         self.runner = runner
         self.settings = settings or NextEditSettings()
-        self.capabilities = RunnerCapabilities.of(runner)
         self.model_calls = 0
 
     def predict(
@@ -212,23 +211,15 @@ class NextEditPredictor:
     def _generate(
         self, prompt: str, window: Window, cancel: CancelToken, timings: NextEditTimings
     ) -> Generation:
-        settings = self.settings
-        max_new_tokens = window.tokens + settings.margin_tokens
         model_started = time.perf_counter()
         timings.reached_model = True
-        drafts = self.capabilities.drafts
-        if drafts is not None:
-            generation = drafts.generate_with_draft(
-                prompt,
-                draft=window.text,
-                max_new_tokens=max_new_tokens,
-                stop=_stop,
-                cancel=cancel,
-            )
-        else:
-            generation = self.runner.generate(
-                prompt, max_new_tokens=max_new_tokens, stop=_stop, cancel=cancel
-            )
+        generation = rewrite(
+            self.runner,
+            prompt,
+            window.text,
+            max_new_tokens=window.tokens + self.settings.margin_tokens,
+            cancel=cancel,
+        )
         self.model_calls += 1
         timings.model_ms = (time.perf_counter() - model_started) * 1000
         timings.prompt_tokens = generation.prompt_tokens
@@ -241,27 +232,51 @@ class NextEditPredictor:
 
     @staticmethod
     def _predicted_text(output: str, window: Window) -> str:
-        """The model's rewrite as the window's text: cut at a stop text (or the start of one at
-        its end), its line breaks the window's, and no line break added at the document's
-        end."""
-        cut = _stop(output)
-        predicted = output if cut is None else output[:cut]
-        if cut is None:
-            # A server that cuts at a stop text may have sent its first characters already.
-            for stop in STOP_TEXTS:
-                partial = next(
-                    (k for k in range(len(stop) - 1, 1, -1) if predicted.endswith(stop[:k])), 0
-                )
-                predicted = predicted[: len(predicted) - partial]
-        current = window.text
-        if "\r\n" in current and "\r\n" not in predicted:
-            predicted = predicted.replace("\n", "\r\n")
-        if not current.endswith(("\n", "\r")):
-            for end in ("\r\n", "\n", "\r"):
-                if predicted.endswith(end):
-                    predicted = predicted[: -len(end)]
-                    break
-        return predicted
+        return rewritten_window(output, window.text)
+
+
+def rewrite(
+    runner: ModelRunner,
+    prompt: str,
+    current: str,
+    *,
+    max_new_tokens: int,
+    cancel: CancelToken | None = None,
+) -> Generation:
+    """The model's greedy rewrite of the window `current` after `prompt` (which ends where the
+    updated window begins), stopping at `<|file_sep|>`: with `current` as the draft when the
+    runner checks drafts (speculative edits: the same output in fewer forward passes), else
+    decoded plainly."""
+    drafts = RunnerCapabilities.of(runner).drafts
+    cancel = cancel or CancelToken()
+    if drafts is not None:
+        return drafts.generate_with_draft(
+            prompt, draft=current, max_new_tokens=max_new_tokens, stop=_stop, cancel=cancel
+        )
+    return runner.generate(prompt, max_new_tokens=max_new_tokens, stop=_stop, cancel=cancel)
+
+
+def rewritten_window(output: str, current: str) -> str:
+    """The model's rewrite as the window's text: cut at a stop text (or the start of one at its
+    end), its line breaks those of `current` (the window now), and no line break added where the
+    window has none at its end (the document's end)."""
+    cut = _stop(output)
+    predicted = output if cut is None else output[:cut]
+    if cut is None:
+        # A server that cuts at a stop text may have sent its first characters already.
+        for stop in STOP_TEXTS:
+            partial = next(
+                (k for k in range(len(stop) - 1, 1, -1) if predicted.endswith(stop[:k])), 0
+            )
+            predicted = predicted[: len(predicted) - partial]
+    if "\r\n" in current and "\r\n" not in predicted:
+        predicted = predicted.replace("\n", "\r\n")
+    if not current.endswith(("\n", "\r")):
+        for end in ("\r\n", "\n", "\r"):
+            if predicted.endswith(end):
+                predicted = predicted[: -len(end)]
+                break
+    return predicted
 
 
 def _stop(text: str) -> int | None:

@@ -52,15 +52,15 @@ def test_a_workspace_reads_its_own_examples_newest_first_and_keeps_a_bounded_num
     theirs.close()
 
 
-def test_a_run_drops_prompts_the_trainer_would_cut_and_no_change_over_its_share(
+def test_a_run_holds_out_the_newest_and_drops_what_the_trainer_would_cut(
     tmp_path: Path,
 ) -> None:
     store = EditExampleStore(tmp_path / "store.sqlite", workspace=tmp_path)
-    for n in range(7):
+    store.record(_example(0, prompt_words=200))
+    for n in range(1, 8):
         store.record(_example(n))
-    for n in range(7, 17):
+    for n in range(8, 20):
         store.record(_example(n, change=False))
-    store.record(_example(17, prompt_words=200))
     settings = TrainSettings(max_prompt_tokens=96)  # 72 tokens for the prompt
 
     def words(text: str) -> int:
@@ -68,15 +68,23 @@ def test_a_run_drops_prompts_the_trainer_would_cut_and_no_change_over_its_share(
 
     kept, counts = live_edit_examples(store, store.last_id(), words, settings)
     assert counts == {
-        "stored": 18,
+        "stored": 20,
         "edit": 7,
         "no_change": 3,  # 30% of what is kept
+        "held_out": 2,  # the newest of every 10, for the judgement
         "dropped_prompt_too_long": 1,
         "dropped_no_change_over_share": 7,
+        "upto_id": 20,
+        "trained_through_id": 18,
     }
-    assert [e.path for e in kept if not e.no_change] == [f"f{n}.py" for n in range(6, -1, -1)]
+    assert [e.path for e in kept if not e.no_change] == [f"f{n}.py" for n in range(7, 0, -1)]
+    assert not {"f18.py", "f19.py"} & {e.path for e in kept}
+    # The held-out ones are those after the id trained through.
+    held = store.examples(counts["upto_id"], after_id=counts["trained_through_id"])
+    assert [e.path for e in held] == ["f19.py", "f18.py"]
     assert live_edit_examples(store, 0, words, settings) == ([], {})
     assert live_edit_examples(None, 5, words, settings) == ([], {})
+    store.close()
 
 
 def test_the_run_trains_a_share_of_edit_examples_newest_first(workspace: Path) -> None:
@@ -117,25 +125,30 @@ def test_train_model_reads_the_workspaces_edit_examples(
 ) -> None:
     cache = tmp_path / "cache"
     store = EditExampleStore(cache / FEEDBACK_FILE, workspace=workspace)
-    for n in range(4):
+    for n in range(12):
         store.record(_example(n))
     store.close()
     command = [
         sys.executable, "-m", "tabloop", "train", "model",
         "--workspace", str(workspace), "--model", str(tiny_model_path),
         "--samples", "8", "--micro-batch", "2", "--effective-batch", "4",
-        "--max-prompt-tokens", "96", "--rank", "4", "--eval-n", "0", "--json",
+        "--max-prompt-tokens", "96", "--rank", "4", "--eval-n", "2", "--json",
     ]  # fmt: skip
     environ = {**os.environ, "TABLOOP_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["edit_examples"] == {
-        "stored": 4,
-        "edit": 4,
+        "stored": 12,
+        "edit": 11,
         "no_change": 0,
+        "held_out": 1,
         "dropped_prompt_too_long": 0,
         "dropped_no_change_over_share": 0,
+        "upto_id": 12,
+        "trained_through_id": 11,
     }
+    # The version is judged on the next edit it held out (the newest), against the base model.
+    assert report["evaluation"]["next_edits"]["n"] == 1
     # Room for a whole rewritten window as the middle.
     assert report["training"]["settings"]["max_middle_tokens"] >= 256

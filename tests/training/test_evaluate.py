@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -11,11 +11,15 @@ from completion.runners.onnx import OnnxRunner
 from completion.runners.torch_runner import TorchRunner
 from completion.settings import CompletionSettings
 from tests.support.adapters import strong_adapter
+from tests.support.scripted_model import ScriptedModel
+from training.edit_examples import EditExample
+from training.edit_store import EditExampleStore
 from training.evaluate import (
     HeldOutOutcomes,
     compare,
     edit_similarity,
     held_out_cursors,
+    held_out_edits,
     held_out_outcomes,
     judging_cost,
     judging_runner,
@@ -45,10 +49,55 @@ def test_paired_interval() -> None:
     assert paired([0.2, 0.2])["ci95_low"] == 0.2
 
 
+EDITS = (
+    EditExample("a.py", "<|file_sep|>updated/a.py\n", "x = 1\n", "x = 2\n", "live"),
+    EditExample("b.py", "<|file_sep|>updated/b.py\n", "y = 1\n", "y = 1\n", "live"),
+    EditExample("c.py", "<|file_sep|>updated/c.py\n", "z = 1\n", "z = 3\n", "live"),
+)
+
+
+@dataclass
+class ScriptedVersions(ScriptedModel):
+    """A scripted model whose rules are those of the adapter it serves (None: the base)."""
+
+    versions: dict[Path | None, dict[str, str]] = field(default_factory=dict)
+    adapter: Path | None = None
+
+    def swap_adapter(self, adapter: Path | None) -> None:
+        self.adapter, self.rules = adapter, self.versions[adapter]
+
+
+def test_next_edits_are_judged_on_the_window_each_version_would_show(tmp_path: Path) -> None:
+    candidate = tmp_path / "candidate"
+    base = {
+        "updated/a.py\n": "x = 1\n<|file_sep|>",  # no change where one was due
+        "updated/b.py\n": "y = 1\n<|file_sep|>",  # rightly none
+        "updated/c.py\n": "z = 3\n<|file_sep|>",  # the edit
+    }
+    trained = {
+        "updated/a.py\n": "x = 2\n<|file_sep|>",  # the edit
+        "updated/b.py\n": "y = 1\n" * 40,  # cut at the token limit: the window shown as it is
+        "updated/c.py\n": "<|file_sep|>",  # empty: nothing shown, so no edit
+    }
+    runner = ScriptedVersions(versions={None: base, candidate: trained})
+    runner.swap_adapter(None)
+    settings = CompletionSettings(model="scripted")
+    report = compare(runner, settings, None, candidate, [], HeldOutOutcomes(edits=EDITS))
+    edits = report["next_edits"]
+    assert edits["n"] == 3 and edits["edits_due"] == 2
+    assert edits["serving"]["exact_window_match"] == round(2 / 3, 4)
+    assert edits["candidate"]["exact_window_match"] == round(2 / 3, 4)
+    assert edits["exact_window_difference"]["mean"] == 0.0
+    assert edits["exact_window_difference"]["n"] == 3
+    assert runner.adapter is None
+    # Each rewrite was asked with the example's own prompt, once per version.
+    assert runner.prompts == [e.prompt for e in EDITS] * 2
+
+
 def _outcomes(cursors: list[FimExample]) -> HeldOutOutcomes:
     kept = tuple(cursors[:2])
     ignored = tuple(replace(c, middle="print(1)") for c in cursors[2:])
-    return HeldOutOutcomes(kept, ignored)
+    return HeldOutOutcomes(kept, ignored, EDITS)
 
 
 def test_compare_runs_both_on_the_same_cursors_and_restores_the_runner(
@@ -68,6 +117,7 @@ def test_compare_runs_both_on_the_same_cursors_and_restores_the_runner(
     assert report["kept_text"]["n"] == 2 and report["kept_text"]["exact_line_difference"]["n"] == 2
     assert report["ignored_reproduced"]["n"] == 2
     assert report["ignored_reproduced"]["difference"]["n"] == 2
+    assert report["next_edits"]["n"] == 3 and report["next_edits"]["edits_due"] == 2
     assert runner.adapter is None
     runner.close()
 
@@ -98,6 +148,7 @@ def test_the_judgement_runs_on_the_fast_engine_and_keeps_the_candidates_conversi
     assert report["engine"] == "onnxruntime"
     assert report["edit_similarity_difference"]["n"] == 4
     assert report["kept_text"]["n"] == 2 and report["ignored_reproduced"]["n"] == 2
+    assert report["next_edits"]["exact_window_difference"]["n"] == 3  # rewritten with drafts
     allowed, reason = promotion_decision(report, 0.0)
     assert isinstance(allowed, bool) and reason
     cost = judging_cost(report["engine"], 12.0, {"elapsed_s": 48.0})
@@ -137,3 +188,23 @@ def test_held_out_outcomes_are_those_the_version_never_trained_on(tmp_path: Path
     everything = held_out_outcomes(store, {"window": {"trained_through": None}}, limit=10)
     assert len(everything.kept) == 7 and len(everything.ignored) == 3
     assert not held_out_outcomes(store, {}, limit=10)
+
+
+def test_held_out_edits_are_those_neither_version_trained_on(tmp_path: Path) -> None:
+    store = EditExampleStore(tmp_path / "feedback.sqlite", workspace=tmp_path)
+    for n in range(1, 11):
+        store.record(EditExample(f"f{n}.py", "p", f"x = {n}\n", f"x = {n + 1}\n", "live"))
+    # The candidate could read 1-10 and held out 8-10; the serving version trained through 8.
+    train = {"edit_examples": {"held_out": 3, "upto_id": 10, "trained_through_id": 7}}
+    serving = {"edit_examples": {"held_out": 1, "upto_id": 9, "trained_through_id": 8}}
+    assert [e.path for e in held_out_edits(store, train, serving, 5)] == ["f10.py", "f9.py"]
+    assert [e.path for e in held_out_edits(store, train, None, 5)] == ["f10.py", "f9.py", "f8.py"]
+    assert [e.path for e in held_out_edits(store, train, None, 1)] == ["f10.py"]
+    # A serving version from before examples were held out may have read any of them.
+    assert held_out_edits(store, train, {"edit_examples": {"stored": 9}}, 5) == ()
+    # A serving version trained on no next edits saw none.
+    assert len(held_out_edits(store, train, {"edit_examples": None}, 5)) == 3
+    # A candidate that held none out is not judged on next edits.
+    assert held_out_edits(store, {"edit_examples": {"held_out": 0}}, None, 5) == ()
+    assert held_out_edits(None, train, None, 5) == ()
+    store.close()

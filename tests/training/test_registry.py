@@ -78,6 +78,16 @@ def _paired(
             True,
             id="ignored-written-again-less-often",
         ),
+        pytest.param(
+            {**_gain(None, 0.02), "next_edits": _paired("exact_window_difference", -0.05)},
+            False,
+            id="next-edits-matched-less-often",
+        ),
+        pytest.param(
+            {**_gain(None, 0.02), "next_edits": _paired("exact_window_difference", 0.0)},
+            True,
+            id="next-edits-as-often",
+        ),
     ],
 )
 def test_promotion_rule(evaluation: dict[str, Any], allowed: bool) -> None:
