@@ -47,6 +47,7 @@ from backend.services.stats_rollup import (
     ROLLUP_COUNTERS,
     SOURCE_COLUMNS,
     StatsRollup,
+    committed_watermark,
     event_selects,
 )
 from backend.storage import Storage
@@ -204,7 +205,10 @@ class StatsService:
     ) -> list[dict[str, Any]]:
         """Summed counters of a tenant in `[start, end)`, grouped by `group` columns (and by
         `step`-second time slots when `step` is given), from the rollup and the live tail."""
-        watermark = self.rollup.refresh(tenant_id, max_events=REFRESH_CHUNK)
+        self.rollup.refresh(tenant_id, max_events=REFRESH_CHUNK)
+        # The tail starts at the watermark the query itself sees, not the one this refresh
+        # returned: another request's refresh may commit between the two.
+        watermark = committed_watermark(tenant_id)
         # Hourly rows when the window and its steps are whole hours (7 and 30 days, all time).
         hourly = _reads_hourly(end - start, step) and start % HOURLY_BUCKET_S == 0
         hourly = hourly and end % HOURLY_BUCKET_S == 0

@@ -139,7 +139,24 @@ def _latency_bins(first: ColumnElement[bool], ms: ColumnElement[float]) -> dict[
     return bins
 
 
-def _id_range(table: Any, tenant_id: int, after: int, upto: int | None) -> list[Any]:
+After = int | ColumnElement[int]
+"""An event id, or an expression of one that the reading statement evaluates
+(`committed_watermark`)."""
+
+
+def committed_watermark(tenant_id: int) -> ColumnElement[int]:
+    """The tenant's watermark as the statement it is part of sees it (0: none): a read of the
+    rollup and of the live tail after this watermark in one statement sees both from the same
+    snapshot, so a refresh committed meanwhile by another request neither drops nor doubles
+    a range."""
+    return (
+        select(func.coalesce(func.max(StatsWatermark.last_event_id), 0))
+        .where(StatsWatermark.tenant_id == tenant_id)
+        .scalar_subquery()
+    )
+
+
+def _id_range(table: Any, tenant_id: int, after: After, upto: int | None) -> list[Any]:
     where = [table.c.tenant_id == tenant_id, table.c.id > after]
     if upto is not None:
         where.append(table.c.id <= upto)
@@ -152,7 +169,7 @@ def _narrow(query: Select[Any]) -> Any:
     return query.offset(0).subquery()
 
 
-def _decision_select(dialect: str, tenant_id: int, after: int, upto: int | None) -> Select[Any]:
+def _decision_select(dialect: str, tenant_id: int, after: After, upto: int | None) -> Select[Any]:
     d = EVENTS
     rows = _narrow(
         select(
@@ -200,7 +217,7 @@ def _joined_select(
     dialect: str,
     kind: Literal["outcome", "retention"],
     tenant_id: int,
-    after: int,
+    after: After,
     upto: int | None,
 ) -> Select[Any]:
     """Outcomes or retention measurements, with the dimensions of their decision."""
@@ -244,7 +261,11 @@ def _joined_select(
     return _grouped(tenant_id, rows, values)
 
 
-def event_selects(dialect: str, tenant_id: int, after: int, upto: int | None) -> list[Select[Any]]:
+def event_selects(
+    dialect: str, tenant_id: int, after: After, upto: int | None
+) -> list[Select[Any]]:
+    """The aggregation of a tenant's events with ids in `(after, upto]` (`upto` None: all
+    after), one SELECT per event type."""
     return [
         _decision_select(dialect, tenant_id, after, upto),
         _joined_select(dialect, "outcome", tenant_id, after, upto),

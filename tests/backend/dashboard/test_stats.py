@@ -126,6 +126,40 @@ def test_the_rollup_and_the_live_tail_agree_wherever_they_split(
     assert live["24h"]["summary"]["requests"] > 0
 
 
+def test_a_refresh_committed_between_the_watermark_and_the_read_counts_nothing_twice(
+    seeded: tuple[BackendServer, History], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page's endpoints are read at once: one request's refresh returns a watermark, and
+    another request's refresh commits a further range before the first request reads. The
+    read must see the rollup and its live tail from the same watermark."""
+    server, history = seeded
+    registry = PolicyRegistry(server.storage)
+    other = server.storage.ensure_tenant(f"race-{uuid.uuid4().hex[:6]}")
+    rows = server.storage.events(server.tenant_id, limit=100_000)
+    server.storage.insert_events(other, [parse_event(_copy(body)) for _, body in rows])
+    lagging = StatsRollup(server.storage, settle_s=1e9)  # folds nothing, returns the watermark
+    racing = StatsRollup(server.storage, settle_s=0)
+    service = StatsService(server.storage, registry, lagging)
+    now = time.time()
+    before = service.overview(other, "24h", now=now)  # the live tail alone
+    fold = lagging.refresh
+
+    def another_request_refreshes_meanwhile(
+        tenant_id: int, *, max_events: int | None = None
+    ) -> int:
+        watermark = fold(tenant_id, max_events=max_events)
+        racing.refresh(tenant_id)
+        return watermark
+
+    monkeypatch.setattr(lagging, "refresh", another_request_refreshes_meanwhile)
+    raced = service.overview(other, "24h", now=now)
+    assert racing.watermark(other) == max(_ids(server, other))  # the range was rolled up
+    assert raced["summary"] == before["summary"]
+    assert raced["series"] == before["series"]
+    expected = dashboard_history.expected_summary(history.events, raced["start"], raced["end"])
+    assert raced["summary"]["requests"] == expected["requests"] > 0
+
+
 def test_concurrent_refreshes_count_each_event_once(db_url: str) -> None:
     with BackendServer(db_url) as server:
         history = dashboard_history.generate(server.storage, server.tenant_id, requests_per_hour=5)
