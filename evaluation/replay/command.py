@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.policy.settings import TrainerSettings
+from common.signals import sigterm_as_exit
 from completion.gate import builtin_policy
 from evaluation.replay.continuous import run_continuous
 from evaluation.replay.drills import canary_drill
@@ -196,7 +197,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     settings = engine_settings(args)
     trainer_settings = _trainer_settings(args, len(train_positions))
     rewards = trainer_settings.rewards
-    with tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp, ExitStack() as stack:
+    # Stopped with SIGTERM, the replay still stops its training child and removes its files.
+    with (
+        sigterm_as_exit(),
+        tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp,
+        ExitStack() as stack,
+    ):
         work = Path(tmp)
         runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
         stack.callback(runner.close)

@@ -61,6 +61,7 @@ from evaluation.replay.player import (
 from evaluation.replay.rounds import Loop, await_training, deliver
 from evaluation.simulation import Position, sample_positions
 from training.background import (
+    INTERRUPTED,
     OVER_MEMORY,
     Activity,
     LoopRecord,
@@ -281,13 +282,17 @@ def train_between_rounds(
         command, env=env, stdout=state / "report.json", stderr=state / "train.log"
     )
     peak_rss = 0
-    while (code := child.poll()) is None:
-        peak_rss = max(peak_rss, child.rss_bytes())
-        cap = loop_settings_.max_memory_mb
-        if cap and peak_rss > cap * 2**20:
-            code = child.stop(OVER_MEMORY)
-            break
-        time.sleep(POLL_S)
+    try:
+        while (code := child.poll()) is None:
+            peak_rss = max(peak_rss, child.rss_bytes())
+            cap = loop_settings_.max_memory_mb
+            if cap and peak_rss > cap * 2**20:
+                code = child.stop(OVER_MEMORY)
+                break
+            time.sleep(POLL_S)
+    except BaseException:  # the replay is stopping (Ctrl-C, SIGTERM): so is its run
+        child.stop(INTERRUPTED)
+        raise
     run_s = time.perf_counter() - started
     report["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     try:
