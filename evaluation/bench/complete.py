@@ -61,6 +61,7 @@ from lsprotocol import types
 
 from backend.local import bind_loopback
 from backend.storage import Storage
+from common.machine import cpu_description
 from evaluation.bench.engines import server_memory_mb
 from evaluation.bench.lsp import percentile
 from evaluation.holes import setting_overrides
@@ -564,6 +565,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "workspace": args.workspace,
         "chars_typed": len(keys),
         "model": args.model,
+        "cpu": cpu_description(),
         "load_average_after": round(os.getloadavg()[0], 2),
         # Events the loopback backend stored from every configuration's server.
         "backend_events_stored": stored,

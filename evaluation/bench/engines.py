@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.machine import cpu_description
+
 SIZES = (("short", 600), ("medium", 1800), ("long", 4000))  # prefix characters of each kind
 FILES = (
     "textwrap.py",
@@ -132,22 +134,6 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if any(r["kind"] == kind for r in rows)
         },
     }
-
-
-def cpu_description() -> dict[str, Any]:
-    """The CPU's model name and the vector instructions that set int8 and float32 speed."""
-    model, flags = "", set[str]()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == "model name" and not model:
-                model = value.strip()
-            elif name.strip() == "flags" and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")
-    return {"model": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
 
 
 def copy_bandwidth_gb_s(megabytes: int = 512) -> float:

@@ -49,10 +49,11 @@ def main(argv: list[str]) -> int:
         print(json.dumps(_memory_walk(args, reuse=args.memory_of == "on")))
         return 0
 
+    from common.machine import cpu_description
     from common.paths import default_cache_dir
     from completion.runners.ct2 import Ct2Runner
     from completion.types import CancelToken
-    from evaluation.bench.engines import cpu_description, prompts
+    from evaluation.bench.engines import prompts
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     whole = Ct2Runner(args.model, cache_dir, reuse_prefix=False)

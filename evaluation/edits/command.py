@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.machine import cpu_description
 from completion.next_edit import NextEditPredictor, NextEditSettings
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
@@ -136,6 +137,7 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
             "last": commits[-1],
         },
         "seed": args.seed,
+        "cpu": cpu_description(),
     }
     points: list[EditPoint] = []
     results: dict[str, list[PredictionResult]] = {}

@@ -4,6 +4,7 @@ the tiny model and a repository built in the test."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,7 @@ def test_train_on_older_commits_and_judge_on_newer(
     )
     assert report["commits"]["range"] == f"{ids[6][:12]}^..{ids[8][:12]}"
     assert report["commits"]["count"] == 3
+    assert report["cpu"]["cores"] == os.cpu_count()  # the machine the figures are from
     # Three commits of two hunks each: an edit point and a no-change point each; four drawn.
     assert report["replay"]["points"] == {"edit": 3, "no_change_after_last": 3}
     assert report["points"]["n"] == 4
