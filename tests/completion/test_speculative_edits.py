@@ -44,6 +44,11 @@ class Runner:
         drafts = RunnerCapabilities.of(runner).drafts
         assert drafts is not None
         self.drafts: DraftRunner = drafts
+        # How far a drafted token's log-probability may be from the plain pass's. ONNX Runtime's
+        # int8 kernels for one token and for several round differently, and by how much depends
+        # on the CPU's instructions (1.4e-3 on one with AVX-512 VNNI, under 1e-3 on AVX2 alone);
+        # a drafted logit read from the wrong position would be off by far more.
+        self.logprob_tolerance = 1e-2 if isinstance(runner, OnnxRunner) else 1e-3
 
     def plain(self, max_new_tokens: int = NEW_TOKENS, stop: StopRule = never) -> Generation:
         return self.runner.generate(
@@ -104,11 +109,12 @@ def reference(runner: Runner, margin: float) -> Generation:
     return generation
 
 
-def assert_same(reference: Generation, drafted: Generation) -> None:
+def assert_same(runner: Runner, reference: Generation, drafted: Generation) -> None:
     assert drafted.text == reference.text
     assert drafted.new_tokens == reference.new_tokens
     assert drafted.stop_reason == reference.stop_reason
-    assert drafted.token_logprobs == pytest.approx(reference.token_logprobs, abs=1e-3)
+    tolerance = runner.logprob_tolerance
+    assert drafted.token_logprobs == pytest.approx(reference.token_logprobs, abs=tolerance)
     assert drafted.draft_accepted <= drafted.draft_tokens
 
 
@@ -130,7 +136,7 @@ def test_edited_drafts_give_the_plain_output(
 ) -> None:
     draft, at = edited(reference.text, how)
     drafted = runner.drafted(draft)
-    assert_same(reference, drafted)
+    assert_same(runner, reference, drafted)
     # The draft served after the change too: more of it was accepted than the text before the
     # change holds (a drafter that lost its place would accept at most that)...
     before = runner.runner.count_tokens(reference.text[:at])
@@ -144,7 +150,7 @@ def test_useless_drafts_give_the_plain_output(
     draft: str, runner: Runner, reference: Generation
 ) -> None:
     drafted = runner.drafted(draft)
-    assert_same(reference, drafted)
+    assert_same(runner, reference, drafted)
     assert drafted.draft_accepted < 5
 
 
@@ -152,7 +158,7 @@ def test_useless_drafts_give_the_plain_output(
 def test_max_new_tokens_exact(limit: int, runner: Runner, reference: Generation) -> None:
     drafted = runner.drafted(reference.text, max_new_tokens=limit)
     assert drafted.new_tokens == limit and drafted.stop_reason == "length"
-    assert_same(runner.plain(max_new_tokens=limit), drafted)
+    assert_same(runner, runner.plain(max_new_tokens=limit), drafted)
 
 
 @pytest.mark.parametrize("chars", [1, 9, 30, 61])
@@ -164,7 +170,7 @@ def test_stop_rule_cuts_where_plain_decoding_cuts(
 
     drafted = runner.drafted(reference.text, stop=after)
     assert drafted.stop_reason == "stop" and len(drafted.text) == chars
-    assert_same(runner.plain(stop=after), drafted)
+    assert_same(runner, runner.plain(stop=after), drafted)
 
 
 @pytest.mark.parametrize("after_tokens", [1, 5, 18])
@@ -189,4 +195,4 @@ def test_cancel_stops_where_plain_decoding_would(
 def test_the_next_plain_request_is_unchanged(runner: Runner, reference: Generation) -> None:
     # The ONNX runner keeps its prompt state across requests; drafted calls leave it usable.
     runner.drafted(edited(reference.text, "deletion")[0])
-    assert_same(reference, runner.plain())
+    assert_same(runner, reference, runner.plain())
