@@ -42,7 +42,24 @@ def configure_logging(verbosity: int, log_file: str | None = None) -> int:
     # pygls logs every message it sends at INFO, httpx every request it makes: keep that for -vv.
     for chatty in ("pygls", "httpx", "httpcore"):
         logging.getLogger(chatty).setLevel(level if verbosity >= 2 else logging.WARNING)
+    rpc = logging.getLogger("pygls.protocol.json_rpc")
+    if not any(isinstance(f, RoutineCancels) for f in rpc.filters):
+        rpc.addFilter(RoutineCancels())
     return level
+
+
+class RoutineCancels(logging.Filter):
+    """pygls warns of a `$/cancelRequest` for a request it does not know: one it has answered
+    already, which is routine (the editor cancels what it no longer needs while the answer is
+    on its way). Such a record is passed on at debug, so stderr, which editors file as errors,
+    does not get it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and str(record.msg).startswith(
+            "Cancel notification for unknown message id"
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
 
 
 def quiet_progress_bars() -> None:

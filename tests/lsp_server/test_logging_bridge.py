@@ -158,6 +158,21 @@ def test_the_server_sends_info_to_the_client_and_not_to_stderr(tmp_path: Path) -
     assert " INFO " not in stderr and "model ready" not in stderr, stderr
 
 
+def test_cancelling_an_answered_request_leaves_stderr_alone(tmp_path: Path) -> None:
+    """An editor cancels a request whose answer is already on its way: routine, not a warning
+    (Neovim would file it as an error)."""
+    server = started(tmp_path)
+    try:
+        answered = server.call("ping", "tabloop/status")
+        assert answered
+        server.send(frame(notification("$/cancelRequest", {"id": "ping"})))
+        server.call("after", "tabloop/status")  # handled in order: the cancel came first
+    finally:
+        server.stop()
+    stderr = (tmp_path / "server.log").read_text(encoding="utf-8")
+    assert "Cancel notification" not in stderr, stderr
+
+
 @pytest.mark.parametrize(
     ("initialize", "set_trace"),
     [
