@@ -144,7 +144,7 @@ class NextEditPredictor:
         prompt = self.prompt(path, window, history, latest)
         timings.prompt_ms = (time.perf_counter() - prompt_started) * 1000
         generation = self._generate(prompt, window, cancel, timings)
-        predicted = self._predicted_text(generation.text, window)
+        predicted = rewritten_window(generation.text, window.text)
         if generation.stop_reason == "length":
             return answer("truncated", window, predicted=predicted, generation=generation)
         if not predicted and window.text:
@@ -229,10 +229,6 @@ class NextEditPredictor:
         if generation.stop_reason == "cancelled" or cancel.cancelled:
             raise Cancelled(cancel.reason or "cancelled")
         return generation
-
-    @staticmethod
-    def _predicted_text(output: str, window: Window) -> str:
-        return rewritten_window(output, window.text)
 
 
 def rewrite(
