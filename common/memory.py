@@ -19,6 +19,12 @@ def release_memory() -> None:
     """Collect reference cycles, then hand freed heap pages back to the system (glibc's
     `malloc_trim`; elsewhere only the collection)."""
     gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's `malloc_trim`; elsewhere
+    nothing): a burst of large buffers, once freed, stays resident without it."""
     name = ctypes.util.find_library("c")
     if name is None:
         return

@@ -9,13 +9,14 @@ and whatever was serving keeps serving.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from common.manifest import file_sha256
 
 MANIFEST = "manifest.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -26,14 +27,6 @@ class AdapterError(ValueError):
     """An adapter that cannot be used: missing, corrupt, or made for another base model."""
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def save_adapter(peft_model: Any, target: Path, base_model_id: str, meta: dict[str, Any]) -> None:
     """Write the adapter of `peft_model` to `target` atomically (a new directory, renamed)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -42,7 +35,7 @@ def save_adapter(peft_model: Any, target: Path, base_model_id: str, meta: dict[s
         peft_model.save_pretrained(str(work), safe_serialization=True)
         manifest = {
             "base_model": base_model_id,
-            "files": {name: _sha256(work / name) for name in (CONFIG, WEIGHTS)},
+            "files": {name: file_sha256(work / name) for name in (CONFIG, WEIGHTS)},
             **meta,
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -75,7 +68,7 @@ def verify_adapter(directory: Path, base_model_id: str | None = None) -> dict[st
         path = directory / name
         if not path.is_file():
             raise AdapterError(f"adapter {directory}: {name} is missing")
-        if expected != _sha256(path):
+        if expected != file_sha256(path):
             raise AdapterError(f"adapter {directory}: {name} does not match its checksum")
     if base_model_id is not None and manifest.get("base_model") != base_model_id:
         raise AdapterError(

@@ -11,16 +11,15 @@ with one `stat`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import logging
 import os
-import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from common.locks import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -106,29 +105,6 @@ def file_sha256(path: Path) -> str:
         while chunk := handle.read(_COPY_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive inter-process lock held while the block runs."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+b") as handle:
-        if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
-            import msvcrt
-
-            msvcrt.locking(handle.fileno(), msvcrt.LK_LOCK, 1)
-            try:
-                yield
-            finally:
-                msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
-        else:
-            import fcntl
-
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def assemble(parts: list[Path], target: Path, sha256: str, size: int) -> Path:

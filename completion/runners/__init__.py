@@ -190,7 +190,8 @@ def needs_transformers(settings: CompletionSettings, cache_dir: Path) -> bool:
     module = "onnxruntime_genai" if engine == "onnxruntime" else "ctranslate2"
     if settings.engine == "torch" or importlib.util.find_spec(module) is None:
         return True
-    from completion.runners.conversion import MANIFEST, engine_path
+    from common.manifest import MANIFEST
+    from completion.runners.conversion import engine_path
 
     source = _expected_source(settings, cache_dir)
     if source is None:
@@ -209,13 +210,8 @@ def engine_status(settings: CompletionSettings, cache_dir: Path) -> dict[str, An
     """What `tabloop doctor` says about the local engine, without loading or converting anything."""
     import importlib.metadata
 
-    from completion.runners.conversion import (
-        WEIGHTS,
-        engine_path,
-        last_failure,
-        read_manifest,
-        verify,
-    )
+    from common.manifest import read_manifest, verify
+    from completion.runners.conversion import WEIGHTS, engine_path, last_failure
 
     report: dict[str, Any] = {"requested": settings.engine}
     if settings.runner == "http":

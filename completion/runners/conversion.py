@@ -12,7 +12,6 @@ that does not match is deleted and converted again, never loaded.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import shutil
 import tempfile
@@ -21,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from completion.bundled import file_lock
+from common.locks import file_lock
+from common.manifest import read_manifest, reuse_or_clear, write_manifest
 from completion.runners.loading import ModelSource, ensure_plain_copy
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,6 @@ ENGINE_DIR = "ct2"
 # Each engine's directory under `<cache>/models` and the file that holds its weights.
 ENGINE_DIRS: dict[str, str] = {"ctranslate2": ENGINE_DIR, "onnxruntime": "onnx"}
 WEIGHTS: dict[str, str] = {"ctranslate2": "model.bin", "onnxruntime": "model.onnx.data"}
-MANIFEST = "tabloop-manifest.json"
 # Files the runner needs besides the weights: the tokenizer and the generation settings.
 CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
 
@@ -79,44 +78,6 @@ def last_failure(model: str, compute_type: str, cache_dir: Path) -> str | None:
         return _failure_path(model, compute_type, cache_dir).read_text(encoding="utf-8").strip()
     except OSError:
         return None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def read_manifest(target: Path) -> dict[str, Any] | None:
-    try:
-        loaded = json.loads((target / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return loaded if isinstance(loaded, dict) else None
-
-
-def verify(target: Path) -> str | None:
-    """Why the converted copy in `target` must not be loaded, or None when it is whole."""
-    manifest = read_manifest(target)
-    if manifest is None:
-        return "no manifest (never finished converting)"
-    files = manifest.get("files")
-    weights = str(manifest.get("weights", "model.bin"))
-    if not isinstance(files, dict) or weights not in files:
-        return f"manifest lists no {weights}"
-    for name, expected in files.items():
-        path = target / name
-        try:
-            size = path.stat().st_size
-        except OSError:
-            return f"{name} is missing"
-        if size != expected.get("size"):
-            return f"{name} has {size} bytes, the manifest says {expected.get('size')}"
-        if _sha256(path) != expected.get("sha256"):
-            return f"{name} does not match its checksum"
-    return None
 
 
 def checksum(target: Path) -> str | None:
@@ -204,14 +165,8 @@ def convert_once(
     say = progress or (lambda message: log.info("%s", message))
     target.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(target.with_name(target.name + ".lock")):
-        if target.exists():
-            problem = verify(target)
-            if problem is None:
-                return target
-            log.warning("converted model %s is damaged (%s): converting again", target, problem)
-            shutil.rmtree(target, ignore_errors=True)
-        for stale in target.parent.glob(f".{target.name}.*"):
-            shutil.rmtree(stale, ignore_errors=True)  # left by a conversion that was killed
+        if reuse_or_clear(target, "converted model"):
+            return target
         say(f"preparing {label} for the fast engine (once)")
         started = time.perf_counter()
         scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.plain.", dir=target.parent))
@@ -222,20 +177,14 @@ def convert_once(
             quantization = "int8" if compute_type.startswith("int8") else compute_type
             try:
                 _convert_into(plain, work, quantization, engine)
-                files = {
-                    item.name: {"size": item.stat().st_size, "sha256": _sha256(item)}
-                    for item in sorted(work.iterdir())
-                    if item.is_file()
-                }
                 record = {
                     **manifest,
                     "quantization": quantization,
                     "engine": engine,
                     engine: _engine_version(engine),
                     "weights": WEIGHTS[engine],
-                    "files": files,
                 }
-                (work / MANIFEST).write_text(json.dumps(record, indent=1), encoding="utf-8")
+                write_manifest(work, record)
                 for item in (work, *work.iterdir()):
                     item.chmod(0o755 if item.is_dir() else 0o644)
                 work.rename(target)

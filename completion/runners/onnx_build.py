@@ -11,12 +11,12 @@ moment that the server should not keep.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from common.child import run_child
 
 # Files of the plain model the runner reads besides what the builder writes (stop tokens).
 CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
@@ -73,24 +73,9 @@ def build_into(plain: Path, work: Path, quantization: str) -> None:
             "--extra_options",
             "op_types_to_quantize=MatMul/Gather",
         ]
-        environment = {**os.environ, "TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1"}
-        try:
-            done = subprocess.run(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                timeout=BUILD_TIMEOUT_S,
-                env=environment,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise RuntimeError(f"the ONNX builder ran past {BUILD_TIMEOUT_S} s") from exc
-        output = done.stdout.decode("utf-8", "replace")
-        if done.returncode != 0 or not (work / "genai_config.json").is_file():
-            raise RuntimeError(
-                f"the ONNX builder failed (exit status {done.returncode}): {output[-_TAIL:]}"
-            )
+        output = run_child(command, timeout_s=BUILD_TIMEOUT_S, what="the ONNX builder")
+        if not (work / "genai_config.json").is_file():
+            raise RuntimeError(f"the ONNX builder wrote no model: {output[-_TAIL:]}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     for name in CARRIED:

@@ -35,6 +35,8 @@ configuration:
   figure this benchmark reported before), beside `typing_cache_served` and `prefetch_served`;
 - `model_served_parts_p50`: where those suggestions' time went in the server;
 - `server_rss_mb`, `server_peak_rss_mb`: the language server's memory at the end and at peak;
+  `server_anonymous_mb` and `server_file_backed_mb` split the first (mapped files' pages, the
+  model's weights among them, can be dropped and read again);
 - `telemetry`: what the server's telemetry client sent and spooled.
 """
 
@@ -303,6 +305,8 @@ async def replay(
         **summarize(keys, pauses, records, start_status, status),
         "server_rss_mb": memory["rss_mb"],
         "server_peak_rss_mb": memory["peak_rss_mb"],
+        "server_anonymous_mb": memory["anonymous_mb"],
+        "server_file_backed_mb": memory["file_backed_mb"],
         "telemetry": status.get("telemetry", {}),
         # The background loop at the end: its state, and the run's pauses and last step.
         "training": {"seconds_waited_for_a_step": training_s, **status.get("training", {})},

@@ -158,11 +158,15 @@ def server_memory_mb(client: Any) -> dict[str, float]:
     if pid is not None:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             name, _, value = line.partition(":")
-            if name in ("VmRSS", "VmHWM"):
+            if name in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
                 memory[name] = int(value.split()[0])
     return {
         "rss_mb": round(memory.get("VmRSS", 0) / 1024, 1),
         "peak_rss_mb": round(memory.get("VmHWM", 0) / 1024, 1),
+        # Of `rss_mb`: the process's own memory, and pages of files it maps (libraries, the
+        # model's weights), which the system can drop and read again.
+        "anonymous_mb": round(memory.get("RssAnon", 0) / 1024, 1),
+        "file_backed_mb": round(memory.get("RssFile", 0) / 1024, 1),
     }
 
 

@@ -1,17 +1,19 @@
 """`tabloop bench index`: what the semantic index costs, each figure beside its baseline.
 
-- `embed_only_chunks_per_s` (baseline) and `index_chunks_per_s`: the bundled model embedding the
-  corpus's chunks alone, and the whole pipeline (scan, hash, chunk, embed, SQLite, FAISS, save)
-  on the same corpus from an empty cache; `pipeline_overhead` is their ratio minus one. Each is
-  the best of `--repeats` runs, alternated, so a busy machine hurts both alike. The best pipeline
-  run is split into `pipeline_model_s` (inside the model's calls) and `pipeline_outside_model_s`
-  (scan, read, secret check, hash, chunk, SQLite, FAISS, save): `outside_model_overhead` is the
-  second over the first, what the pipeline adds to embedding whatever the machine's load does to
-  the model; `model_calls_overhead` compares the pipeline's model time with the embed-only run's
-  (its calls of one commit's chunks against one call of everything). `..._cpu_s` are the
-  process's CPU times of the same best runs, `..._busy_threads_all` how many threads did a tenth
-  of each run's CPU work (the model's threads). `load_average_1m` (before and after), `cpus`,
-  `torch_threads`, `commit` and `command` say where and how the figures were taken.
+- `embed_only_chunks_per_s` (baseline) and `index_chunks_per_s`: the bundled model, in the
+  index's default embedder (`embedding_engine`: ONNX Runtime), embedding the corpus's chunks
+  alone, and the whole pipeline (scan, hash, chunk, embed, SQLite, FAISS, save) on the same
+  corpus from an empty cache; `pipeline_overhead` is their ratio minus one. Each is the best of
+  `--repeats` runs, alternated, so a busy machine hurts both alike. The best pipeline run is
+  split into `pipeline_model_s` (inside the model's calls) and `pipeline_outside_model_s` (scan,
+  read, secret check, hash, chunk, SQLite, FAISS, save): `outside_model_overhead` is the second
+  over the first, what the pipeline adds to embedding whatever the machine's load does to the
+  model; `model_calls_overhead` compares the pipeline's model time with the embed-only run's (its
+  calls of one commit's chunks against one call of everything). `..._cpu_s` are the process's
+  CPU times of the same best runs, `..._busy_threads_all` how many threads did a tenth of each
+  run's CPU work (the model's threads). `load_average_1m` (before and after), `cpus`,
+  `embedding_engine`, `embedding_threads`, `commit` and `command` say where and how the figures
+  were taken.
 - `restart_ms`: reopening the up-to-date index until it is ready (nothing embedded).
 - `edit_to_searchable_ms_p50/_p95`: a new function appended to one file (on disk, then
   `update_document`) until its chunk and vector are in the index, excluding the watcher's
@@ -49,7 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from indexer.embed import QUERY_TEXTS, SentenceTransformerEmbedder
+from indexer.embed import QUERY_TEXTS, Embedder
+from indexer.embed_onnx import load_embedder
 from indexer.pipeline import chunker_for
 from indexer.scan import FileStat, Scanner, StatCache, read_file
 from indexer.service import WorkspaceIndex
@@ -90,7 +93,7 @@ def settings_for_bench() -> IndexSettings:
     return IndexSettings(watch=False, rescan_interval_s=0.0)
 
 
-def corpus_chunks(root: Path, embedder: SentenceTransformerEmbedder) -> list[Chunk]:
+def corpus_chunks(root: Path, embedder: Embedder) -> list[Chunk]:
     """The distinct chunks the index makes of the corpus (same chunker, same settings)."""
     chunker = chunker_for(embedder, settings_for_bench())
     chunks: dict[str, Chunk] = {}
@@ -105,7 +108,7 @@ class TimedEmbedder:
     """The bench's embedder with a clock on its model calls: how much of a pipeline run the
     model took, and what it was given."""
 
-    def __init__(self, embedder: SentenceTransformerEmbedder) -> None:
+    def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
         self.model_id = embedder.model_id
         self.dimension = embedder.dimension
@@ -162,7 +165,7 @@ def busy_threads(before: dict[str, float], after: dict[str, float], cpu_seconds:
     return sum(1 for tid, t in after.items() if t - before.get(tid, 0.0) >= cpu_seconds / 10)
 
 
-def embed_only(embedder: SentenceTransformerEmbedder, chunks: list[Chunk]) -> Run:
+def embed_only(embedder: Embedder, chunks: list[Chunk]) -> Run:
     """All texts in one call: sentence-transformers sorts them by length and pads least, the
     most favourable baseline for the pipeline to be compared with.
 
@@ -377,10 +380,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name in CORPUS:
                 shutil.copy(stdlib / name, root / name)
             result["corpus"] = "stdlib: " + ", ".join(CORPUS)
-        model = SentenceTransformerEmbedder(batch_size=settings_for_bench().embed_batch_size)
-        # More texts than a query: a query's call switches torch to one thread and back, which
-        # the runs below need not follow.
+        settings = settings_for_bench()
+        # The index's embedder at the defaults (ONNX Runtime for the bundled model).
+        model = load_embedder(
+            settings.embedding_model,
+            cache_dir=workdir / "models",
+            batch_size=settings.embed_batch_size,
+            engine=settings.embedding_engine,
+        )
+        # More texts than a query (a query's call may take another path), exported and loaded.
         model.embed([f"warm up the model {n}" for n in range(QUERY_TEXTS + 1)])
+        result["embedding_engine"] = getattr(model, "engine", "")
+        result["embedding_threads"] = getattr(model, "threads", None)
         embedder = TimedEmbedder(model)
         chunks = corpus_chunks(root, model)
         result["corpus_chunks"] = len(chunks)
@@ -441,8 +452,6 @@ def main(argv: list[str]) -> int:
 
 def conditions(argv: list[str]) -> dict[str, Any]:
     """The command, the code and the machine the figures come from."""
-    import torch
-
     try:
         commit = subprocess.run(
             ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
@@ -472,7 +481,6 @@ def conditions(argv: list[str]) -> dict[str, Any]:
         "command": " ".join(["tabloop bench index", *argv]),
         "commit": commit,
         "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }

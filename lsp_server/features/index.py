@@ -20,6 +20,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.uris import from_fs_path, to_fs_path
 
+from indexer.embed_onnx import runs_in_onnx
 from indexer.service import WorkspaceIndex
 from indexer.sync import IndexSyncer
 from indexer.sync_setup import syncer_for_index
@@ -92,8 +93,11 @@ class IndexFeature(DocumentListener):
             # Called on the index's worker thread: hand over to the event loop.
             loop.call_soon_threadsafe(self._on_progress, index, stage, done, total)
 
+        torch = not runs_in_onnx(settings.index.embedding_model, settings.index.embedding_engine)
+
         def start() -> None:
-            self.server.import_libraries()  # not alongside the model's imports
+            if torch:  # sentence-transformers: not alongside the model's imports
+                self.server.import_libraries()
             if self.index is index:  # not closed (a settings change) in the meantime
                 index.start(progress)
 

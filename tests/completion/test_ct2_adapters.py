@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.manifest import MANIFEST as CONVERTED_MANIFEST
+from common.manifest import verify
 from completion.adapters import AdapterError, save_adapter
-from completion.runners.conversion import MANIFEST as CONVERTED_MANIFEST
-from completion.runners.conversion import verify
 from completion.runners.ct2 import Ct2Runner
 from completion.runners.loading import load_model
 from completion.runners.merge import MERGED_DIR

@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from common.manifest import MANIFEST, verify
 from completion.runners import engine_status, load_runner
 from completion.runners.conversion import (
-    MANIFEST,
     ConversionError,
     checksum,
     engine_path,
     ensure_converted,
     last_failure,
-    verify,
 )
 from completion.runners.ct2 import Ct2Runner
 from completion.runners.loading import resolve_source

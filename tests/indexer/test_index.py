@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from indexer.embed import SentenceTransformerEmbedder
+from indexer.embed_onnx import OnnxEmbedder
 from indexer.merkle import MerkleTree
 from indexer.scan import leaf_hash
 from indexer.service import WorkspaceIndex
@@ -83,22 +84,34 @@ def test_cache_is_shared_across_workspaces(
     assert stats.chunks_embedded == 0 and stats.chunks_reused == stats.chunks_total
 
 
-def test_real_sentence_transformer_path_and_cache(
-    workspace: Path, cache_dir: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("engine", "runner"),
+    [("torch", SentenceTransformerEmbedder), ("onnxruntime", OnnxEmbedder)],
+)
+def test_real_embedder_path_and_cache(
+    workspace: Path,
+    cache_dir: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    engine: str,
+    runner: type[SentenceTransformerEmbedder | OnnxEmbedder],
 ) -> None:
     calls: list[int] = []
-    original = SentenceTransformerEmbedder.embed
+    original = runner.embed
 
-    def counting(self: SentenceTransformerEmbedder, texts: list[str]) -> object:
+    def counting(self: SentenceTransformerEmbedder | OnnxEmbedder, texts: list[str]) -> object:
         calls.append(len(texts))
-        return original(self, texts)
+        return original(self, texts)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(SentenceTransformerEmbedder, "embed", counting)
-    settings = quiet_settings(embedding_model=str(tiny_model_dir))
+    monkeypatch.setattr(runner, "embed", counting)
+    settings = quiet_settings(embedding_model=str(tiny_model_dir), embedding_engine=engine)
     for run in range(2):
         with WorkspaceIndex(workspace, settings, cache_dir) as index:
             index.start()
             assert index.wait_idle(600), index.status()
+            assert index.status()["embeddingEngine"] == (
+                "sentence-transformers" if engine == "torch" else engine
+            )
             stats = index.last_stats
             assert stats is not None and stats.chunks_total > 30
             if run == 0:

@@ -79,6 +79,8 @@ async def test_completion_uses_the_index(client: LanguageClient, workspace: Path
         await asyncio.sleep(0.2)
     else:
         pytest.fail(f"model and index never both ready: {current}")
+    # The index embeds in ONNX Runtime: the server never imports torch for it.
+    assert current["index"]["embeddingEngine"] == "onnxruntime"
     uri = (workspace / "main.py").as_uri()
     lsp_client.text_document_did_open(
         types.DidOpenTextDocumentParams(
