@@ -10,9 +10,12 @@ counts.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
+import threading
+from collections.abc import Callable, Iterator
 
 
 def release_memory() -> None:
@@ -33,3 +36,52 @@ def trim_heap() -> None:
     except (OSError, AttributeError):
         return
     trim(0)
+
+
+class IdleTrim:
+    """`trim_heap` once work has paused for `delay_s`.
+
+    An engine's request allocates large buffers (a chunk's scores alone are 15 MB for the bundled
+    model) that the heap keeps once they are freed: about 40 MB more after a few completions
+    (docs/models.md). A trim takes a few milliseconds, so it waits for a pause in the work (the
+    user reading a suggestion) rather than lengthen a request.
+    """
+
+    def __init__(self, delay_s: float = 1.0, trim: Callable[[], None] = trim_heap) -> None:
+        self.delay_s = delay_s
+        self._trim = trim
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._active = 0  # pieces of work under way
+
+    @property
+    def pending(self) -> bool:
+        """Whether a trim waits for the pause to last."""
+        with self._lock:
+            return self._timer is not None
+
+    def _fire(self, timer: threading.Timer) -> None:
+        with self._lock:
+            if self._timer is not timer:
+                return  # work began again in the meantime
+            self._timer = None
+        self._trim()
+
+    @contextlib.contextmanager
+    def working(self) -> Iterator[None]:
+        """Around a piece of work: no trim during it, one after it once the pause lasts."""
+        with self._lock:
+            self._active += 1
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._active == 0:
+                    timer = threading.Timer(self.delay_s, lambda: self._fire(timer))
+                    timer.daemon = True
+                    self._timer = timer
+                    timer.start()

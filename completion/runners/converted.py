@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from common.memory import trim_heap
 from completion.healing import VocabIndex
 from completion.runners.base import PreparedModel
 from completion.runners.conversion import Engine, checksum
@@ -94,4 +95,5 @@ class ConvertedRunner:
         """The decoded text of every token, built at the first healed request."""
         if self._vocab is None:
             self._vocab = vocab_index(self.tokenizer, self.stop_ids)
+            trim_heap()  # the whole vocabulary decoded twice on the way: about 20 MB
         return self._vocab

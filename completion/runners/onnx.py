@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from common.memory import IdleTrim, trim_heap
 from completion.fim import template_for
 from completion.healing import VocabIndex, best_allowed
 from completion.runners.base import PreparedModel
@@ -55,7 +56,9 @@ Purpose = Literal["complete", "edit"]  # which cache a call reads its prompt int
 
 CHUNK = 24  # prompt tokens per engine call: about 100 ms on 2 cores, the longest a cancel waits
 MIN_CHUNK = 2  # a one-token read takes another kernel (see above)
-MIN_LENGTH = 2048  # tokens of KV cache the engine sets aside at least (about 50 MB here)
+# Tokens of KV cache the engine sets aside at least: 25 MB here, a completion prompt (512 tokens
+# by default, `completion.contextTokens`) and its answer; a longer prompt gets a larger cache.
+MIN_LENGTH = 1024
 # Speculative edits: most draft tokens checked per pass. On a 2-core CPU without VNNI a pass of
 # 17 tokens takes about 7 one-token passes' time (the engine's many-row kernel is compute-bound).
 EDIT_DRAFT_TOKENS = 16
@@ -111,6 +114,7 @@ class OnnxRunner(ConvertedRunner):
         self.stop_ids = frozenset(stop_ids(self.path, self.tokenizer, self.stop_strings))
         self.reuse_prefix = reuse_prefix
         self._lock = threading.Lock()
+        self._idle = IdleTrim()  # the heap's freed pages go back in pauses between requests
         self._vocab: VocabIndex | None = None
         # The active cache: its generator, the tokens it can hold, and the prompt tokens whose
         # state it holds; the other purpose's cache waits in `_parked`.
@@ -121,6 +125,7 @@ class OnnxRunner(ConvertedRunner):
         self._parked: dict[Purpose, tuple[Any, int, list[int]]] = {}
         self._random = random.Random()
         self.edit_draft_tokens = EDIT_DRAFT_TOKENS
+        trim_heap()  # what reading the weights and the tokenizer left free: about 100 MB
         self.load_s = time.perf_counter() - started
         log.info(
             "loaded %s in ONNX Runtime GenAI %s (%s, %d threads) in %.1fs",
@@ -159,6 +164,7 @@ class OnnxRunner(ConvertedRunner):
             self.adapter = prepared.adapter
             self.model_id = prepared.model_id
             self.weights_sha256 = prepared.weights_sha256
+        trim_heap()  # the model served before, and its caches, are gone
         log.info("now serving %s", self.model_id)
 
     def describe(self) -> dict[str, Any]:
@@ -318,7 +324,7 @@ class OnnxRunner(ConvertedRunner):
         With `forced_text`, the output starts with exactly that text; with `unfinished_word` too,
         a word character follows it (`VocabIndex.allowed`).
         """
-        with self._lock:
+        with self._lock, self._idle.working():
             self._use("complete")
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
             result, row = self._prefill(ids, max_new_tokens, cancel)
@@ -358,7 +364,7 @@ class OnnxRunner(ConvertedRunner):
         kernel's; a token whose two best scores lie closer than that difference may come out
         differently from `generate`'s (docs/models.md measures how often).
         """
-        with self._lock:
+        with self._lock, self._idle.working():
             self._use("edit")
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
             result, row = self._prefill(ids, max_new_tokens + 1, cancel)
@@ -465,7 +471,7 @@ class OnnxRunner(ConvertedRunner):
         The first is exactly `generate`'s answer; the others start with the next most likely first
         tokens (in that order) and continue greedily from the same prompt state.
         """
-        with self._lock:
+        with self._lock, self._idle.working():
             self._use("complete")
             ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
             best, row = self._prefill(ids, max_new_tokens, cancel)

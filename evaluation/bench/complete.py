@@ -14,7 +14,8 @@ report lists under `changed_from_defaults`: telemetry is sent to a real backend 
 port, started for the run (by default nothing leaves the machine). Other configurations change
 what they say on top of that: `gate_open` (the gate never silences: `policy.showFloor` 1.0),
 `no_cache` (every cache and the prefetch off), `ct2` (CTranslate2 int8), `torch` (the torch
-runner), `no_wait` (`completion.latencyWaitMs` 0), `no_training` (the background training loop
+runner), `no_wait` (`completion.latencyWaitMs` 0), `index_torch` (the index's embedding model in
+sentence-transformers), `no_training` (the background training loop
 off) and `training` (a background training run of the workspace's adapter going on while the
 person types: the loop's settings changed only so that the run is due at once, and the typing
 starts once it has made a step; the loop pauses it while completions are served, as always).
@@ -36,7 +37,9 @@ configuration:
 - `model_served_parts_p50`: where those suggestions' time went in the server;
 - `server_rss_mb`, `server_peak_rss_mb`: the language server's memory at the end and at peak;
   `server_anonymous_mb` and `server_file_backed_mb` split the first (mapped files' pages, the
-  model's weights among them, can be dropped and read again);
+  model's weights among them, can be dropped and read again); both are read a second after the
+  last answer, and `server_rss_at_rest_mb` again `REST_S` (3 s) later, once the server has
+  handed back what its last requests freed;
 - `telemetry`: what the server's telemetry client sent and spooled.
 """
 
@@ -292,6 +295,8 @@ async def replay(
     status = await client.status()
     timings = plain(await client.protocol.send_request_async(TIMINGS_REQUEST, {}))
     memory = server_memory_mb(client)
+    await asyncio.sleep(REST_S)  # and once the server has been idle a while
+    at_rest = server_memory_mb(client)
     await client.close_server()
     records = {t["request_id"]: t for t in timings if t["request_id"]}
     shown_settings = _merged(changed, {"backend": {"token": "(the run's backend token)"}})
@@ -307,6 +312,7 @@ async def replay(
         "server_peak_rss_mb": memory["peak_rss_mb"],
         "server_anonymous_mb": memory["anonymous_mb"],
         "server_file_backed_mb": memory["file_backed_mb"],
+        "server_rss_at_rest_mb": at_rest["rss_mb"],
         "telemetry": status.get("telemetry", {}),
         # The background loop at the end: its state, and the run's pauses and last step.
         "training": {"seconds_waited_for_a_step": training_s, **status.get("training", {})},
@@ -478,6 +484,8 @@ def _quantile(values: list[float], q: float, digits: int = 1) -> float | None:
     return round(percentile(values, q), digits) if values else None
 
 
+REST_S = 3.0  # seconds idle before the memory is read again, at rest
+
 CONFIGS: dict[str, dict[str, Any]] = {
     # `tabloop serve` with no configuration (telemetry sent to the run's loopback backend).
     "defaults": {},
@@ -490,6 +498,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "torch": {"completion": {"engine": "torch"}},
     # A request that would come too late answered empty at once, without waiting.
     "no_wait": {"completion": {"latencyWaitMs": 0}},
+    # The index's embedding model in sentence-transformers (torch) rather than ONNX Runtime.
+    "index_torch": {"index": {"embeddingEngine": "torch"}},
     # The background training loop off: what `training` is compared with.
     "no_training": {"training": {"auto": False}},
     # A background training run of the workspace's adapter going on while the person types: due
