@@ -1,10 +1,10 @@
 """The fastest local runner: the model in ONNX Runtime GenAI, 8-bit weights (4-bit on request) in
 blocks of 32, int8 arithmetic.
 
-On a 2-core CPU this engine decodes the bundled model about 3.6 times faster than CTranslate2 int8
-(`tabloop bench engines`, docs/models.md); it reads a prompt about 2.8 times slower (on a CPU
-without VNNI, where its 8-bit prompt reading is no faster than torch float32), and tries to make up
-for it by reading less: the engine holds its KV cache between calls, and the runner keeps
+On a 2-core CPU with VNNI this engine decodes the bundled model about 2.6 times faster than
+CTranslate2 int8 (`tabloop bench engines`, docs/models.md); it reads a prompt about 2.5 times slower
+(on a CPU without VNNI its 8-bit prompt reading is no faster than torch float32), and tries to make
+up for it by reading less: the engine holds its KV cache between calls, and the runner keeps
 the state of the previous prompt and rolls it back (`rewind_to`) to where the new prompt differs, so
 a keystroke reads only what changed and the code after the cursor. Rewrites checked against a
 draft (next edits, `generate_with_draft`) keep a cache of their own, so a next edit asked between
