@@ -145,12 +145,17 @@ def _objective_flags(parser: argparse.ArgumentParser) -> None:
     on_off = argparse.BooleanOptionalAction
     parser.add_argument(
         "--base-dtype",
-        choices=BASE_DTYPES,
-        default=defaults.base_dtype,
-        help="the frozen base model's weights (the LoRA weights are float32)",
+        choices=("auto", *BASE_DTYPES),
+        default="auto",
+        help="the frozen base model's weights (the LoRA weights are float32); auto: bfloat16 "
+        f"where the CPU computes it natively (here: {defaults.base_dtype})",
     )
     parser.add_argument(
-        "--autocast", action=on_off, default=defaults.autocast, help="bfloat16 autocast"
+        "--autocast",
+        action=on_off,
+        default=None,
+        help=f"bfloat16 autocast (default: where the CPU computes it natively; here: "
+        f"{'on' if defaults.autocast else 'off'})",
     )
     parser.add_argument(
         "--middle-only",

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from common.machine import BFLOAT16_VARIABLE
 from common.paths import CACHE_DIR_VARIABLE
 from tests.support import fixtures
+
+# Training's precision follows the CPU (`common.machine.native_bfloat16`); a test must give the
+# same result on any CPU, so tests (and the processes they start) train as on one without
+# native bfloat16 unless they say otherwise.
+os.environ[BFLOAT16_VARIABLE] = "0"
 
 
 @pytest.fixture(scope="session")

@@ -170,7 +170,7 @@ def load_trainable(
     import torch
 
     source = resolve_source(model, cache_dir)
-    tokenizer, base = load_model(source, settings.base_dtype, cache_dir)
+    tokenizer, base = load_model(source, settings.weights_dtype, cache_dir)
     base_model_id = f"{source.name}@{source.revision}"
     torch.manual_seed(settings.seed)  # a fresh adapter's initial weights come from the seed
     specials = list(getattr(tokenizer, "all_special_tokens", []))

@@ -14,8 +14,10 @@ maps the model's file, whose pages count as resident while it is read. `today` i
 first built (float32 base, no autocast, logits for the batch's last positions, no activation
 checkpointing, the micro-batch sized from free memory on a CPU too); `autocast` adds bfloat16
 autocast and the head at the middle's positions, `bf16`
-a bfloat16 base too, `default` is `TrainSettings()` (float32, the head at the middle's positions,
-no activation checkpointing), `middle_only` the same spelt out, `checkpointing` the defaults with
+a bfloat16 base too, `default` is `TrainSettings()` (a bfloat16 base and autocast where the CPU
+computes bfloat16 natively, float32 elsewhere; the head at the middle's positions, no activation
+checkpointing), `float32` the defaults in float32 whatever the CPU, `middle_only` the same spelt
+out without the precision, `checkpointing` the defaults with
 activation checkpointing (the least memory), `no_dropout` without the LoRA's
 dropout, `default_no_dropout` with activation checkpointing and without dropout, `kl` adds the KL
 anchor. `--micro-batch N` fixes the micro-batch of every configuration (0: as the trainer sizes
@@ -51,6 +53,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "autocast": {"autocast": True, "checkpointing": False},
     "bf16": {"base_dtype": "bfloat16", "autocast": True, "checkpointing": False},
     "default": {},
+    # The defaults in float32 whatever the CPU (the default where bfloat16 is not native).
+    "float32": {"base_dtype": "float32", "autocast": False},
     "middle_only": {"checkpointing": False},
     "checkpointing": {"checkpointing": True},
     "no_dropout": {"checkpointing": False, "lora_dropout": 0.0},
