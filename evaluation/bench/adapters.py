@@ -11,7 +11,8 @@ the largest resident memory while training, and what serving the new adapter too
 (`adapter_ready_s`: on the fast engine, the default, merging it into the base weights and
 converting the result; on torch, applying it).
 
-    tabloop bench adapters [--corpora email,xml] [--budget 8m] [--n 60] [--engine E] [--json]
+    tabloop bench adapters [--corpora email,xml] [--budget 8m] [--n 60] [--engine E]
+                           [--precision auto|float32|bfloat16] [--json]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common.machine import cpu_description
 from common.paths import resolve_cache_dir
 from evaluation.holes import Hole, sample_holes, score
 
@@ -58,6 +60,14 @@ def paired_difference(base: list[bool], adapted: list[bool]) -> dict[str, float]
         "ci95_low": round(mean - half, 4),
         "ci95_high": round(mean + half, 4),
     }
+
+
+# `--precision`: the training settings it stands for (auto: `TrainSettings`' own choice).
+PRECISIONS: dict[str, dict[str, Any]] = {
+    "auto": {},
+    "float32": {"base_dtype": "float32", "autocast": False},
+    "bfloat16": {"base_dtype": "bfloat16", "autocast": True},
+}
 
 
 def _complete(
@@ -93,6 +103,7 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
         effective_batch=args.effective_batch,
         max_prompt_tokens=args.context_tokens,
         checkpoint_every=10_000,
+        **PRECISIONS[args.precision],
     )
     rss = [_rss_mb()]
 
@@ -129,6 +140,9 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
         "accumulation": result.accumulation,
         "device": result.device,
         "max_rss_mb_while_training": round(max(rss), 1),
+        # The precision the run used (`--precision auto` follows the CPU).
+        "base_dtype": settings.base_dtype,
+        "autocast": settings.autocast,
     }
     report: dict[str, Any] = {
         "corpus": str(root),
@@ -198,6 +212,13 @@ def main(argv: list[str]) -> int:
         default="ctranslate2",
         help="engine completing the holes (the fast one merges and converts the adapter first)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=tuple(PRECISIONS),
+        default="auto",
+        help="training's precision: auto (the default: bfloat16 where the CPU computes it "
+        "natively), float32, or bfloat16 (a bfloat16 base with autocast)",
+    )
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)
@@ -209,6 +230,7 @@ def main(argv: list[str]) -> int:
         "benchmark": "adapters",
         "command": "tabloop bench adapters " + " ".join(argv),
         "machine": {"cpus": os.cpu_count()},
+        "cpu": cpu_description(),
         "settings": {
             "budget_per_corpus": args.budget,
             "n": args.n,
@@ -219,6 +241,7 @@ def main(argv: list[str]) -> int:
             "effective_batch": args.effective_batch,
             "max_new_tokens": args.max_new_tokens,
             "engine": args.engine,
+            "precision": args.precision,
         },
         "corpora": corpora,
         "wall_s": round(time.perf_counter() - started, 1),
