@@ -34,11 +34,13 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel, to_snake
 
+from common.machine import BFLOAT16_VARIABLE
 from common.paths import APP_NAME, resolve_cache_dir, user_config_path
 
 ENV_PREFIX = "TABLOOP_"
 # Variables with our prefix that are not settings (test plumbing, paths of helper programs).
-ENV_IGNORED = ("TABLOOP_TEST_",)
+# Variables under the prefix that are not settings: the tests' own, and the CPU override.
+ENV_IGNORED = ("TABLOOP_TEST_", BFLOAT16_VARIABLE)
 # The training backend's own settings (`backend.settings`: `TABLOOP_BACKEND_<FIELD>`), not the
 # client's; the client's `backend` section is `TABLOOP_BACKEND__<FIELD>`.
 BACKEND_SERVER_ENV = "TABLOOP_BACKEND_"

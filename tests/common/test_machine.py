@@ -39,3 +39,9 @@ def test_training_precision_is_decided_when_the_settings_are_made(
     # Asked for explicitly, it stays whatever the CPU.
     monkeypatch.setenv(BFLOAT16_VARIABLE, "1")
     assert TrainSettings(base_dtype="float32", autocast=False).low_precision is False
+
+
+def test_the_override_is_not_read_as_a_setting() -> None:
+    from common.config import env_layer
+
+    assert env_layer({BFLOAT16_VARIABLE: "1"}) is None
