@@ -68,9 +68,9 @@ def _fingerprint(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def describe_local_model(path: Path) -> tuple[int, int] | None:
-    """(dimension, max_seq_length) of a sentence-transformers directory read from its config
-    files, or None when only loading the model can tell (extra modules such as Dense)."""
+def pooling_config(path: Path) -> dict[str, Any] | None:
+    """The pooling module's config of a sentence-transformers directory of the plain shape
+    (Transformer, Pooling, optionally Normalize), or None for another shape or unreadable files."""
     try:
         modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
         kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
@@ -78,6 +78,18 @@ def describe_local_model(path: Path) -> tuple[int, int] | None:
             return None
         pooling = next(m["path"] for m in modules if m["type"].endswith("Pooling"))
         config = json.loads((path / pooling / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def describe_local_model(path: Path) -> tuple[int, int] | None:
+    """(dimension, max_seq_length) of a sentence-transformers directory read from its config
+    files, or None when only loading the model can tell (extra modules such as Dense)."""
+    config = pooling_config(path)
+    if config is None:
+        return None
+    try:
         # Two config dialects: boolean `pooling_mode_*` flags, or one `pooling_mode` string.
         flags = sum(1 for key, on in config.items() if key.startswith("pooling_mode_") and on)
         pooled = flags == 1 or isinstance(config.get("pooling_mode"), str)
@@ -85,7 +97,7 @@ def describe_local_model(path: Path) -> tuple[int, int] | None:
         if not pooled or not dimension or not (path / "tokenizer.json").is_file():
             return None
         return int(dimension), _max_seq_length(path)
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 

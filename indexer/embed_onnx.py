@@ -18,7 +18,6 @@ sentence-transformers instead.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -42,6 +41,7 @@ from indexer.embed import (
     SentenceTransformerEmbedder,
     bundled_model_path,
     describe_local_model,
+    pooling_config,
 )
 
 log = logging.getLogger(__name__)
@@ -59,14 +59,8 @@ class ExportError(RuntimeError):
 def pooling_mode(path: Path) -> str | None:
     """The one pooling mode (`mean`, `cls` or `max`) of the sentence-transformers model in
     `path`, or None when it pools otherwise (several modes, weighted, a Dense layer after)."""
-    try:
-        modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
-        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
-        if kinds[:2] != ["Transformer", "Pooling"] or set(kinds[2:]) - {"Normalize"}:
-            return None
-        folder = next(m["path"] for m in modules if m["type"].endswith("Pooling"))
-        config = json.loads((path / folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+    config = pooling_config(path)
+    if config is None:
         return None
     if isinstance(config.get("pooling_mode"), str):  # sentence-transformers 6
         mode = config["pooling_mode"]
