@@ -69,15 +69,20 @@ def write_manifest(work: Path, record: dict[str, Any]) -> None:
     (work / MANIFEST).write_text(json.dumps({**record, "files": files}, indent=1), encoding="utf-8")
 
 
-def reuse_or_clear(target: Path, what: str) -> bool:
-    """Whether the directory `target` can be used as it is (`verify`); call it holding the lock
-    that guards `target`. When it cannot, a damaged copy is deleted (with a warning naming
-    `what`), and so are the temporary directories a killed build left beside it (`.<name>.*`)."""
+def reuse_or_clear(target: Path, what: str, layout: int = 1) -> bool:
+    """Whether the directory `target` can be used as it is (`verify`, and its manifest's
+    `layout`, 1 when it has none, is `layout`); call it holding the lock that guards `target`.
+    When it cannot, the copy is deleted (with a warning naming `what` when it is damaged), and
+    so are the temporary directories a killed build left beside it (`.<name>.*`)."""
     if target.exists():
         problem = verify(target)
-        if problem is None:
+        made = (read_manifest(target) or {}).get("layout", 1)
+        if problem is None and made == layout:
             return True
-        log.warning("%s %s is damaged (%s): making it again", what, target, problem)
+        if problem is None:
+            log.info("%s %s has layout %s, not %s: making it again", what, target, made, layout)
+        else:
+            log.warning("%s %s is damaged (%s): making it again", what, target, problem)
         shutil.rmtree(target, ignore_errors=True)
     for stale in target.parent.glob(f".{target.name}.*"):
         shutil.rmtree(stale, ignore_errors=True)

@@ -33,6 +33,10 @@ ENGINE_DIR = "ct2"
 # Each engine's directory under `<cache>/models` and the file that holds its weights.
 ENGINE_DIRS: dict[str, str] = {"ctranslate2": ENGINE_DIR, "onnxruntime": "onnx"}
 WEIGHTS: dict[str, str] = {"ctranslate2": "model.bin", "onnxruntime": "model.onnx.data"}
+# The layout of each engine's converted copies (the manifest's `layout`): a copy made in an older
+# one is converted again at its next load. ONNX 2: the token embedding in 8 bits too
+# (`onnx_embedding`).
+LAYOUTS: dict[str, int] = {"ctranslate2": 1, "onnxruntime": 2}
 # Files the runner needs besides the weights: the tokenizer and the generation settings.
 CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json")
 
@@ -165,7 +169,7 @@ def convert_once(
     say = progress or (lambda message: log.info("%s", message))
     target.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(target.with_name(target.name + ".lock")):
-        if reuse_or_clear(target, "converted model"):
+        if reuse_or_clear(target, "converted model", LAYOUTS[engine]):
             return target
         say(f"preparing {label} for the fast engine (once)")
         started = time.perf_counter()
@@ -183,6 +187,7 @@ def convert_once(
                     "engine": engine,
                     engine: _engine_version(engine),
                     "weights": WEIGHTS[engine],
+                    "layout": LAYOUTS[engine],
                 }
                 write_manifest(work, record)
                 for item in (work, *work.iterdir()):

@@ -15,7 +15,7 @@ from typing import Any
 from common.memory import trim_heap
 from completion.healing import VocabIndex
 from completion.runners.base import PreparedModel
-from completion.runners.conversion import Engine, checksum
+from completion.runners.conversion import LAYOUTS, Engine, checksum
 from completion.runners.conversion import Progress as ConversionProgress
 from completion.runners.loading import ModelSource
 from completion.runners.tokens import vocab_index
@@ -25,7 +25,7 @@ class ConvertedRunner:
     """The adapter, identity and tokenizer methods of a runner on converted weights."""
 
     ENGINE: Engine  # the conversion's engine
-    MODEL_TAG: str  # the model id's suffix: "+{MODEL_TAG}-{compute_type}"
+    MODEL_TAG: str  # the model id's suffix: "+{MODEL_TAG}{layout}-{compute_type}"
 
     source: ModelSource
     cache_dir: Path
@@ -46,7 +46,10 @@ class ConvertedRunner:
 
     def _model_id(self, version: str | None) -> str:
         adapter = f"+{version}" if version else ""
-        return f"{self.base_model_id}{adapter}+{self.MODEL_TAG}-{self.compute_type}"
+        # The converted layout, after the first, is part of the id: its weights differ.
+        layout = LAYOUTS[self.ENGINE]
+        tag = self.MODEL_TAG if layout == 1 else f"{self.MODEL_TAG}{layout}"
+        return f"{self.base_model_id}{adapter}+{tag}-{self.compute_type}"
 
     def prepare_adapter(
         self, adapter: Path | None, *, progress: ConversionProgress | None = None

@@ -1,9 +1,10 @@
 """Build the ONNX Runtime GenAI copy of a plain (safetensors) model with the engine's own builder.
 
 The builder (`onnxruntime_genai.models.builder`) writes the decoder graph with its KV cache inputs,
-quantises every matrix multiplication and the token embedding to blocks of 32 weights
-(`MatMulNBits` / `GatherBlockQuantized`: 4 or 8 bits, computed with int8 activations on the CPU)
-and the engine's configuration. It runs in a child process: it prints its progress on standard
+quantises every matrix multiplication to blocks of 32 weights (`MatMulNBits`: 4 or 8 bits,
+computed with int8 activations on the CPU), the token embedding too for 4 bits
+(`GatherBlockQuantized`), and the engine's configuration; for 8 bits the embedding is quantised
+afterwards (`onnx_embedding`). It runs in a child process: it prints its progress on standard
 output, which in the language server is the LSP stream, and it needs a few GB of memory for a
 moment that the server should not keep.
 """
@@ -78,6 +79,10 @@ def build_into(plain: Path, work: Path, quantization: str) -> None:
             raise RuntimeError(f"the ONNX builder wrote no model: {output[-_TAIL:]}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if quantization == "int8":
+        from completion.runners.onnx_embedding import quantize_embedding
+
+        quantize_embedding(work)  # the builder leaves the token embedding in float32
     for name in CARRIED:
         if (plain / name).is_file() and not (work / name).exists():
             shutil.copyfile(plain / name, work / name)

@@ -1,18 +1,18 @@
 """Repository adaptation: does a LoRA adapter trained on a code base's files complete its other
 files better than the base model?
 
-For each corpus (packages of the standard library by default, not this project's code), the
-adapter trains on the files outside the held-out 20% (the same hash split `tabloop train model`
-uses) within a fixed wall-clock budget on this machine; then the holes of `tabloop eval holes`
-(same sampler, same scoring) are cut in the held-out files and completed by the base model and by
-the base model with the adapter, on the same holes in the same run: exact-line match, edit
-similarity, parse rate. Training cost is reported too: samples/s, seconds per 1,000 examples and
-the largest resident memory while training, and what serving the new adapter took
-(`adapter_ready_s`: on the fast engine, the default, merging it into the base weights and
+For each corpus (packages of the standard library by default, installed packages or any directory;
+not this project's code), the adapter trains on the files outside the held-out 20% (the same hash
+split `tabloop train model` uses) within a fixed wall-clock budget on this machine; then the holes
+of `tabloop eval holes` (same sampler, same scoring) are cut in the held-out files and completed by
+the base model and by the base model with the adapter, on the same holes in the same run:
+exact-line match, edit similarity, parse rate. Training cost is reported too: samples/s, seconds
+per 1,000 examples and the largest resident memory while training, and what serving the new adapter
+took (`adapter_ready_s`: on the fast engine, the default, merging it into the base weights and
 converting the result; on torch, applying it).
 
     tabloop bench adapters [--corpora email,xml] [--budget 8m] [--n 60] [--engine E]
-                           [--precision auto|float32|bfloat16] [--json]
+                           [--precision auto|float32|bfloat16] [--threads N] [--json]
 """
 
 from __future__ import annotations
@@ -105,6 +105,12 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
         checkpoint_every=10_000,
         **PRECISIONS[args.precision],
     )
+    import torch
+
+    serving_threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)  # the loop trains on `training.threads` (1)
+    training_threads = torch.get_num_threads()
     rss = [_rss_mb()]
 
     def progress(p: Progress) -> None:
@@ -117,15 +123,18 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
             flush=True,
         )
 
-    result, held_out = train_workspace(
-        root,
-        model=args.model,
-        cache_dir=cache_dir,
-        work_dir=work,
-        budget=Budget(seconds=parse_duration(args.budget)),
-        settings=settings,
-        on_progress=progress,
-    )
+    try:
+        result, held_out = train_workspace(
+            root,
+            model=args.model,
+            cache_dir=cache_dir,
+            work_dir=work,
+            budget=Budget(seconds=parse_duration(args.budget)),
+            settings=settings,
+            on_progress=progress,
+        )
+    finally:
+        torch.set_num_threads(serving_threads)
     print(file=sys.stderr)
     training = {
         "budget": args.budget,
@@ -139,6 +148,7 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
         "micro_batch": result.micro_batch,
         "accumulation": result.accumulation,
         "device": result.device,
+        "threads": training_threads,
         "max_rss_mb_while_training": round(max(rss), 1),
         # The precision the run used (`--precision auto` follows the CPU).
         "base_dtype": settings.base_dtype,
@@ -195,9 +205,31 @@ def run_corpus(root: Path, args: argparse.Namespace, cache_dir: Path) -> dict[st
     return report
 
 
+def corpus_root(name: str) -> Path:
+    """The directory of corpus `name`: a path, a package of the standard library, or an
+    installed package (its sources as installed)."""
+    import importlib.util
+
+    given = Path(name).expanduser()
+    if given.is_dir():
+        return given.resolve()
+    stdlib = Path(sysconfig.get_paths()["stdlib"]) / name
+    if stdlib.is_dir():
+        return stdlib
+    spec = importlib.util.find_spec(name)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise SystemExit(f"tabloop bench adapters: no package or directory {name!r}")
+    return Path(locations[0])
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tabloop bench adapters", description=__doc__)
-    parser.add_argument("--corpora", default="email,xml", help="standard-library packages")
+    parser.add_argument(
+        "--corpora",
+        default="email,xml",
+        help="packages of the standard library, installed packages or directories",
+    )
     parser.add_argument("--budget", default="8m", help="training wall-clock per corpus")
     parser.add_argument("--n", type=int, default=60, help="holes per corpus; 0: the cost only")
     parser.add_argument("--seed", type=int, default=0)
@@ -219,13 +251,20 @@ def main(argv: list[str]) -> int:
         help="training's precision: auto (the default: bfloat16 where the CPU computes it "
         "natively), float32, or bfloat16 (a bfloat16 base with autocast)",
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads training uses (0: torch's default, every core; the background loop "
+        "trains on `training.threads`, 1 by default)",
+    )
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)
     cache_dir = resolve_cache_dir(args.cache_dir or None)
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    roots = [corpus_root(name) for name in args.corpora.split(",")]
     started = time.perf_counter()
-    corpora = [run_corpus(stdlib / name, args, cache_dir) for name in args.corpora.split(",")]
+    corpora = [run_corpus(root, args, cache_dir) for root in roots]
     report = {
         "benchmark": "adapters",
         "command": "tabloop bench adapters " + " ".join(argv),
@@ -242,6 +281,7 @@ def main(argv: list[str]) -> int:
             "max_new_tokens": args.max_new_tokens,
             "engine": args.engine,
             "precision": args.precision,
+            "threads": args.threads,
         },
         "corpora": corpora,
         "wall_s": round(time.perf_counter() - started, 1),

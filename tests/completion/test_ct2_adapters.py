@@ -353,7 +353,7 @@ def test_the_onnx_engine_serves_an_adapter_merged_and_built_once(
         base.swap_adapter(adapter)
         adapted = _texts(base)  # type: ignore[arg-type]
         assert adapted != before  # the large LoRA weights change what the model writes
-        assert base.model_id.endswith("+v0007+ort-int8")
+        assert base.model_id.endswith("+v0007+ort2-int8")
         assert verify(base.path) is None and MERGED_DIR in base.path.parts
         settings = CompletionSettings(model=str(tiny_model_path), adapter=str(adapter), threads=1)
         loaded = load_runner(settings, cache_dir)

@@ -81,7 +81,7 @@ def test_auto_engine_is_onnxruntime_with_int8(runner: OnnxRunner, tiny_model_pat
     assert described["compute_type"].startswith("int8")
     assert len(described["converted_sha256"]) == 64
     assert loaded.family == "qwen"
-    assert loaded.model_id.endswith("+ort-int8")
+    assert loaded.model_id.endswith("+ort2-int8")  # layout 2: the 8-bit embedding
     status = engine_status(settings, runner.path.parents[2])  # what `tabloop doctor` reports
     assert status["engine"] == "onnxruntime" and status["converted"] is True
     assert status["converted_sha256"] == described["converted_sha256"]
@@ -110,6 +110,24 @@ def test_corrupt_build_is_rebuilt_never_loaded(runner: OnnxRunner, tmp_path: Pat
     assert "damaged" in engine_status(settings, tmp_path)["problem"]
     rebuilt = ensure_converted(source, "int8", tmp_path, engine="onnxruntime")
     assert verify(rebuilt) is None
+
+
+def test_copy_of_an_older_layout_is_converted_again(runner: OnnxRunner, tmp_path: Path) -> None:
+    import json
+
+    import onnx
+
+    source = resolve_source(str(runner.source.location), tmp_path)
+    target = ensure_converted(source, "int8", tmp_path, engine="onnxruntime")
+    model = onnx.load(str(target / "model.onnx"), load_external_data=False)
+    assert "GatherBlockQuantized" in {node.op_type for node in model.graph.node}  # 8-bit embedding
+    manifest = json.loads((target / MANIFEST).read_text())
+    assert manifest["layout"] == 2
+    del manifest["layout"]  # as copies made before layouts were recorded
+    (target / MANIFEST).write_text(json.dumps(manifest))
+    assert verify(target) is None  # whole, but of the first layout
+    again = ensure_converted(source, "int8", tmp_path, engine="onnxruntime")
+    assert json.loads((again / MANIFEST).read_text())["layout"] == 2
 
 
 def test_failed_build_falls_back_to_ctranslate2_with_one_message(

@@ -65,7 +65,7 @@ async def test_the_tiny_model_answers_over_stdio(client: LanguageClient) -> None
     status = await wait_until_ready(client)
     assert status["model"]["state"] == "ready", status
     assert status["model"]["modelId"].startswith("tiny-model")
-    assert status["model"]["modelId"].endswith("+ort-int8")  # the default engine
+    assert status["model"]["modelId"].endswith("+ort2-int8")  # the default engine
     # A first use converts the model for the fast engine, and says so while it does.
     messages = [
         getattr(report, "message", None) or ""
