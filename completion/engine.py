@@ -121,7 +121,7 @@ class Engine:
             prompt, signals = self._prompt(request, signals, timings)
             if self.too_late(request, pause_ms, prompt, timings.context_ms):
                 timings.total_ms = (time.perf_counter() - started) * 1000
-                return self._skipped(timings)
+                return self._skipped(timings, request, pause_ms, prompt)
             found = self._run_model(request, prompt, cancel, timings, wanted)
             generations = list(found)
             model_version = found[0].model_version
@@ -333,7 +333,9 @@ class Engine:
         Called on the event loop as the request arrives (`too_late` without a prompt); a
         silence is counted and recorded.
         """
-        return self._skipped(Timings()) if self.too_late(request, pause_ms) else None
+        if not self.too_late(request, pause_ms):
+            return None
+        return self._skipped(Timings(), request, pause_ms)
 
     def too_late(
         self,
@@ -356,11 +358,18 @@ class Engine:
         """
         if not self.settings.latency_skip or request.trigger != "automatic" or pause_ms is None:
             return False
+        predicted = self.predicted_ms(request, prompt, context_ms)
+        return predicted is not None and predicted > pause_ms
+
+    def predicted_ms(
+        self, request: CompletionRequest, prompt: str | None = None, context_ms: float = 0.0
+    ) -> float | None:
+        """Milliseconds to the first token of `request` as `too_late` predicts them (None
+        before the engine has timed enough calls; 0 for an answer from the typing cache)."""
         if prompt is not None:
-            predicted = self.latency.predict(self._to_read(prompt), context_ms)
-            return predicted is not None and predicted > pause_ms
+            return self.latency.predict(self._to_read(prompt), context_ms)
         if self.cache.enabled and self.cache.find(request) is not None:
-            return False  # answered from the cache, without the model
+            return 0.0  # answered from the cache, without the model
         chars = len(request.prefix) + len(request.suffix)
         estimate = min(self.settings.context_tokens, chars // CHARS_PER_TOKEN + 1)
         reuse = self.capabilities.prompt_reuse
@@ -370,12 +379,12 @@ class Engine:
             estimate = max(estimate - reuse.kept_tokens, 1)
         own = self.latency.predict(estimate)
         if own is None:
-            return False
+            return None
         waiting = 0.0
         busy = self._busy
         if busy is not None and busy[1] is not None:
             waiting = max(0.0, busy[1] - (time.perf_counter() - busy[0]) * 1000)
-        return waiting + own > pause_ms
+        return waiting + own
 
     def _to_read(self, prompt: str) -> int:
         """Prompt tokens the runner will compute for `prompt` (less what it keeps from before)."""
@@ -384,8 +393,16 @@ class Engine:
             return prefill.tokens_to_read(prompt)
         return self.runner.count_tokens(prompt)
 
-    def _skipped(self, timings: Timings) -> Decision:
+    def _skipped(
+        self,
+        timings: Timings,
+        request: CompletionRequest,
+        pause_ms: float | None,
+        prompt: str | None = None,
+    ) -> Decision:
         self.latency_skips += 1
+        timings.predicted_ms = self.predicted_ms(request, prompt, timings.context_ms) or 0.0
+        timings.likely_pause_ms = pause_ms or 0.0
         policy = self.policy_source()
         decision = Decision(
             decision_id=Decision.new_id(),

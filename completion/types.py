@@ -134,6 +134,10 @@ class Timings:
     model_ms: float = 0.0
     total_ms: float = 0.0
     syntax_ms: float = 0.0  # the syntax check in place (`completion.syntax`)
+    # A latency skip's reasons: the predicted time to the first token, and the likely rest of
+    # the user's pause it was longer than (`completion.latency`).
+    predicted_ms: float = 0.0
+    likely_pause_ms: float = 0.0
 
 
 LATENCY_SKIP = "the suggestion could not arrive before the next keystroke"

@@ -236,6 +236,10 @@ class RequestTiming(TypedDict):
     retrieval_found: float
     action: str
     reason: str
+    # A latency skip's reasons: the predicted time to the first token and the likely rest of
+    # the pause it exceeded, in milliseconds (zero for other outcomes).
+    predicted_ms: float
+    likely_pause_ms: float
 
 
 NextEditOutcome = Literal[

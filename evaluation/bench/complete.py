@@ -27,7 +27,9 @@ configuration:
 - `pauses`: for each pause length, how many pauses had a suggestion on screen before the next
   key, after how long (from the keystroke, the 150 ms debounce included), and why not when
   not; `thinking_pauses` the same for pauses of 1 s or more, with the share of those whose
-  suggestion the gate would show (not silenced, not empty) that was on screen in time;
+  suggestion the gate would show (not silenced, not empty) that was on screen in time, and
+  `thinking_pause_latency_skips` what the server predicted at each of them it answered as too
+  late (the time to the first token against the rest of the pause it expected);
 - `all_requests_ms`: keystroke to answer (or to the cancelling key) over every request, by
   outcome;
 - `model_calls_ms_p50/p95`: the same over every request that reached the model (not a cache
@@ -413,6 +415,20 @@ def summarize(
             for low, high in PAUSE_BUCKETS
         ],
         "thinking_pauses": _pause_row(f">={THINK_S:g}s", thinking, outcome),
+        # Why the server judged a thinking pause too short: what it predicted the suggestion
+        # would take, against the rest of the pause it expected, after waiting how long.
+        "thinking_pause_latency_skips": [
+            {
+                "pause_s": round(p.gap_s, 2),
+                "waited_ms": round(float(record.get("wait_ms", 0.0)), 1),
+                "predicted_ms": round(float(record.get("predicted_ms", 0.0)), 1),
+                "likely_pause_ms": round(float(record.get("likely_pause_ms", 0.0)), 1),
+            }
+            for p in thinking
+            if p.first is not None
+            and (record := records.get(p.first.request_id)) is not None
+            and record["outcome"] == "latency_skip"
+        ],
         "all_requests_ms": {
             "p50": _quantile([ms for found in by_outcome.values() for ms in found], 0.5),
             "p95": _quantile([ms for found in by_outcome.values() for ms in found], 0.95),

@@ -245,6 +245,8 @@ class _Record:
             ),
             "action": decision.action if decision else "",
             "reason": decision.reason if decision else "",
+            "predicted_ms": decision.timings.predicted_ms if decision else 0.0,
+            "likely_pause_ms": decision.timings.likely_pause_ms if decision else 0.0,
         }
 
 

@@ -131,6 +131,9 @@ def test_a_suggestion_that_would_come_late_is_skipped_at_once() -> None:
     assert decision.action == "silence" and decision.silence_reason == "latency"
     assert decision.reason == LATENCY_SKIP
     assert engine.model_calls == 0 and engine.latency_skips == 1
+    # Its reasons, for the request's timing record: seconds of prompt against a 150 ms pause.
+    assert decision.timings.likely_pause_ms == 150.0
+    assert decision.timings.predicted_ms > 1000.0
 
 
 def test_no_skip_without_a_rhythm_when_asked_or_when_switched_off() -> None:
@@ -154,6 +157,7 @@ def test_an_early_skip_counts_the_call_already_running() -> None:
     engine._busy = (time.perf_counter(), 10_000.0)  # a call that will read its prompt for 10 s
     skipped = engine.skip_early(short, pause_ms=500.0)
     assert skipped is not None and skipped.silence_reason == "latency"
+    assert skipped.timings.predicted_ms > 9_000.0  # the running call's 10 s counted
     assert engine.skip_early(short, pause_ms=None) is None
     invoked = CompletionRequest(prefix="x = ", suffix="", language="python", trigger="invoked")
     assert engine.skip_early(invoked, pause_ms=500.0) is None

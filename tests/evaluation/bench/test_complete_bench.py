@@ -44,7 +44,12 @@ def test_cancelled_and_skipped_requests_are_counted_as_what_they_were() -> None:
     records = {
         "r1": record("r1", "shown"),
         "r2": record("r2", "cancelled"),
-        "r3": record("r3", "latency_skip"),
+        "r3": {
+            **record("r3", "latency_skip"),
+            "wait_ms": 250.0,
+            "predicted_ms": 1800.0,
+            "likely_pause_ms": 900.0,
+        },
         "r4": record("r4", "silenced"),
         "r5": record("r5", "shown", source="typing"),
     }
@@ -67,6 +72,10 @@ def test_cancelled_and_skipped_requests_are_counted_as_what_they_were() -> None:
     # The gate would not show the silenced one: 1 of the 2 others was on screen in time.
     assert thinking["gate_would_show"] == 2
     assert thinking["on_screen_share_of_gate_would_show"] == 0.5
+    # What the server predicted at the thinking pause it answered as too late.
+    assert report["thinking_pause_latency_skips"] == [
+        {"pause_s": 1.5, "waited_ms": 250.0, "predicted_ms": 1800.0, "likely_pause_ms": 900.0}
+    ]
 
 
 def test_an_answer_after_the_next_key_is_not_on_screen_and_missing_records_are_named() -> None:
