@@ -2,18 +2,25 @@
 
 The engine's builder quantises every matrix multiplication of an 8-bit model but leaves the token
 embedding table in float32 (its `GatherBlockQuantized` export is 4-bit only): 544 MB of the bundled
-model's 1.1 GB file. The runtime maps that table from the file, and every row a session has read
-stays resident: about 77 MB after the typing benchmark, the largest piece of the server's memory
-that is not weights it computes with.
+model's 1.1 GB file. The runtime maps that table from the file, and the pages of every row a
+session has read stay resident, with the cached pages around them: 77 MB after the typing
+benchmark, and up to 410 MB for a freshly converted copy (all of it in the page cache) after 137
+prompts (docs/models.md).
 
 `quantize_embedding` rewrites the converted model once, after the builder: the table becomes
-uint8 in blocks of 32 along each row with one float32 scale per block (symmetric, zero point 128:
+uint8 in blocks of 128 along each row with one float32 scale per block (symmetric, zero point 128:
 what the runtime assumes when none is given, and the scheme of the builder's 8-bit matrices), read
 by the runtime's `GatherBlockQuantized` (`bits` 8, ONNX Runtime 1.22 and later), and the weights
-file is written again without the float32 table. A row then takes 896 bytes and 28 scales instead
-of 3,584 bytes; each value is within half a block's step of the float32 one (the step is the
-block's largest magnitude / 127). The file is rewritten by streaming it, so this needs about 60 MB
-of memory whatever the model's size.
+file is written again without the float32 table. Each value is within half a block's step of the
+float32 one (the step is the block's largest magnitude / 127). The file is rewritten by streaming
+it, so this needs about 60 MB of memory whatever the model's size.
+
+Why blocks of 128, where the matrices have 32: the runtime maps the table and its scales from the
+file, and at each first read of a page the kernel maps the cached pages around it too (64 KB), so
+a session's resident share of both tensors grows with every new token until all of them is
+resident. With blocks of 128 the scales are 4.3 MB (17 MB with 32) and all of it is 140 MB, where
+the float32 table was 544 MB. The error grows from 0.52% to 0.66% of the table's RMS (bundled
+model); greedy outputs were as often the float32 table's with either (docs/models.md).
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-BLOCK = 32
+# Block sizes tried, largest first: the first that divides a row is used.
+BLOCKS = (128, 64, 32, 16)
 ZERO_POINT = 128  # uint8 with no zero points: the runtime's default for 8 bits
 _ROWS_PER_CHUNK = 8192
 _COPY_CHUNK = 1 << 24
@@ -69,7 +77,7 @@ def _float_table(model: Any) -> tuple[Any, Any] | None:
             and node.input[1] in inputs
             and table.data_type == onnx.TensorProto.FLOAT
             and len(table.dims) == 2
-            and table.dims[1] % BLOCK == 0
+            and block_for(table.dims[1]) is not None
             and table.data_location == onnx.TensorProto.EXTERNAL
             and all(attribute.i == 0 for attribute in node.attribute if attribute.name == "axis")
         ):
@@ -77,9 +85,14 @@ def _float_table(model: Any) -> tuple[Any, Any] | None:
     return None
 
 
-def quantize_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 rows [n, hidden] as uint8 [n, hidden] and float32 scales [n, hidden / BLOCK]."""
-    blocks = rows.reshape(rows.shape[0], -1, BLOCK)
+def block_for(hidden: int) -> int | None:
+    """The block size for rows of `hidden` values (None: no block size divides them)."""
+    return next((block for block in BLOCKS if hidden % block == 0), None)
+
+
+def quantize_rows(rows: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """float32 rows [n, hidden] as uint8 [n, hidden] and float32 scales [n, hidden / block]."""
+    blocks = rows.reshape(rows.shape[0], -1, block)
     scales = np.abs(blocks).max(axis=2) / 127.0
     safe = np.where(scales > 0, scales, 1.0)[:, :, None]
     quantized = np.clip(np.rint(blocks / safe), -127, 127) + ZERO_POINT
@@ -88,7 +101,8 @@ def quantize_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def dequantize_rows(quantized: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """The float32 rows `quantize_rows` stands for (what `GatherBlockQuantized` computes)."""
-    blocks = quantized.reshape(quantized.shape[0], -1, BLOCK).astype(np.float32) - ZERO_POINT
+    block = quantized.shape[1] // scales.shape[1]
+    blocks = quantized.reshape(quantized.shape[0], -1, block).astype(np.float32) - ZERO_POINT
     return (blocks * scales[:, :, None]).reshape(quantized.shape)
 
 
@@ -129,6 +143,7 @@ def quantize_embedding(model_dir: Path) -> bool:
         return False
     node, table = found
     vocab, hidden = (int(size) for size in table.dims)
+    block = block_for(hidden) or BLOCKS[-1]  # `_float_table` found one
     location = _external(table)["location"]
     data_path = model_dir / location
     staged = data_path.with_name(data_path.name + ".staged")
@@ -145,14 +160,16 @@ def quantize_embedding(model_dir: Path) -> bool:
         start = int(_external(table).get("offset", 0))
         row_bytes = hidden * 4
         quantized_offset = _pad(out, vocab * hidden)
-        scales = np.empty((vocab, hidden // BLOCK), dtype=np.float32)
+        scales = np.empty((vocab, hidden // block), dtype=np.float32)
         for first in range(0, vocab, _ROWS_PER_CHUNK):
             count = min(_ROWS_PER_CHUNK, vocab - first)
             source.seek(start + first * row_bytes)
             rows = np.frombuffer(source.read(count * row_bytes), dtype="<f4")
             if rows.size != count * hidden:
                 raise ValueError("the weights file is shorter than its model says")
-            quantized, scales[first : first + count] = quantize_rows(rows.reshape(count, hidden))
+            quantized, scales[first : first + count] = quantize_rows(
+                rows.reshape(count, hidden), block
+            )
             out.write(quantized.tobytes())
         scales_offset = _pad(out, scales.nbytes)
         out.write(scales.astype("<f4").tobytes())
@@ -164,7 +181,7 @@ def quantize_embedding(model_dir: Path) -> bool:
     )
     _set_external(quantized_tensor, location, quantized_offset, vocab * hidden)
     scales_tensor = onnx.TensorProto(
-        name=scales_name, data_type=onnx.TensorProto.FLOAT, dims=[vocab, hidden // BLOCK]
+        name=scales_name, data_type=onnx.TensorProto.FLOAT, dims=[vocab, hidden // block]
     )
     _set_external(scales_tensor, location, scales_offset, scales.nbytes)
     initializers = [tensor for tensor in model.graph.initializer if tensor is not table]
@@ -177,7 +194,7 @@ def quantize_embedding(model_dir: Path) -> bool:
         name=node.name + "_Q8",
         domain="com.microsoft",
         bits=8,
-        block_size=BLOCK,
+        block_size=block,
         gather_axis=0,
         quantize_axis=1,
     )

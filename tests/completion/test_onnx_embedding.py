@@ -11,20 +11,27 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from completion.runners.onnx_embedding import (
-    BLOCK,
+    block_for,
     dequantize_rows,
     quantize_embedding,
     quantize_rows,
 )
 
-VOCAB, HIDDEN = 300, 64
+VOCAB, HIDDEN = 300, 96
+BLOCK = 32  # the largest block size that divides HIDDEN
+
+
+def test_the_largest_block_that_divides_a_row_is_used() -> None:
+    assert block_for(896) == 128  # the bundled model: 7 blocks of 128
+    assert block_for(HIDDEN) == BLOCK
+    assert block_for(40) is None
 
 
 def test_rows_come_back_within_half_a_step_of_each_block() -> None:
     rows = np.random.default_rng(0).normal(0, 0.05, (VOCAB, HIDDEN)).astype(np.float32)
     rows[3] = 0.0  # a row of zeros has no scale to divide by
     rows[4, :BLOCK] = 7.5  # one block far larger than the rest of its row
-    quantized, scales = quantize_rows(rows)
+    quantized, scales = quantize_rows(rows, BLOCK)
     assert quantized.dtype == np.uint8 and quantized.shape == rows.shape
     assert scales.shape == (VOCAB, HIDDEN // BLOCK)
     back = dequantize_rows(quantized, scales)
@@ -80,7 +87,7 @@ def test_rewritten_graph_computes_the_dequantized_rows(tmp_path: Path) -> None:
     assert (tmp_path / "model.onnx.data").stat().st_size < size_before / 2
 
     after = _run(tmp_path, ids)
-    quantized, scales = quantize_rows(table)
+    quantized, scales = quantize_rows(table, BLOCK)
     expected = dequantize_rows(quantized, scales)[ids] + bias
     np.testing.assert_allclose(after, expected, rtol=1e-6, atol=1e-7)  # zero point, axes, blocks
     step = np.repeat(scales[ids], BLOCK, axis=1)
@@ -107,7 +114,7 @@ def test_a_table_read_elsewhere_too_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_rows_that_do_not_split_into_blocks_are_left_alone(tmp_path: Path) -> None:
-    hidden = BLOCK + BLOCK // 2
+    hidden = 40  # no block size divides it
     table = np.ones((VOCAB, hidden), dtype=np.float32)
     graph = helper.make_graph(
         [helper.make_node("Gather", ["embed.weight", "input_ids"], ["out"])],
