@@ -205,6 +205,12 @@ def _bench_adapters() -> Command:
     return adapters.main
 
 
+def _bench_embedding() -> Command:
+    from evaluation.bench import embedding
+
+    return embedding.main
+
+
 def _bench_dashboard() -> Command:
     from evaluation.bench import dashboard
 
@@ -245,6 +251,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "speculative": Benchmark(_bench_speculative),
     "speculative-edits": Benchmark(_bench_speculative_edits),
     "adapters": Benchmark(_bench_adapters),
+    "embedding": Benchmark(_bench_embedding),
     "dashboard": Benchmark(_bench_dashboard),
     "scale": Benchmark(_bench_scale),
     "syntax": Benchmark(_bench_syntax),

@@ -44,11 +44,15 @@ def _with_architecture(plain: Path, staged: Path) -> Path:
     return staged
 
 
-def build_into(plain: Path, work: Path, quantization: str) -> None:
+def build_into(
+    plain: Path, work: Path, quantization: str, *, eight_bit_embedding: bool = True
+) -> None:
     """Write the engine's model for `plain` into the empty directory `work`.
 
-    `quantization` is `int4` or `int8` (the weights' bits). Raises RuntimeError with the end of
-    the builder's output when it fails.
+    `quantization` is `int4` or `int8` (the weights' bits). `eight_bit_embedding` False leaves
+    an 8-bit model's token embedding as the builder writes it, in float32 (the first layout, for
+    `tabloop bench embedding`). Raises RuntimeError with the end of the builder's output when it
+    fails.
     """
     if quantization not in ("int4", "int8"):
         raise RuntimeError(f"ONNX Runtime GenAI runs int4 or int8 weights here, not {quantization}")
@@ -79,7 +83,7 @@ def build_into(plain: Path, work: Path, quantization: str) -> None:
             raise RuntimeError(f"the ONNX builder wrote no model: {output[-_TAIL:]}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if quantization == "int8":
+    if quantization == "int8" and eight_bit_embedding:
         from completion.runners.onnx_embedding import quantize_embedding
 
         quantize_embedding(work)  # the builder leaves the token embedding in float32
