@@ -34,6 +34,7 @@ from completion.types import (
     Decision,
     Generation,
     Timings,
+    TooLate,
 )
 
 log = logging.getLogger(__name__)
@@ -91,13 +92,16 @@ class Engine:
         signals: gate.Signals | None = None,
         *,
         pause_ms: float | None = None,
+        defer_late: bool = False,
     ) -> Decision:
         """A suggestion for `request` and whether to show it.
 
         `pause_ms` is how long the user will probably pause after this edit (None: unknown); with
         `latency_skip` on, an automatic request whose first token cannot come sooner is answered
-        silent at once. An explicit request (`invoked`) gets up to `candidates` suggestions.
-        Raises `Cancelled` when `cancel` is set before the answer is ready.
+        silent at once, or, with `defer_late`, `TooLate` is raised once the prompt shows it (the
+        language server then waits for the pause to turn out longer and asks again). An explicit
+        request (`invoked`) gets up to `candidates` suggestions. Raises `Cancelled` when `cancel`
+        is set before the answer is ready.
         """
         cancel = cancel or CancelToken()
         signals = signals or gate.Signals()
@@ -120,6 +124,9 @@ class Engine:
         else:
             prompt, signals = self._prompt(request, signals, timings)
             if self.too_late(request, pause_ms, prompt, timings.context_ms):
+                if defer_late:
+                    predicted = self.predicted_ms(request, prompt, timings.context_ms)
+                    raise TooLate(predicted or 0.0)
                 timings.total_ms = (time.perf_counter() - started) * 1000
                 return self._skipped(timings, request, pause_ms, prompt)
             found = self._run_model(request, prompt, cancel, timings, wanted)

@@ -143,6 +143,17 @@ class Timings:
 LATENCY_SKIP = "the suggestion could not arrive before the next keystroke"
 
 
+class TooLate(Exception):
+    """Raised by `Engine.complete(..., defer_late=True)` instead of answering a latency skip:
+    with its prompt built, the request's first token is predicted (`predicted_ms`) after the
+    pause the user will probably leave; the caller may wait for the pause to turn out longer
+    and ask again. Nothing was counted or recorded."""
+
+    def __init__(self, predicted_ms: float) -> None:
+        super().__init__(f"first token predicted in {predicted_ms:.0f} ms")
+        self.predicted_ms = predicted_ms
+
+
 @dataclass
 class Decision:
     """The engine's answer: a suggestion and whether to show it.

@@ -14,7 +14,7 @@ from lsprotocol import types
 from pygls.uris import to_fs_path
 
 from common.languages import request_language
-from completion.types import Cancelled, CompletionRequest, Decision, TriggerKind
+from completion.types import Cancelled, CompletionRequest, Decision, TooLate, TriggerKind
 from lsp_server.documents import Document, open_document
 from lsp_server.features.prefetch import PrefetchFeature
 from lsp_server.features.session import SessionFeature, TypingTracker
@@ -134,10 +134,29 @@ async def _decide(
     token = ls.begin_request(uri)
     loop = asyncio.get_running_loop()
     signals = signals_for(ls, uri, typing)
-    complete = functools.partial(engine.complete, request, token, signals, pause_ms=pause_ms)
     record.reached_model = True
+    wait_ms = ls.settings.completion.latency_wait_ms
     try:
-        decision = await loop.run_in_executor(ls.model_executor, complete)
+        decision: Decision | None = None
+        defer = wait_ms > 0
+        while decision is None:
+            complete = functools.partial(
+                engine.complete, request, token, signals, pause_ms=pause_ms, defer_late=defer
+            )
+            try:
+                decision = await loop.run_in_executor(ls.model_executor, complete)
+            except TooLate as late:
+                # The prompt takes longer to read than the estimate before it said (its context
+                # changed): wait as above, for what is left of the wait, for the pause to outlast
+                # the prediction, then ask once more; late again, it is a latency skip.
+                defer = False
+                pause_ms = await _wait_for_the_pause_to_outlast(
+                    ls, uri, request, typing, late.predicted_ms, wait_ms - record.wait_ms, record
+                )
+                if not _is_current(ls, uri, request):
+                    ls.counters.stale += 1
+                    record.outcome = "stale"
+                    return None
     except Cancelled:
         ls.counters.cancelled += 1
         record.outcome = "cancelled"
@@ -162,6 +181,34 @@ async def _decide(
     if prefetch is not None:
         prefetch.start(decision, request)
     return decision, request
+
+
+async def _wait_for_the_pause_to_outlast(
+    ls: TabloopServer,
+    uri: str,
+    request: CompletionRequest,
+    typing: TypingTracker,
+    predicted_ms: float,
+    budget_ms: float,
+    record: _Record,
+) -> float | None:
+    """`wait_for_a_long_pause` for a request whose prompt is read in `predicted_ms`: the likely
+    pause when the wait ends (at most `budget_ms`), its time added to `record.wait_ms`."""
+
+    def late() -> bool:
+        pause = typing.likely_pause_ms(uri)
+        return pause is not None and predicted_ms > pause
+
+    started = time.perf_counter()
+    try:
+        return await wait_for_a_long_pause(
+            late,
+            lambda: typing.likely_pause_ms(uri),
+            lambda: _is_current(ls, uri, request),
+            max(0.0, budget_ms),
+        )
+    finally:
+        record.wait_ms += (time.perf_counter() - started) * 1000
 
 
 async def wait_for_a_long_pause(

@@ -10,7 +10,7 @@ from completion.engine import Engine
 from completion.gate import builtin_policy
 from completion.latency import LatencyModel, edit_kind, likely_pause_ms
 from completion.settings import CompletionSettings
-from completion.types import LATENCY_SKIP, CompletionRequest
+from completion.types import LATENCY_SKIP, CompletionRequest, TooLate
 from tests.support.scripted_model import ScriptedModel
 
 
@@ -134,6 +134,16 @@ def test_a_suggestion_that_would_come_late_is_skipped_at_once() -> None:
     # Its reasons, for the request's timing record: seconds of prompt against a 150 ms pause.
     assert decision.timings.likely_pause_ms == 150.0
     assert decision.timings.predicted_ms > 1000.0
+
+
+def test_a_late_request_can_be_deferred_to_its_caller_uncounted() -> None:
+    engine = slow_engine()
+    with pytest.raises(TooLate) as raised:
+        engine.complete(request(), pause_ms=150.0, defer_late=True)
+    assert raised.value.predicted_ms > 1000.0  # seconds of prompt at 50 ms a token
+    assert engine.latency_skips == 0 and engine.model_calls == 0  # nothing decided yet
+    # Asked again once the pause has turned out long enough, it is answered.
+    assert engine.complete(request(), pause_ms=1e9, defer_late=True).shown
 
 
 def test_no_skip_without_a_rhythm_when_asked_or_when_switched_off() -> None:

@@ -19,9 +19,9 @@ from completion import gate
 from completion.engine import Engine
 from completion.session import SessionSignals
 from completion.settings import CompletionSettings
-from completion.types import CancelToken, Generation, StopRule
+from completion.types import CancelToken, Generation, StopRule, Timings
 from lsp_server.documents import adopt
-from lsp_server.features.inline import decide
+from lsp_server.features.inline import build_request, decide
 from lsp_server.features.session import TypingTracker
 from lsp_server.server import TabloopServer
 from tests.support.scripted_model import ScriptedModel
@@ -177,3 +177,46 @@ async def test_current_request_is_answered(server: tuple[TabloopServer, HeldRunn
     assert decision.shown and decision.text == SUGGESTION
     assert request.version == 1 and ls.counters.shown == 1
     assert outcomes(ls) == ["shown"]
+
+
+class RhythmAfterAWait(TypingTracker):
+    """The likely rest of the pause: `first` when the request arrives, `later` on every look after
+    (the user stayed idle past their short pauses)."""
+
+    def __init__(self, first: float, later: float) -> None:
+        super().__init__(SessionSignals())
+        self.looks = [first]
+        self.later = later
+
+    def likely_pause_ms(self, uri: str) -> float | None:
+        value = self.looks[-1] if len(self.looks) == 1 else self.later
+        self.looks.append(self.later)
+        return value
+
+
+async def test_a_prompt_that_proves_slow_waits_for_the_pause_and_is_then_served(
+    server: tuple[TabloopServer, HeldRunner],
+) -> None:
+    """The estimate before the prompt said the suggestion would come in time; the prompt, once
+    built, takes longer to read than the pause expected then. The request waits for the pause
+    to outlast it, as the early check's requests do, and is served: no latency skip."""
+    ls, runner = server
+    engine = ls.engine
+    assert engine is not None
+    engine.settings.latency_skip = True
+    engine.latency.observe(10, 200.0)
+    engine.latency.observe(10, 200.0)  # 20 ms a prompt token
+    document = ls.workspace.get_text_document(URI)
+    request = build_request(document, CURSOR, "automatic")  # type: ignore[arg-type]
+    early = engine.predicted_ms(request)
+    prompt, _ = engine._prompt(request, gate.Signals(), Timings())
+    with_prompt = engine.predicted_ms(request, prompt)
+    assert early is not None and with_prompt is not None and early < with_prompt
+    typing = RhythmAfterAWait(first=(early + with_prompt) / 2, later=10 * with_prompt)
+    task = asyncio.get_running_loop().create_task(decide(ls, URI, CURSOR, "automatic", typing))
+    runner.release.set()
+    found = await asyncio.wait_for(task, 30)
+    assert found is not None and found[0].text == SUGGESTION
+    assert engine.latency_skips == 0
+    (timing,) = ls.request_timings
+    assert timing["outcome"] == "shown" and timing["wait_ms"] > 0
