@@ -220,7 +220,7 @@ class RequestTiming(TypedDict):
 
     request_id: str  # the JSON-RPC id of the request, as a string
     outcome: RequestOutcome
-    reached_model: bool  # the model (or its cache) was asked: the engine's `complete` ran
+    reached_model: bool  # the model (or its cache) was asked: `complete` ran and did not defer
     handler_ms: float
     wait_ms: float  # waiting for the user's pause to turn out long enough (latency skipping)
     model_ms: float

@@ -134,7 +134,6 @@ async def _decide(
     token = ls.begin_request(uri)
     loop = asyncio.get_running_loop()
     signals = signals_for(ls, uri, typing)
-    record.reached_model = True
     wait_ms = ls.settings.completion.latency_wait_ms
     try:
         decision: Decision | None = None
@@ -143,12 +142,15 @@ async def _decide(
             complete = functools.partial(
                 engine.complete, request, token, signals, pause_ms=pause_ms, defer_late=defer
             )
+            record.reached_model = True
             try:
                 decision = await loop.run_in_executor(ls.model_executor, complete)
             except TooLate as late:
                 # The prompt takes longer to read than the estimate before it said (its context
                 # changed): wait as above, for what is left of the wait, for the pause to outlast
-                # the prediction, then ask once more; late again, it is a latency skip.
+                # the prediction, then ask once more; late again, it is a latency skip. The model
+                # did not run: a request the next key cancels in this wait is no model call.
+                record.reached_model = False
                 defer = False
                 pause_ms = await _wait_for_the_pause_to_outlast(
                     ls, uri, request, typing, late.predicted_ms, wait_ms - record.wait_ms, record

@@ -219,4 +219,4 @@ async def test_a_prompt_that_proves_slow_waits_for_the_pause_and_is_then_served(
     assert found is not None and found[0].text == SUGGESTION
     assert engine.latency_skips == 0
     (timing,) = ls.request_timings
-    assert timing["outcome"] == "shown" and timing["wait_ms"] > 0
+    assert timing["outcome"] == "shown" and timing["wait_ms"] > 0 and timing["reached_model"]
