@@ -55,7 +55,7 @@ class CompletionSettings(BaseModel):
         "auto",
         description="Inference engine of the local runner. `auto` is ONNX Runtime GenAI (8-bit "
         "weights, its KV cache kept across keystrokes, built once at first use: on a 2-core CPU "
-        "it decodes 2.6x faster than CTranslate2 int8 and reads prompts 2.5x slower, 3.7x "
+        "it decodes 2.3x faster than CTranslate2 int8 and reads prompts 2.5x slower, 3.9x "
         "torch float32's speed over a whole request; `tabloop bench engines`, "
         "`tabloop bench complete`, docs/models.md); CTranslate2 (int8) when it cannot be used "
         "or float weights are asked "
