@@ -55,10 +55,10 @@ def _set_external(tensor: Any, location: str, offset: int, length: int) -> None:
         entry.key, entry.value = key, value
 
 
-def _float_table(model: Any) -> tuple[Any, Any] | None:
-    """The token embedding's Gather node and its float32 [vocab, hidden] table, if the graph has
-    one kept in the external file, read by that node alone, with rows that split into whole
-    blocks."""
+def _float_table(model: Any) -> tuple[int, Any] | None:
+    """The index of the token embedding's Gather node and its float32 [vocab, hidden] table, if
+    the graph has one kept in the external file, read by that node alone, with rows that split
+    into whole blocks."""
     import onnx
 
     inputs = {value.name for value in model.graph.input}
@@ -67,7 +67,7 @@ def _float_table(model: Any) -> tuple[Any, Any] | None:
     for node in model.graph.node:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
-    for node in model.graph.node:
+    for index, node in enumerate(model.graph.node):
         if node.op_type != "Gather" or node.domain not in ("", "ai.onnx"):
             continue
         table = tables.get(node.input[0])
@@ -81,7 +81,7 @@ def _float_table(model: Any) -> tuple[Any, Any] | None:
             and table.data_location == onnx.TensorProto.EXTERNAL
             and all(attribute.i == 0 for attribute in node.attribute if attribute.name == "axis")
         ):
-            return node, table
+            return index, table
     return None
 
 
@@ -141,7 +141,8 @@ def quantize_embedding(model_dir: Path) -> bool:
     found = _float_table(model)
     if found is None:
         return False
-    node, table = found
+    at, table = found
+    node = model.graph.node[at]
     vocab, hidden = (int(size) for size in table.dims)
     block = block_for(hidden) or BLOCKS[-1]  # `_float_table` found one
     location = _external(table)["location"]
@@ -150,7 +151,7 @@ def quantize_embedding(model_dir: Path) -> bool:
     quantized_name, scales_name = f"{table.name}_Q8", f"{table.name}_scales"
     with data_path.open("rb") as source, staged.open("wb") as out:
         for tensor in model.graph.initializer:
-            if tensor is table or tensor.data_location != onnx.TensorProto.EXTERNAL:
+            if tensor.name == table.name or tensor.data_location != onnx.TensorProto.EXTERNAL:
                 continue
             where = _external(tensor)
             length = int(where["length"])
@@ -184,7 +185,7 @@ def quantize_embedding(model_dir: Path) -> bool:
         name=scales_name, data_type=onnx.TensorProto.FLOAT, dims=[vocab, hidden // block]
     )
     _set_external(scales_tensor, location, scales_offset, scales.nbytes)
-    initializers = [tensor for tensor in model.graph.initializer if tensor is not table]
+    initializers = [tensor for tensor in model.graph.initializer if tensor.name != table.name]
     del model.graph.initializer[:]
     model.graph.initializer.extend([*initializers, quantized_tensor, scales_tensor])
     gather = helper.make_node(
@@ -198,7 +199,8 @@ def quantize_embedding(model_dir: Path) -> bool:
         gather_axis=0,
         quantize_axis=1,
     )
-    nodes = [gather if candidate is node else candidate for candidate in model.graph.node]
+    nodes = list(model.graph.node)
+    nodes[at] = gather
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     if not any(entry.domain == "com.microsoft" for entry in model.opset_import):
