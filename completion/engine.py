@@ -123,12 +123,12 @@ class Engine:
             model_version = hit.model_version
         else:
             prompt, signals = self._prompt(request, signals, timings)
-            if self.too_late(request, pause_ms, prompt, timings.context_ms):
+            late = self.late_by(request, pause_ms, prompt, timings.context_ms)
+            if late is not None:
                 if defer_late:
-                    predicted = self.predicted_ms(request, prompt, timings.context_ms)
-                    raise TooLate(predicted or 0.0)
+                    raise TooLate(late)
                 timings.total_ms = (time.perf_counter() - started) * 1000
-                return self._skipped(timings, request, pause_ms, prompt)
+                return self._skipped(timings, late, pause_ms)
             found = self._run_model(request, prompt, cancel, timings, wanted)
             generations = list(found)
             model_version = found[0].model_version
@@ -340,9 +340,8 @@ class Engine:
         Called on the event loop as the request arrives (`too_late` without a prompt); a
         silence is counted and recorded.
         """
-        if not self.too_late(request, pause_ms):
-            return None
-        return self._skipped(Timings(), request, pause_ms)
+        late = self.late_by(request, pause_ms)
+        return None if late is None else self._skipped(Timings(), late, pause_ms)
 
     def too_late(
         self,
@@ -363,10 +362,21 @@ class Engine:
         the model thread), the time the context took plus the prompt tokens the runner will read
         decide. Counts and records nothing.
         """
+        return self.late_by(request, pause_ms, prompt, context_ms) is not None
+
+    def late_by(
+        self,
+        request: CompletionRequest,
+        pause_ms: float | None,
+        prompt: str | None = None,
+        context_ms: float = 0.0,
+    ) -> float | None:
+        """`too_late`'s verdict with its reason: the predicted milliseconds to the first token
+        when they exceed `pause_ms`, else None."""
         if not self.settings.latency_skip or request.trigger != "automatic" or pause_ms is None:
-            return False
+            return None
         predicted = self.predicted_ms(request, prompt, context_ms)
-        return predicted is not None and predicted > pause_ms
+        return predicted if predicted is not None and predicted > pause_ms else None
 
     def predicted_ms(
         self, request: CompletionRequest, prompt: str | None = None, context_ms: float = 0.0
@@ -400,15 +410,9 @@ class Engine:
             return prefill.tokens_to_read(prompt)
         return self.runner.count_tokens(prompt)
 
-    def _skipped(
-        self,
-        timings: Timings,
-        request: CompletionRequest,
-        pause_ms: float | None,
-        prompt: str | None = None,
-    ) -> Decision:
+    def _skipped(self, timings: Timings, predicted_ms: float, pause_ms: float | None) -> Decision:
         self.latency_skips += 1
-        timings.predicted_ms = self.predicted_ms(request, prompt, timings.context_ms) or 0.0
+        timings.predicted_ms = predicted_ms
         timings.likely_pause_ms = pause_ms or 0.0
         policy = self.policy_source()
         decision = Decision(
