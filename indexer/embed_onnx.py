@@ -7,12 +7,14 @@ length: all-MiniLM-L6-v2, the bundled one) is exported once to ONNX, its pooling
 inside the graph, and run here with the model's own `tokenizer.json`.
 
 The export runs torch's exporter in a child process (`python -m indexer.embed_onnx SOURCE OUT
-POOLING`), so the server never imports torch for it. It is written as the engine's converted models
-are: into a temporary directory, with a manifest of each file's size and SHA-256
-(`common.manifest`), renamed into place under a lock, and checked before every load. The vectors
-agree with sentence-transformers' to within 1e-6 (`tests/indexer/test_embed_onnx.py` holds them
-to it), so they are cached under the same model id: an index, or a team's vectors, made by either
-serves the other. When the export fails the embedder says why once and runs the model in
+POOLING`), so the server never imports torch for it. Its tensors go in a file beside the graph,
+which ONNX Runtime maps: of the 47 MB word-embedding table only the rows of tokens read become
+resident (docs/indexer.md). The copy is written as the engine's converted models are: into a
+temporary directory, with a manifest of each file's size and SHA-256 (`common.manifest`), renamed
+into place under a lock, and checked before every load. The vectors agree with
+sentence-transformers' to within 1e-6 (`tests/indexer/test_embed_onnx.py` holds them to it), so
+they are cached under the same model id: an index, or a team's vectors, made by either serves the
+other. When the export fails the embedder says why once and runs the model in
 sentence-transformers instead.
 """
 
@@ -33,7 +35,7 @@ import numpy as np
 from common.child import ChildFailed, run_child
 from common.locks import file_lock
 from common.manifest import reuse_or_clear, write_manifest
-from common.memory import trim_heap
+from common.memory import release_mapped_file, trim_heap
 from indexer.embed import (
     BUNDLED,
     QUERY_TEXTS,
@@ -48,6 +50,11 @@ log = logging.getLogger(__name__)
 
 POOLING_MODES = ("mean", "cls", "max")
 GRAPH = "model.onnx"
+WEIGHTS = "model.onnx.data"  # the tensors, beside the graph (layout 2)
+# Layout 2: the tensors in `WEIGHTS`, which ONNX Runtime maps rather than reads into its heap, so
+# the word-embedding table (30,522 rows, 47 MB in float32) is resident only where a token was
+# read; layout 1 held them in the graph's file. A copy of layout 1 is exported again.
+LAYOUT = 2
 OPSET = 17
 EXPORT_TIMEOUT_S = 900
 
@@ -88,7 +95,7 @@ def ensure_exported(source: Path, fingerprint: str, pooling: str, cache_dir: Pat
     target = export_path(source, fingerprint, pooling, cache_dir)
     target.parent.mkdir(parents=True, exist_ok=True)
     with file_lock(target.with_name(target.name + ".lock")):
-        if reuse_or_clear(target, "the ONNX embedder"):
+        if reuse_or_clear(target, "the ONNX embedder", LAYOUT):
             return target
         log.info("exporting the embedding model %s to ONNX (once)", source.name)
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -105,6 +112,7 @@ def ensure_exported(source: Path, fingerprint: str, pooling: str, cache_dir: Pat
                     "opset": OPSET,
                     "onnxruntime": onnxruntime.__version__,
                     "weights": GRAPH,
+                    "layout": LAYOUT,
                 },
             )
             work.chmod(0o755)
@@ -173,6 +181,17 @@ def export(source: Path, out: Path, pooling: str) -> None:
             opset_version=OPSET,
             **options,
         )
+    import onnx
+
+    graph = onnx.load(str(out / GRAPH))
+    onnx.save_model(
+        graph,
+        str(out / GRAPH),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=WEIGHTS,
+        size_threshold=1024,  # the small ones stay in the graph
+    )
 
 
 class OnnxEmbedder:
@@ -253,6 +272,9 @@ class OnnxEmbedder:
         self._session = ort.InferenceSession(
             str(path / GRAPH), options, providers=["CPUExecutionProvider"]
         )
+        # The matrices were read once into the engine's packed copies; only the embedding tables
+        # are read from the file again, a row per token.
+        release_mapped_file(path / WEIGHTS)
         return True
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:

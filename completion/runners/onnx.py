@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from common.memory import IdleTrim, trim_heap
+from common.memory import IdleTrim, release_mapped_file, trim_heap
 from completion.fim import template_for
 from completion.healing import VocabIndex, best_allowed
 from completion.runners.base import PreparedModel
@@ -57,11 +57,28 @@ Purpose = Literal["complete", "edit"]  # which cache a call reads its prompt int
 CHUNK = 24  # prompt tokens per engine call: about 100 ms on 2 cores, the longest a cancel waits
 MIN_CHUNK = 2  # a one-token read takes another kernel (see above)
 # Tokens of KV cache the engine sets aside at least: 25 MB here, a completion prompt (512 tokens
-# by default, `completion.contextTokens`) and its answer; a longer prompt gets a larger cache.
+# by default, `completion.contextTokens`) and its answer; a longer prompt gets a larger cache, in
+# steps of `LENGTH_STEP` tokens (12 MB): a next-edit prompt and its rewrite (at most about 1,400
+# tokens by default) get 1,536 tokens, 37 MB, where the next power of two would hold 50 MB.
 MIN_LENGTH = 1024
+LENGTH_STEP = 512
 # Speculative edits: most draft tokens checked per pass. On a 2-core CPU without VNNI a pass of
 # 17 tokens takes about 7 one-token passes' time (the engine's many-row kernel is compute-bound).
 EDIT_DRAFT_TOKENS = 16
+
+
+def release_weights_file(path: Path) -> None:
+    """Give back the pages of the model's weights file the engine read once while loading.
+
+    The engine maps `model.onnx.data` and packs each matrix, with its scales, into a buffer of its
+    own; the scales' pages (about 60 MB for the bundled model) stay resident though nothing reads
+    them again. Only the token embedding is read from the file while serving, a row per token;
+    its rows come back as tokens are read (`common.memory.release_mapped_file`; docs/models.md).
+    """
+    for weights in path.glob("*.onnx.data"):
+        released = release_mapped_file(weights)
+        if released:
+            log.debug("gave back the pages of %s (%d MB mapped)", weights.name, released >> 20)
 
 
 def _log_softmax_at(row: np.ndarray, token: int) -> float:
@@ -126,6 +143,7 @@ class OnnxRunner(ConvertedRunner):
         self._random = random.Random()
         self.edit_draft_tokens = EDIT_DRAFT_TOKENS
         trim_heap()  # what reading the weights and the tokenizer left free: about 100 MB
+        release_weights_file(self.path)
         self.load_s = time.perf_counter() - started
         log.info(
             "loaded %s in ONNX Runtime GenAI %s (%s, %d threads) in %.1fs",
@@ -165,6 +183,7 @@ class OnnxRunner(ConvertedRunner):
             self.model_id = prepared.model_id
             self.weights_sha256 = prepared.weights_sha256
         trim_heap()  # the model served before, and its caches, are gone
+        release_weights_file(prepared.path)
         log.info("now serving %s", self.model_id)
 
     def describe(self) -> dict[str, Any]:
@@ -224,7 +243,7 @@ class OnnxRunner(ConvertedRunner):
         import onnxruntime_genai as og
 
         if self._generator is None or needed > self._length:
-            length = max(MIN_LENGTH, 1 << (needed - 1).bit_length())
+            length = max(MIN_LENGTH, -(-needed // LENGTH_STEP) * LENGTH_STEP)
             params = og.GeneratorParams(self.model)
             params.set_search_options(max_length=length, do_sample=False)
             self._generator = None  # let the old cache go before the new one is set aside

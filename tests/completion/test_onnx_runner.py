@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from common.manifest import MANIFEST, verify
+from common.memory import release_mapped_file
 from completion.runners import engine_status, load_runner
+from completion.runners import onnx as onnx_runner
 from completion.runners.conversion import (
     ConversionError,
     checksum,
@@ -174,6 +176,29 @@ def test_generation_keeps_the_runner_promises(runner: OnnxRunner) -> None:
     assert again.token_logprobs == result.token_logprobs
 
 
+def test_giving_back_the_weights_files_pages_changes_no_answer(
+    tiny_model_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After loading, the runner gives back the pages of its weights file that the engine read
+    while packing its matrices; whatever the engine reads from the file later comes back from it,
+    so every answer is the one a runner that kept the pages gives."""
+    monkeypatch.setattr(onnx_runner, "release_weights_file", lambda _path: None)
+    kept = OnnxRunner(str(tiny_model_path), cache_dir, threads=1, reuse_prefix=False)
+    monkeypatch.undo()
+    released = OnnxRunner(str(tiny_model_path), cache_dir, threads=1, reuse_prefix=False)
+    try:
+        if sys.platform.startswith("linux"):  # the engine maps the file: there are pages to give
+            assert release_mapped_file(released.path / "model.onnx.data") > 0
+        for prompt in typing_prompts(step=40):
+            mine = released.generate(prompt, max_new_tokens=10, stop=never, cancel=CancelToken())
+            theirs = kept.generate(prompt, max_new_tokens=10, stop=never, cancel=CancelToken())
+            assert mine.text == theirs.text, prompt
+            assert mine.token_logprobs == theirs.token_logprobs
+    finally:
+        kept.close()
+        released.close()
+
+
 def test_stop_rule_cuts_where_it_says(runner: OnnxRunner) -> None:
     full = runner.generate(PROMPT, max_new_tokens=12, stop=never, cancel=CancelToken())
     assert len(full.text) >= 2, "the tiny model wrote too little to test a cut"
@@ -275,6 +300,7 @@ def test_a_prompt_longer_than_the_cache_gets_a_larger_one(
     runner: OnnxRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("completion.runners.onnx.MIN_LENGTH", 64)
+    monkeypatch.setattr("completion.runners.onnx.LENGTH_STEP", 48)
     runner.close()  # a fresh generator, sized by the small minimum
     runner.model = runner._load(runner.path)
     short = runner.generate(PROMPT, max_new_tokens=4, stop=never, cancel=CancelToken())
@@ -283,6 +309,7 @@ def test_a_prompt_longer_than_the_cache_gets_a_larger_one(
     assert tokens + 4 > 64
     result = runner.generate(long_prompt, max_new_tokens=4, stop=never, cancel=CancelToken())
     assert result.prefill_done and result.prompt_tokens == tokens and result.reused_tokens == 0
+    assert runner._length == -(-(tokens + 4) // 48) * 48  # the next step up, not a power of two
     again = runner.generate(long_prompt, max_new_tokens=4, stop=never, cancel=CancelToken())
     assert again.text == result.text and again.reused_tokens == tokens - 2
     assert runner.generate(PROMPT, max_new_tokens=4, stop=never, cancel=CancelToken()).text == (

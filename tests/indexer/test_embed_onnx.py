@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.manifest import MANIFEST
 from indexer import embed_onnx
 from indexer.embed import SentenceTransformerEmbedder
 from indexer.embed_onnx import (
@@ -41,6 +42,19 @@ def onnx_embedder(tiny_embedder_path: Path, tmp_path: Path) -> OnnxEmbedder:
     embedder = load_embedder(str(tiny_embedder_path), cache_dir=tmp_path / "cache")
     assert isinstance(embedder, OnnxEmbedder)
     return embedder
+
+
+def count_exports(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The working directories of every export from now on (each still made)."""
+    exports: list[Path] = []
+    real_export = embed_onnx._export_in_child
+
+    def counted(source: Path, work: Path, pooling: str) -> None:
+        exports.append(work)
+        real_export(source, work, pooling)
+
+    monkeypatch.setattr(embed_onnx, "_export_in_child", counted)
+    return exports
 
 
 def test_it_gives_sentence_transformers_vectors(
@@ -74,14 +88,7 @@ def test_the_export_is_made_once_and_checked_before_each_load(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     first = onnx_embedder.embed(TEXTS[:2])
-    exports: list[Path] = []
-    real_export = embed_onnx._export_in_child
-
-    def counted(source: Path, work: Path, pooling: str) -> None:
-        exports.append(work)
-        real_export(source, work, pooling)
-
-    monkeypatch.setattr(embed_onnx, "_export_in_child", counted)
+    exports = count_exports(monkeypatch)
     again = load_embedder(str(tiny_embedder_path), cache_dir=tmp_path / "cache")
     np.testing.assert_array_equal(again.embed(TEXTS[:2]), first)
     assert exports == []  # loaded as it was
@@ -95,6 +102,32 @@ def test_the_export_is_made_once_and_checked_before_each_load(
     third = load_embedder(str(tiny_embedder_path), cache_dir=tmp_path / "cache")
     np.testing.assert_array_equal(third.embed(TEXTS[:2]), first)
     assert len(exports) == 1 and "damaged" in caplog.text
+
+
+def test_the_tensors_live_beside_the_graph_and_an_older_copy_is_exported_again(
+    onnx_embedder: OnnxEmbedder,
+    tiny_embedder_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine maps a graph's external tensors (only the embedding rows read stay resident)
+    but reads a graph's own into its heap: a copy made with them inside (layout 1) is redone."""
+    first = onnx_embedder.embed(TEXTS)
+    folder = export_path(
+        tiny_embedder_path, onnx_embedder.fallback.fingerprint, "mean", tmp_path / "cache"
+    )
+    weights, graph = folder / embed_onnx.WEIGHTS, folder / embed_onnx.GRAPH
+    assert weights.stat().st_size > 10 * graph.stat().st_size
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["layout"] == embed_onnx.LAYOUT == 2
+    del manifest["layout"]  # as a copy of layout 1 reads
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+    exports = count_exports(monkeypatch)
+    again = load_embedder(str(tiny_embedder_path), cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(again.embed(TEXTS), first)
+    assert len(exports) == 1
+    assert json.loads((folder / MANIFEST).read_text())["layout"] == 2
 
 
 def test_a_failed_export_falls_back_to_sentence_transformers(
