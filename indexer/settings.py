@@ -26,7 +26,7 @@ class IndexSettings(BaseModel):
     embedding_engine: Literal["onnxruntime", "torch"] = Field(
         "onnxruntime",
         description="`onnxruntime` runs a local embedding model exported once to ONNX (the same "
-        "vectors, without torch in the server: 420 MB less in a typing session's server); "
+        "vectors, without torch in the server: 445 MB less in a typing session's server); "
         "`torch` runs it in sentence-transformers, as a model named on the hub always runs.",
     )
     max_file_bytes: int = Field(
