@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import gc
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -47,9 +48,17 @@ def trim_heap() -> None:
     trim(0)
 
 
+def can_release_pages() -> bool:
+    """Whether `release_mapped_file` can work here: Linux 5.4 or later (`MADV_PAGEOUT`)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    numbers = re.findall(r"\d+", os.uname().release)[:2]
+    return len(numbers) == 2 and (int(numbers[0]), int(numbers[1])) >= (5, 4)
+
+
 def release_mapped_file(path: Path) -> int:
     """Give back the resident pages of this process's mappings of file `path`; the bytes of
-    mappings advised (0 off Linux, or where the file is not mapped).
+    mappings advised (0 where `can_release_pages` is false, or the file is not mapped).
 
     ONNX Runtime maps a model's external weights file and packs most tensors into buffers of its
     own at load, reading each once (the bundled model's matrix scales: about 60 MB that then stay
@@ -57,7 +66,7 @@ def release_mapped_file(path: Path) -> int:
     page read again later comes back from the file (or from swap, had it been written), so what
     is still in use returns to the process on its next read and nothing else does.
     """
-    if not sys.platform.startswith("linux"):
+    if not can_release_pages():
         return 0
     target = os.fspath(path.resolve())
     ranges: list[tuple[int, int]] = []
@@ -78,7 +87,7 @@ def release_mapped_file(path: Path) -> int:
     advise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     released = 0
     for start, end in ranges:
-        if advise(start, end - start, MADV_PAGEOUT) == 0:  # EINVAL before Linux 5.4
+        if advise(start, end - start, MADV_PAGEOUT) == 0:
             released += end - start
     return released
 

@@ -4,13 +4,12 @@ mapped file's pages that were read once."""
 from __future__ import annotations
 
 import mmap
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from common.memory import IdleTrim, release_mapped_file
+from common.memory import IdleTrim, can_release_pages, release_mapped_file
 
 
 def test_a_trim_follows_the_work_once_it_pauses() -> None:
@@ -48,7 +47,7 @@ def _resident_kb(path: Path) -> int:
     return total
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise(MADV_PAGEOUT): Linux")
+@pytest.mark.skipif(not can_release_pages(), reason="madvise(MADV_PAGEOUT): Linux 5.4 or later")
 def test_a_mapped_file_read_once_gives_its_pages_back_and_keeps_its_contents(
     tmp_path: Path,
 ) -> None:
