@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,7 +236,8 @@ def compare(
     """Serving weights against the candidate on the same cursors (the runner ends up serving
     what it served before): the held-out files' `examples`, and the held-out `outcomes` (under
     `kept_text` and `ignored_reproduced`). The runner swaps adapters: on a fast engine each
-    version is merged and converted once (cached per version)."""
+    version is merged and converted once (cached per version). `seconds` says how long each
+    version took to get ready and to complete everything."""
     adapters = RunnerCapabilities.of(runner).adapters
     if adapters is None:
         raise ValueError(f"the {engine_name(runner)} runner does not serve adapters")
@@ -243,16 +245,26 @@ def compare(
     sets = {"files": list(examples), "kept": list(outcomes.kept), "ignored": list(outcomes.ignored)}
     texts: dict[str, dict[str, list[str]]] = {name: {} for name in sets}
     windows: dict[str, list[str]] = {}
+    seconds: dict[str, dict[str, float]] = {}
     try:
         for name, adapter in (("serving", serving), ("candidate", candidate)):
+            started = time.perf_counter()
             adapters.swap_adapter(adapter)
+            ready = time.perf_counter()
             for kind, cursors in sets.items():
                 texts[kind][name] = _complete_all(Engine(settings, runner), cursors, tick)
             windows[name] = _rewrite_all(runner, outcomes.edits, tick)
+            seconds[name] = {
+                "ready_s": round(ready - started, 1),
+                "completing_s": round(time.perf_counter() - ready, 1),
+            }
     finally:
         adapters.swap_adapter(before)
     report = _matches(examples, texts["files"])
     report["engine"] = engine_name(runner)
+    # Where judging's time went: making each version ready (on a fast engine, the first time,
+    # merging and converting it) and completing every cursor with it.
+    report["seconds"] = seconds
     if outcomes.kept:
         report["kept_text"] = _matches(outcomes.kept, texts["kept"])
     if outcomes.ignored:

@@ -118,6 +118,11 @@ def test_compare_runs_both_on_the_same_cursors_and_restores_the_runner(
     assert report["ignored_reproduced"]["n"] == 2
     assert report["ignored_reproduced"]["difference"]["n"] == 2
     assert report["next_edits"]["n"] == 3 and report["next_edits"]["edits_due"] == 2
+    assert set(report["seconds"]) == {"serving", "candidate"}
+    assert all(
+        set(times) == {"ready_s", "completing_s"} and min(times.values()) >= 0
+        for times in report["seconds"].values()
+    )
     assert runner.adapter is None
     runner.close()
 
