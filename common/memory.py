@@ -56,6 +56,22 @@ def can_release_pages() -> bool:
     return len(numbers) == 2 and (int(numbers[0]), int(numbers[1])) >= (5, 4)
 
 
+def mapped_resident_kb(path: Path) -> int:
+    """How many kB of this process's mappings of file `path` are resident (0 off Linux)."""
+    target, total, inside = os.fspath(path.resolve()), 0, False
+    try:
+        with open("/proc/self/smaps", encoding="utf-8", errors="replace") as smaps:
+            for line in smaps:
+                fields = line.split(maxsplit=5)
+                if fields and "-" in fields[0] and not fields[0].endswith(":"):  # a mapping
+                    inside = len(fields) == 6 and fields[5].rstrip("\n") == target
+                elif inside and fields[0] == "Rss:":
+                    total += int(fields[1])
+    except OSError:
+        return 0
+    return total
+
+
 def release_mapped_file(path: Path) -> int:
     """Give back the resident pages of this process's mappings of file `path`; the bytes of
     mappings advised (0 where `can_release_pages` is false, or the file is not mapped).

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from common.memory import IdleTrim, can_release_pages, release_mapped_file
+from common.memory import IdleTrim, can_release_pages, mapped_resident_kb, release_mapped_file
 
 
 def test_a_trim_follows_the_work_once_it_pauses() -> None:
@@ -35,18 +35,6 @@ def test_work_calls_off_a_waiting_trim_and_overlapping_work_waits_for_the_last()
     assert idle.pending and trims == []
 
 
-def _resident_kb(path: Path) -> int:
-    """Resident kB of this process's mappings of `path` (/proc/self/smaps)."""
-    target, total, inside = str(path.resolve()), 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if fields and "-" in fields[0] and len(fields) >= 5 and ":" not in fields[0]:
-            inside = len(fields) == 6 and fields[5] == target
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1])
-    return total
-
-
 @pytest.mark.skipif(not can_release_pages(), reason="madvise(MADV_PAGEOUT): Linux 5.4 or later")
 def test_a_mapped_file_read_once_gives_its_pages_back_and_keeps_its_contents(
     tmp_path: Path,
@@ -56,8 +44,8 @@ def test_a_mapped_file_read_once_gives_its_pages_back_and_keeps_its_contents(
     path.write_bytes(data)
     with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         assert mapped[:] == data  # every page read once
-        assert _resident_kb(path) >= 4096
+        assert mapped_resident_kb(path) >= 4096
         assert release_mapped_file(path) == len(data)
-        assert _resident_kb(path) < 1024  # given back
+        assert mapped_resident_kb(path) < 1024  # given back
         assert mapped[:] == data  # and read again from the file, unchanged
     assert release_mapped_file(path) == 0  # no longer mapped

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from common.manifest import MANIFEST, verify
-from common.memory import can_release_pages, release_mapped_file
+from common.memory import can_release_pages, mapped_resident_kb
 from completion.runners import engine_status, load_runner
 from completion.runners import onnx as onnx_runner
 from completion.runners.conversion import (
@@ -181,21 +181,30 @@ def test_giving_back_the_weights_files_pages_changes_no_answer(
 ) -> None:
     """After loading, the runner gives back the pages of its weights file that the engine read
     while packing its matrices; whatever the engine reads from the file later comes back from it,
-    so every answer is the one a runner that kept the pages gives."""
+    so every answer is the one a runner that kept the pages gives. One runner at a time: the
+    kernel keeps a page that another mapping still holds."""
+    prompts = typing_prompts(step=40)
     monkeypatch.setattr(onnx_runner, "release_weights_file", lambda _path: None)
     kept = OnnxRunner(str(tiny_model_path), cache_dir, threads=1, reuse_prefix=False)
+    try:
+        weights = kept.path / "model.onnx.data"
+        held = mapped_resident_kb(weights)
+        theirs = [
+            kept.generate(prompt, max_new_tokens=10, stop=never, cancel=CancelToken())
+            for prompt in prompts
+        ]
+    finally:
+        kept.close()
     monkeypatch.undo()
     released = OnnxRunner(str(tiny_model_path), cache_dir, threads=1, reuse_prefix=False)
     try:
-        if can_release_pages():  # the engine maps the file: there are pages to give back
-            assert release_mapped_file(released.path / "model.onnx.data") > 0
-        for prompt in typing_prompts(step=40):
+        if can_release_pages():
+            assert held > 0 and mapped_resident_kb(weights) < held  # given back at load
+        for prompt, their in zip(prompts, theirs, strict=True):
             mine = released.generate(prompt, max_new_tokens=10, stop=never, cancel=CancelToken())
-            theirs = kept.generate(prompt, max_new_tokens=10, stop=never, cancel=CancelToken())
-            assert mine.text == theirs.text, prompt
-            assert mine.token_logprobs == theirs.token_logprobs
+            assert mine.text == their.text, prompt
+            assert mine.token_logprobs == their.token_logprobs
     finally:
-        kept.close()
         released.close()
 
 
