@@ -337,21 +337,22 @@ class Engine:
     def skip_early(self, request: CompletionRequest, pause_ms: float | None) -> Decision | None:
         """The latency silence for `request` before it waits for the model thread, or None.
 
-        Called on the event loop as the request arrives (`too_late` without a prompt); a
+        Called on the event loop as the request arrives (`late_by` without a prompt); a
         silence is counted and recorded.
         """
         late = self.late_by(request, pause_ms)
         return None if late is None else self._skipped(Timings(), late, pause_ms)
 
-    def too_late(
+    def late_by(
         self,
         request: CompletionRequest,
         pause_ms: float | None,
         prompt: str | None = None,
         context_ms: float = 0.0,
-    ) -> bool:
-        """The latency decision: whether the first token for `request` would come after the
-        pause the user will probably leave (`pause_ms`; None: unknown, never too late).
+    ) -> float | None:
+        """The latency decision: the predicted milliseconds to the first token for `request` when
+        they exceed the pause the user will probably leave (`pause_ms`; None: unknown, never too
+        late), else None.
 
         Only automatic requests are judged, and only with `latency_skip` on. Before the prompt
         is built (`prompt` None, on the event loop as the request arrives) a request that would
@@ -362,17 +363,6 @@ class Engine:
         the model thread), the time the context took plus the prompt tokens the runner will read
         decide. Counts and records nothing.
         """
-        return self.late_by(request, pause_ms, prompt, context_ms) is not None
-
-    def late_by(
-        self,
-        request: CompletionRequest,
-        pause_ms: float | None,
-        prompt: str | None = None,
-        context_ms: float = 0.0,
-    ) -> float | None:
-        """`too_late`'s verdict with its reason: the predicted milliseconds to the first token
-        when they exceed `pause_ms`, else None."""
         if not self.settings.latency_skip or request.trigger != "automatic" or pause_ms is None:
             return None
         predicted = self.predicted_ms(request, prompt, context_ms)
@@ -381,7 +371,7 @@ class Engine:
     def predicted_ms(
         self, request: CompletionRequest, prompt: str | None = None, context_ms: float = 0.0
     ) -> float | None:
-        """Milliseconds to the first token of `request` as `too_late` predicts them (None
+        """Milliseconds to the first token of `request` as `late_by` predicts them (None
         before the engine has timed enough calls; 0 for an answer from the typing cache)."""
         if prompt is not None:
             return self.latency.predict(self._to_read(prompt), context_ms)

@@ -107,11 +107,11 @@ async def _decide(
         await prefetch.before_request(request)
     pause_ms = typing.likely_pause_ms(uri)
     waited_from = time.perf_counter()
-    if engine.too_late(request, pause_ms):
+    if engine.late_by(request, pause_ms) is not None:
         ls.cancel_in_flight(uri, "superseded")  # what was in flight here is stale too
         try:
             pause_ms = await wait_for_a_long_pause(
-                lambda: engine.too_late(request, typing.likely_pause_ms(uri)),
+                lambda: engine.late_by(request, typing.likely_pause_ms(uri)) is not None,
                 lambda: typing.likely_pause_ms(uri),
                 lambda: _is_current(ls, uri, request),
                 ls.settings.completion.latency_wait_ms,
