@@ -205,6 +205,12 @@ def _bench_adapters() -> Command:
     return adapters.main
 
 
+def _bench_objectives() -> Command:
+    from evaluation.bench import objectives
+
+    return objectives.main
+
+
 def _bench_embedding() -> Command:
     from evaluation.bench import embedding
 
@@ -251,6 +257,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "speculative": Benchmark(_bench_speculative),
     "speculative-edits": Benchmark(_bench_speculative_edits),
     "adapters": Benchmark(_bench_adapters),
+    "objectives": Benchmark(_bench_objectives),
     "embedding": Benchmark(_bench_embedding),
     "dashboard": Benchmark(_bench_dashboard),
     "scale": Benchmark(_bench_scale),
