@@ -306,7 +306,12 @@ def _run_continuous(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]
     settings = engine_settings(args)
     # The gate's trainer wants a round's events before it runs (as `_trainer_settings` does).
     trainer_settings = _trainer_settings(args, args.round_positions)
-    with tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp, ExitStack() as stack:
+    # Stopped with SIGTERM, it still stops the run it waits for and removes its files.
+    with (
+        sigterm_as_exit(),
+        tempfile.TemporaryDirectory(prefix="tabloop-replay-") as tmp,
+        ExitStack() as stack,
+    ):
         work = Path(tmp)
         runner = load_cached_runner(args, settings.model_copy(update={"cache": True}))
         stack.callback(runner.close)

@@ -3,14 +3,23 @@ registry and policy client, on a small corpus of real files."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import sysconfig
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from evaluation.replay import build_parser, run
 from evaluation.simulation import hole_length, sample_positions, simulated_user
+
+ROOT = Path(__file__).resolve().parents[2]
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -292,3 +301,54 @@ def test_the_continuous_loop_reveals_the_code_base_and_trains_between_rounds(
     assert len(summary["reward_gain_per_position_by_round"]) == 2
     pooled = summary["rounds_after_the_first_vs_base_always_show"]
     assert pooled["baseline"]["requests"] == pooled["loop"]["requests"] == 10
+
+
+def _is_training_run(process: psutil.Process) -> bool:
+    try:
+        command = process.cmdline()
+    except psutil.Error:  # a short-lived helper, already gone
+        return False
+    return "train" in command and "model" in command
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups and SIGTERM")
+def test_sigterm_stops_the_continuous_replay_and_the_run_it_waits_for(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    code = _corpus(tmp_path / "code", "textwrap.py", "fnmatch.py")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    argv = [
+        *("--continuous", "--train", str(code), "--rounds", "2", "--round-positions", "10"),
+        *("--sessions-per-round", "1", "--model", str(tiny_model_path)),
+        *("--max-new-tokens", "8", "--context-tokens", "256", "--cache", str(tmp_path / "g.jsonl")),
+        *("--train-interval", "0.5", "--refresh", "0.2", "--eval-draws", "1"),
+        # A run that goes on until it is stopped: due at once, a long budget.
+        *("--loop-setting", "budget=30m", "--loop-setting", "minChangedFiles=1"),
+        *("--loop-setting", "idleS=0", "--loop-setting", "checkEveryS=1"),
+    ]
+    replay = subprocess.Popen(
+        [sys.executable, "-m", "tabloop", "eval", "replay", *argv, "--json"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    parent = psutil.Process(replay.pid)
+    try:
+        child = None
+        for _ in range(1200):  # the first round, then the server's own command starts
+            child = next((c for c in parent.children() if _is_training_run(c)), None)
+            if child is not None or replay.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert child is not None, "the replay started no training run"
+        assert list(scratch.glob("tabloop-replay-*"))  # its working files, while it runs
+        replay.send_signal(signal.SIGTERM)
+        assert replay.wait(timeout=120) == 143
+        child.wait(timeout=60)  # raises if the run outlives the replay
+        assert not list(scratch.glob("tabloop-replay-*"))
+    finally:
+        for process in (replay, *([child] if child is not None else [])):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                process.kill()
