@@ -358,6 +358,9 @@ class IndexSyncer:
         self.synced_root: bytes | None = None  # keyed root the server confirmed
         self.synced_local_root: bytes | None = None  # local (plain) root that sync covered
         self.failures = 0
+        # What every successful sync since the start sent (`last` is only the latest, often one
+        # that found the server in sync already).
+        self.totals = {"syncs": 0, "files_uploaded": 0, "chunks_placed": 0, "vectors_uploaded": 0}
 
     def start(self) -> None:
         """Begin syncing in a daemon thread."""
@@ -399,6 +402,7 @@ class IndexSyncer:
             "failures": self.failures,
             "error": self.last_error,
             "last": report.as_json() if report else None,
+            "totals": dict(self.totals),
         }
 
     def _due(self, seen: bytes | None, seen_at: float, last_attempt: float) -> bool:
@@ -453,6 +457,9 @@ class IndexSyncer:
                 self.synced_root = bytes.fromhex(report.root)
                 # What the store held when the sync read it; a later change makes a sync due.
                 self.synced_local_root = bytes.fromhex(report.local_root)
+                self.totals["syncs"] += 1
+                for name in ("files_uploaded", "chunks_placed", "vectors_uploaded"):
+                    self.totals[name] += getattr(report, name)
                 log.info(
                     "index synced: %d files, %d vectors, %d bytes",
                     report.files_uploaded,

@@ -137,6 +137,7 @@ def train_kto(
 ) -> KtoResult:
     """Train the peft `model` on `rows` (one pass) and write the adapter to `work_dir/adapter`."""
     from datasets import Dataset
+    from transformers import PrinterCallback
     from trl import KTOConfig, KTOTrainer
 
     desirable = sum(1 for row in rows if row["label"])
@@ -173,6 +174,10 @@ def train_kto(
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
     )
+    # Without a progress bar, transformers prints each step's log on stdout, which is the
+    # report of `tabloop train model --json` (read by the background loop) and of the benches;
+    # the steps' logs stay in `trainer.state.log_history`.
+    trainer.remove_callback(PrinterCallback)
     output = trainer.train()
     adapter = work_dir / "adapter"
     save_adapter(

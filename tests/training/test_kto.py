@@ -51,7 +51,7 @@ def test_rows_label_accepted_and_rejected_suggestions(
 
 
 def test_kto_trains_the_lora_weights_against_the_base_model(
-    tiny_model_path: Path, tmp_path: Path
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     trainable = load_trainable(str(tiny_model_path), tmp_path, SETTINGS)
     template = template_for(trainable.family)
@@ -62,6 +62,8 @@ def test_kto_trains_the_lora_weights_against_the_base_model(
     )  # fmt: skip
     assert (result.samples, result.desirable, result.undesirable) == (4, 2, 2)
     assert result.steps == 2
+    # Nothing on stdout, where `tabloop train model --json` writes its report.
+    assert capsys.readouterr().out == ""
     adapter = Path(result.adapter)
     assert read_manifest(adapter)["base_model"] == trainable.base_model_id
     weights = load_file(str(adapter / WEIGHTS))
