@@ -173,8 +173,8 @@ def _objective_flags(parser: argparse.ArgumentParser) -> None:
         "--kl-weight",
         type=float,
         default=defaults.kl_weight,
-        help="weight of the KL anchor to the reference model (0: none; at 0.1 it was measured "
-        "to break the model, a defect not found yet: docs/learning.md, 'Which objective')",
+        help="weight of the KL anchor to the reference model (0: none; off by default: "
+        "docs/learning.md, 'Which objective')",
     )
     parser.add_argument(
         "--objective",

@@ -144,6 +144,12 @@ class ReferenceModel:
                         return middle_logits(self.model, batch, device)
                 params = dict(self.model.named_parameters())
                 current = {name: params[name].detach().clone() for name in self._start}
+                # Autocast keeps the low-precision copy of a weight that needs a gradient for
+                # the rest of its region, keyed by the tensor, not its values: the weights swap
+                # in place, so the copies are dropped on both sides of the swap. Else the
+                # adapted pass that follows in the same region ran on the start weights' copies,
+                # made without a gradient (the LoRA weights got none, and the model diverged).
+                torch.clear_autocast_cache()
                 for name, value in self._start.items():
                     params[name].copy_(value)
                 try:
@@ -151,5 +157,6 @@ class ReferenceModel:
                 finally:
                     for name, value in current.items():
                         params[name].copy_(value)
+                    torch.clear_autocast_cache()
         finally:
             self.model.train(training)

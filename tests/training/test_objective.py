@@ -188,6 +188,43 @@ def test_the_kl_anchor_is_zero_at_its_reference_and_positive_away_from_it(
         torch.testing.assert_close(kl, torch.zeros(len(batch)), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("reference", ["base", "start"])
+def test_the_reference_pass_leaves_the_adapted_pass_alone_under_bfloat16_autocast(
+    tiny_model_path: Path, tmp_path: Path, reference: str
+) -> None:
+    """The reference runs in the adapted pass's autocast region. Autocast caches a weight's
+    bfloat16 copy for the whole region; the `start` reference swaps the LoRA weights in place,
+    so a cached copy made for it must not serve the adapted pass (it did: the KL read zero, half
+    the LoRA weights got no gradient, and training diverged)."""
+    settings = replace(
+        EXACT, kl_weight=1.0, kl_reference=reference, base_dtype="bfloat16", autocast=True
+    )  # type: ignore[arg-type]
+    trainer = _trainer(tiny_model_path, tmp_path, settings)
+    _perturb(trainer.model)
+    trainer.model.train()
+    batch = _encoded(trainer)
+
+    def nll_and_grads(with_reference: bool) -> tuple[torch.Tensor, Any, dict[str, Any]]:
+        anchor = trainer.reference
+        trainer.reference = anchor if with_reference else None
+        try:
+            trainer.model.zero_grad(set_to_none=True)
+            mean, kl = trainer._mean_logprobs(batch)
+            (-mean.sum()).backward()
+            return mean.detach(), kl, _grads(trainer.model)
+        finally:
+            trainer.reference = anchor
+
+    plain, _none, plain_grads = nll_and_grads(with_reference=False)
+    anchored, kl, anchored_grads = nll_and_grads(with_reference=True)
+    torch.testing.assert_close(anchored, plain, rtol=0, atol=0)
+    assert kl is not None and bool((kl > 1e-4).all()), kl  # the adapter moved off the reference
+    trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert sorted(anchored_grads) == sorted(plain_grads) == sorted(trainable)
+    for name in trainable:
+        torch.testing.assert_close(anchored_grads[name], plain_grads[name], rtol=0, atol=0)
+
+
 def test_the_kl_anchor_needs_the_middle_only_head_and_a_known_reference() -> None:
     with pytest.raises(ValueError, match="middle_only"):
         TrainSettings(kl_weight=0.1, middle_only=False)
