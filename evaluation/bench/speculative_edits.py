@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.machine import cpu_description
+
 SEED = 29
 MARGIN_TOKENS = 32  # tokens allowed past the window's own (`completion.next_edit` settings)
 MAX_LINE_CHARS = 120
@@ -250,6 +252,7 @@ def main(argv: list[str]) -> int:
         "command": "tabloop bench speculative-edits " + " ".join(argv),
         "model_id": runner.model_id,
         "configuration": _configuration(runner),
+        "cpu": cpu_description(),
         "load_average": round(os.getloadavg()[0], 2),
         "baseline": "plain greedy decoding (generate) of the same prompts, same runner",
         "by_window_lines": by_size,

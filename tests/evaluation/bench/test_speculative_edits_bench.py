@@ -45,6 +45,7 @@ def test_runs_end_to_end(
     assert main([*argv, "--cache-dir", str(tmp_path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["configuration"]["engine"] == "torch"
+    assert report["cpu"]["cores"] >= 1  # the CPU the speed-ups are of
     size = report["by_window_lines"]["10"]
     assert size["rewrites"] == 2
     assert size["by_draft_tokens"]["16"]["identical_share"] == 1.0
