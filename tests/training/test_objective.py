@@ -15,7 +15,7 @@ from completion.fim import template_for
 from training.examples import FimExample
 from training.lora import LoraShape
 from training.memory import bytes_per_example, size_micro_batch
-from training.objective import ReferenceModel, middle_logits, pack, per_row_mean
+from training.objective import Reference, ReferenceModel, middle_logits, pack, per_row_mean
 from training.trainer import Trainer, TrainSettings, _Encoded, encode
 from training.workspace import load_trainable
 
@@ -190,7 +190,7 @@ def test_the_kl_anchor_is_zero_at_its_reference_and_positive_away_from_it(
 
 @pytest.mark.parametrize("reference", ["base", "start"])
 def test_the_reference_pass_leaves_the_adapted_pass_alone_under_bfloat16_autocast(
-    tiny_model_path: Path, tmp_path: Path, reference: str
+    tiny_model_path: Path, tmp_path: Path, reference: Reference
 ) -> None:
     """The reference runs in the adapted pass's autocast region. Autocast caches a weight's
     bfloat16 copy for the whole region; the `start` reference swaps the LoRA weights in place,
@@ -198,7 +198,7 @@ def test_the_reference_pass_leaves_the_adapted_pass_alone_under_bfloat16_autocas
     the LoRA weights got no gradient, and training diverged)."""
     settings = replace(
         EXACT, kl_weight=1.0, kl_reference=reference, base_dtype="bfloat16", autocast=True
-    )  # type: ignore[arg-type]
+    )
     trainer = _trainer(tiny_model_path, tmp_path, settings)
     _perturb(trainer.model)
     trainer.model.train()
