@@ -240,13 +240,20 @@ def _run_child(args: argparse.Namespace, name: str) -> dict[str, Any]:
         else launch_command(processes, arguments, module=__name__)
     )
     print(f"bench train: {name}...", file=sys.stderr, flush=True)
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return {"config": name, "error": done.stderr.strip().splitlines()[-3:]}
-    reports = sorted(
-        (json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
-        key=lambda r: int(r["rank"]),
-    )
+    with tempfile.TemporaryDirectory(prefix="tabloop-bench-train-") as reports_dir:
+        # Each process writes a file of its own: under torchrun the processes share one stdout,
+        # whose lines can interleave.
+        done = subprocess.run(
+            [*command, "--reports", reports_dir], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            return {"config": name, "error": done.stderr.strip().splitlines()[-3:]}
+        reports = sorted(
+            (json.loads(path.read_text()) for path in Path(reports_dir).glob("rank-*.json")),
+            key=lambda r: int(r["rank"]),
+        )
+    if len(reports) != processes:
+        return {"config": name, "error": [f"{len(reports)} reports from {processes} processes"]}
     report = dict(reports[0])
     if processes > 1:
         cpu_s = sum(float(r["cpu_s"]) for r in reports)
@@ -278,6 +285,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--json", action="store_true", help="accepted; output is always JSON")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--reports", default="", help=argparse.SUPPRESS)
     return parser
 
 
@@ -291,7 +299,8 @@ def main(argv: list[str]) -> int:
 
         args.cache_dir = str(default_cache_dir())
     if args.child:
-        print(json.dumps(child(args)), flush=True)
+        report = child(args)
+        Path(args.reports, f"rank-{report['rank']}.json").write_text(json.dumps(report))
         return 0
     names = [BASELINE] + [n for n in args.configs.split(",") if n and n != BASELINE]
     for name in names:
