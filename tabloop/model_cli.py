@@ -54,6 +54,7 @@ from training.examples import split_files, workspace_files
 from training.feedback import FEEDBACK_FILE, FeedbackStore
 from training.local_canary import LOCAL_CANARY
 from training.registry import (
+    DEFAULT_MARGIN,
     RUN_DIR,
     AdapterRegistry,
     AdapterRegistryError,
@@ -492,7 +493,12 @@ def model_main(argv: list[str]) -> int:
     p = sub.add_parser("promote", help="serve a version (if its evaluation shows a gain)")
     p.add_argument("version", help="v0003 or 3")
     p.add_argument("--force", action="store_true", help="promote without an evaluated gain")
-    p.add_argument("--margin", type=float, default=0.005)
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help="how far above zero the exact-line gain's 95%% lower bound must be",
+    )
     _canary_share(p)
     _scope(p)
     p = sub.add_parser("approve", help="release a version waiting for approval")

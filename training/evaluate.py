@@ -7,7 +7,7 @@ serving weights are reported with 95% intervals:
 - **held-out files**: cursors cut in the workspace's held-out files (the hash split of
   `training.examples`, never trained on) the way training examples are; exact-line match (the
   first line right) and edit similarity (1 - Levenshtein / longer length). The registry's
-  promotion rule requires the paired edit-similarity gain's lower bound above its margin here.
+  promotion rule requires the paired exact-line gain's lower bound above its margin here.
 - **kept text** (`kept_text`): the held-out accepted and partially accepted suggestions of the
   feedback store, scored against the text the user kept there (`training.feedback`: edits
   included) in the logged context; the same two measures.

@@ -15,7 +15,7 @@ from tabloop.cli import main
 from tests.support.adapters import strong_adapter
 from training.feedback import FEEDBACK_FILE, Feedback, FeedbackStore
 from training.lora import LoraShape, attach_lora
-from training.registry import AdapterRegistry, promotion_decision, scope_dir
+from training.registry import DEFAULT_MARGIN, AdapterRegistry, promotion_decision, scope_dir
 
 
 def test_list_promote_rollback(
@@ -127,7 +127,7 @@ def test_evaluate_judges_on_the_fast_engine_and_the_promotion_rule_reads_it(
     assert report["n"] == 3 and report["edit_similarity_difference"]["n"] == 3
     assert report["kept_text"]["n"] == 1 and report["ignored_reproduced"]["n"] == 1
     assert registry.get(1).evaluation == report
-    allowed, reason = promotion_decision(report, 0.005)
+    allowed, reason = promotion_decision(report, DEFAULT_MARGIN)
     assert main(["model", "promote", "1", "--canary-share", "0", *ws]) == (0 if allowed else 1)
     printed = capsys.readouterr()
     assert reason in (printed.out if allowed else printed.err)

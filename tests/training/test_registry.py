@@ -10,6 +10,7 @@ from completion.adapters import WEIGHTS, save_adapter
 from completion.runners.loading import load_model, resolve_source
 from training.lora import LoraShape, attach_lora
 from training.registry import (
+    DEFAULT_MARGIN,
     AdapterRegistry,
     AdapterRegistryError,
     promotion_decision,
@@ -30,11 +31,17 @@ def adapter_dir(
     return target, base_id
 
 
-def _gain(against: int | None, low: float, exact: float = 0.0) -> dict[str, Any]:
+def _gain(against: int | None, low: float, similarity: float = 0.0) -> dict[str, Any]:
+    """An evaluation whose exact-line gain has the 95% lower bound `low`, and whose edit
+    similarity's gain is `similarity` (its interval 0.05 either side)."""
     return {
         "against": against,
-        "edit_similarity_difference": {"mean": low + 0.01, "ci95_low": low},
-        "exact_line_difference": {"mean": exact},
+        "exact_line_difference": {"mean": low + 0.1, "ci95_low": low},
+        "edit_similarity_difference": {
+            "mean": similarity,
+            "ci95_low": similarity - 0.05,
+            "ci95_high": similarity + 0.05,
+        },
     }
 
 
@@ -54,9 +61,10 @@ def _paired(
     ("evaluation", "allowed"),
     [
         pytest.param(_gain(None, 0.02), True, id="gain"),
-        pytest.param(_gain(None, 0.001), False, id="within-margin"),
+        pytest.param(_gain(None, 0.0), False, id="lower-bound-at-zero"),
         pytest.param(_gain(None, -0.02), False, id="worse"),
-        pytest.param(_gain(None, 0.02, exact=-0.01), False, id="fewer-exact-lines"),
+        pytest.param(_gain(None, 0.02, similarity=-0.06), False, id="similarity-clearly-lower"),
+        pytest.param(_gain(None, 0.02, similarity=-0.04), True, id="similarity-not-clearly-lower"),
         pytest.param({}, False, id="no-evaluation"),
         pytest.param(
             {**_gain(None, 0.02), "kept_text": _paired("edit_similarity_difference", -0.1)},
@@ -91,10 +99,12 @@ def _paired(
     ],
 )
 def test_promotion_rule(evaluation: dict[str, Any], allowed: bool) -> None:
-    assert promotion_decision(evaluation, 0.005)[0] is allowed
+    assert promotion_decision(evaluation, DEFAULT_MARGIN)[0] is allowed
 
 
-def test_a_negative_margin_still_needs_a_gain_on_the_held_out_files() -> None:
+def test_the_margin_raises_the_bar_and_a_negative_one_still_needs_a_gain() -> None:
+    assert not promotion_decision(_gain(None, 0.01), 0.02)[0]
+    assert promotion_decision(_gain(None, 0.03), 0.02)[0]
     assert not promotion_decision(_gain(None, -0.001), -0.01)[0]
     assert promotion_decision(_gain(None, 0.001), -0.01)[0]
 

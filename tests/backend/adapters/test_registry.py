@@ -21,8 +21,8 @@ from training.registry import AdapterRegistry, AdapterRegistryError, AdapterVers
 
 GAIN = {
     "against": None,
+    "exact_line_difference": {"mean": 0.12, "ci95_low": 0.04, "ci95_high": 0.2},
     "edit_similarity_difference": {"mean": 0.05, "ci95_low": 0.02, "ci95_high": 0.08},
-    "exact_line_difference": {"mean": 0.01},
 }
 
 
@@ -60,7 +60,7 @@ def test_promotion_semantics_are_the_file_registrys(
     registry.record_evaluation(1, {**GAIN, "against": 7})
     with pytest.raises(AdapterRegistryError, match="evaluate it again"):
         registry.promote(1)
-    registry.record_evaluation(1, {**GAIN, "edit_similarity_difference": {"ci95_low": -0.1}})
+    registry.record_evaluation(1, {**GAIN, "exact_line_difference": {"ci95_low": -0.1}})
     with pytest.raises(AdapterRegistryError, match="not promoting"):
         registry.promote(1)
     assert registry.get(1).status == "rejected"  # kept although the promotion was refused
