@@ -186,6 +186,13 @@ def _objective_flags(parser: argparse.ArgumentParser) -> None:
         "resumable)",
     )
     parser.add_argument(
+        "--edit-token-weight",
+        type=float,
+        default=defaults.edit_token_weight,
+        help="next-edit examples: the weight of the tokens an edit changes against those it "
+        "copies from the window",
+    )
+    parser.add_argument(
         "--kl-reference",
         choices=REFERENCES,
         default=defaults.kl_reference,
@@ -228,6 +235,7 @@ def train_settings_of(args: argparse.Namespace) -> TrainSettings:
         kl_weight=args.kl_weight,
         kl_reference=args.kl_reference,
         objective=args.objective,
+        edit_token_weight=args.edit_token_weight,
     )
 
 

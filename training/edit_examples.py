@@ -118,7 +118,14 @@ class EditExample:
 
     def fim(self) -> FimExample:
         """As the trainer takes it (with `EDIT_TEMPLATE`)."""
-        return FimExample(self.path, self.prompt, self.target + FILE_SEP, "", EDIT_KIND)
+        return FimExample(
+            self.path,
+            self.prompt,
+            self.target + FILE_SEP,
+            "",
+            EDIT_KIND,
+            draft=self.current + FILE_SEP,
+        )
 
 
 def settled_window(

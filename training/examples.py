@@ -37,6 +37,9 @@ class FimExample:
     advantage: float = 1.0  # feedback examples: the reward's advantage; code examples: 1
     weight: float = 1.0  # feedback examples: the clipped inverse propensity; code examples: 1
     source: str = "code"  # "code" or "feedback"
+    # Next-edit examples: the text the middle rewrites (the window as it is, and the end
+    # marker), so that the trainer can tell the tokens an edit changes from those it copies.
+    draft: str = ""
 
 
 def workspace_files(root: Path, exclude: Sequence[str] = ()) -> list[str]:

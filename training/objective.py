@@ -29,14 +29,20 @@ class TokenBatch:
     columns: Any  # [targets] the position whose output predicts it
     targets: Any  # [targets] the token
     counts: Any  # [batch] middle tokens per row
+    weights: Any = None  # [targets] each middle token's weight in its row's mean (None: 1)
 
     @property
     def size(self) -> int:
         return int(self.ids.shape[0])
 
 
-def pack(sequences: Sequence[tuple[Sequence[int], int]], pad: int) -> TokenBatch:
-    """`(ids, prompt_len)` pairs (a prompt followed by its middle) as one left-padded batch."""
+def pack(
+    sequences: Sequence[tuple[Sequence[int], int]],
+    pad: int,
+    weights: Sequence[Sequence[float] | None] | None = None,
+) -> TokenBatch:
+    """`(ids, prompt_len)` pairs (a prompt followed by its middle) as one left-padded batch;
+    `weights`, where given, weigh each row's middle tokens (a row's None: all 1)."""
     import torch
 
     longest = max(len(ids) for ids, _ in sequences)
@@ -54,6 +60,15 @@ def pack(sequences: Sequence[tuple[Sequence[int], int]], pad: int) -> TokenBatch
             columns.append(start + k - 1)
             targets.append(tokens[k])
         counts.append(len(tokens) - prompt_len)
+    token_weights = None
+    if weights is not None and any(w is not None for w in weights):
+        flat: list[float] = []
+        for (tokens, prompt_len), row_weights in zip(sequences, weights, strict=True):
+            middle = len(tokens) - prompt_len
+            if row_weights is not None and len(row_weights) != middle:
+                raise ValueError(f"{len(row_weights)} weights for a middle of {middle} tokens")
+            flat.extend(row_weights if row_weights is not None else [1.0] * middle)
+        token_weights = torch.tensor(flat, dtype=torch.float32)
     return TokenBatch(
         ids,
         mask,
@@ -62,6 +77,7 @@ def pack(sequences: Sequence[tuple[Sequence[int], int]], pad: int) -> TokenBatch
         torch.tensor(columns),
         torch.tensor(targets),
         torch.tensor(counts),
+        token_weights,
     )
 
 
@@ -84,13 +100,20 @@ def middle_logits(model: Any, batch: TokenBatch, device: str) -> Any:
     return head(hidden[batch.rows.to(device), batch.columns.to(device)])
 
 
-def per_row_mean(values: Any, batch: TokenBatch) -> Any:
-    """[batch] the mean of per-target `values` over each row's middle tokens."""
+def per_row_mean(values: Any, batch: TokenBatch, weights: Any = None) -> Any:
+    """[batch] the mean of per-target `values` over each row's middle tokens, weighted by
+    `weights` ([targets]) where given."""
     import torch
 
+    rows = batch.rows.to(values.device)
     sums = torch.zeros(batch.size, dtype=values.dtype, device=values.device)
-    sums = sums.index_add(0, batch.rows.to(values.device), values)
-    return sums / batch.counts.to(values.device).clamp(min=1)
+    if weights is None:
+        sums = sums.index_add(0, rows, values)
+        return sums / batch.counts.to(values.device).clamp(min=1)
+    weights = weights.to(device=values.device, dtype=values.dtype)
+    sums = sums.index_add(0, rows, values * weights)
+    totals = torch.zeros_like(sums).index_add(0, rows, weights)
+    return sums / totals.clamp(min=1e-6)
 
 
 def token_logprobs(logits: Any, batch: TokenBatch, full: bool) -> tuple[Any, Any | None]:

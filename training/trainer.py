@@ -30,6 +30,7 @@ the LM head at the middle's positions only (`middle_only`) and activation checkp
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import itertools
 import json
@@ -129,6 +130,10 @@ class TrainSettings:
     kl_weight: float = 0.0  # the KL anchor's weight (0: none)
     kl_reference: Reference = "start"  # the adapter the run started from, or the base model
     objective: Objective = "fim"  # this trainer's loss, or trl's KTO on feedback (training.kto)
+    # Next-edit examples: the weight of the middle's tokens that the edit changes (those not
+    # copied from the window as it is) in the example's mean log-likelihood; the copied ones
+    # weigh 1. A window is mostly copied, so at 1 the edit itself is a few tokens in hundreds.
+    edit_token_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.base_dtype == "auto" or self.autocast is None:
@@ -147,6 +152,8 @@ class TrainSettings:
             raise ValueError(f"objective {self.objective!r}: one of {', '.join(OBJECTIVES)}")
         if self.kl_weight > 0 and not self.middle_only:
             raise ValueError("the KL anchor needs middle_only (the head at the middle's positions)")
+        if not self.edit_token_weight > 0:
+            raise ValueError(f"edit_token_weight must be above 0, not {self.edit_token_weight}")
 
     def identity(self) -> str:
         """What a checkpoint must have been made with to be resumed: what decides the maths of a
@@ -158,6 +165,8 @@ class TrainSettings:
         fields.pop("checkpoint_every")
         fields.pop("keep_checkpoints")
         fields.pop("checkpointing")
+        if fields["edit_token_weight"] == 1.0:  # as checkpoints made before the setting
+            fields.pop("edit_token_weight")
         return json.dumps(fields, sort_keys=True)
 
     @property
@@ -218,6 +227,19 @@ class _Encoded:
     advantage: float
     weight: float
     feedback: bool
+    token_weights: list[float] | None = None  # of the middle's tokens (None: all 1)
+
+
+def changed_token_weights(
+    draft_ids: Sequence[int], middle_ids: Sequence[int], weight: float
+) -> list[float]:
+    """`weight` for each token of `middle_ids` outside the longest runs it shares with
+    `draft_ids` (what an edit writes), 1 for the tokens it copies."""
+    weights = [weight] * len(middle_ids)
+    matcher = difflib.SequenceMatcher(None, list(draft_ids), list(middle_ids), autojunk=False)
+    for block in matcher.get_matching_blocks():
+        weights[block.b : block.b + block.size] = [1.0] * block.size
+    return weights
 
 
 def encode(
@@ -226,9 +248,12 @@ def encode(
     template: FimTemplate,
     max_prompt_tokens: int,
     max_middle_tokens: int,
+    edit_token_weight: float = 1.0,
 ) -> _Encoded | None:
     """Token ids of the FIM prompt followed by the middle (and end of text when it fits). A
-    next-edit example's prompt is its prefix as it is (`EDIT_TEMPLATE`), whatever `template`."""
+    next-edit example's prompt is its prefix as it is (`EDIT_TEMPLATE`), whatever `template`;
+    with an `edit_token_weight` other than 1, the tokens of its middle that its draft does not
+    have weigh that much."""
     if example.kind == EDIT_KIND:
         template = EDIT_TEMPLATE
     prefix_budget = max_prompt_tokens * 3 // 4
@@ -243,16 +268,22 @@ def encode(
     middle_ids = tokenizer.encode(example.middle, add_special_tokens=False)
     if not middle_ids:
         return None
-    if len(middle_ids) >= max_middle_tokens:
-        middle_ids = middle_ids[:max_middle_tokens]
-    elif tokenizer.eos_token_id is not None:
+    middle_ids = middle_ids[:max_middle_tokens]
+    token_weights = None
+    if example.kind == EDIT_KIND and example.draft and edit_token_weight != 1.0:
+        draft_ids = tokenizer.encode(example.draft, add_special_tokens=False)
+        token_weights = changed_token_weights(draft_ids, middle_ids, edit_token_weight)
+    if len(middle_ids) < max_middle_tokens and tokenizer.eos_token_id is not None:
         middle_ids = [*middle_ids, int(tokenizer.eos_token_id)]
+        if token_weights is not None:
+            token_weights.append(1.0)
     return _Encoded(
         prompt_ids + middle_ids,
         len(prompt_ids),
         example.advantage,
         example.weight,
         example.source == "feedback",
+        token_weights,
     )
 
 
@@ -590,7 +621,11 @@ class Trainer:
         None), with the LM head at the middle's positions only (`middle_only`) or, as before,
         at the last positions of the batch (as many as its longest middle has)."""
 
-        packed = pack([(e.ids, e.prompt_len) for e in batch], self._pad)
+        packed = pack(
+            [(e.ids, e.prompt_len) for e in batch],
+            self._pad,
+            [e.token_weights for e in batch],
+        )
         if not self.settings.middle_only:
             return self._mean_logprobs_last_positions(packed), None
         with self.accelerator.autocast():
@@ -602,7 +637,7 @@ class Trainer:
             logits = self.forward(packed, self.device, 0)
         picked, logprobs = token_logprobs(logits, packed, full=reference is not None)
         kl = kl_to_reference(logprobs, reference, packed) if reference is not None else None
-        return per_row_mean(picked, packed), kl
+        return per_row_mean(picked, packed, packed.weights), kl
 
     def _mean_logprobs_last_positions(self, packed: TokenBatch) -> Any:
         """The loss as first built: `logits_to_keep` over the batch's last positions."""
@@ -615,7 +650,7 @@ class Trainer:
         logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         columns = packed.columns.to(self.device) - (longest - kept)
         picked = logprobs[packed.rows.to(self.device), columns, packed.targets.to(self.device)]
-        return per_row_mean(picked, packed)
+        return per_row_mean(picked, packed, packed.weights)
 
     def _micro_loss(self, batch: list[_Encoded], scale: float | None = None) -> tuple[Any, float]:
         """Sum over the micro-batch of each example's loss times `scale` (None: divided by the
@@ -735,6 +770,7 @@ class Trainer:
                 self.template,
                 self.settings.max_prompt_tokens,
                 self.settings.max_middle_tokens,
+                self.settings.edit_token_weight,
             )
             if encoded is not None:
                 step.positions.append(index)

@@ -120,6 +120,31 @@ def test_an_edit_examples_prompt_is_read_verbatim(tiny_model_path: Path) -> None
     )
 
 
+def test_the_tokens_an_edit_writes_weigh_more_than_those_it_copies(tiny_model_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    example = EditExample("f.py", "p\n", "a = 1\nb = 2\nc = 3\n", "a = 1\nb = 20\nc = 3\n", "live")
+    encoded = encode(example.fim(), tokenizer, template_for("qwen"), 96, 64, edit_token_weight=5.0)
+    assert encoded is not None and encoded.token_weights is not None
+    middle = encoded.ids[encoded.prompt_len :]
+    assert len(encoded.token_weights) == len(middle)
+    weighed = {w: "" for w in encoded.token_weights}
+    for token, w in zip(middle, encoded.token_weights, strict=True):
+        weighed[w] += str(tokenizer.decode([token]))
+    # The digit the edit adds; the copied lines, the end marker and the end of text weigh 1.
+    assert weighed == {1.0: f"a = 1\nb = 2\nc = 3\n{FILE_SEP}<|endoftext|>", 5.0: "0"}
+
+    same = EditExample("f.py", "p\n", "a = 1\n", "a = 1\n", "live")
+    unchanged = encode(same.fim(), tokenizer, template_for("qwen"), 96, 64, edit_token_weight=5.0)
+    assert unchanged is not None and set(unchanged.token_weights or []) == {1.0}
+    plain = encode(example.fim(), tokenizer, template_for("qwen"), 96, 64)
+    assert plain is not None and plain.token_weights is None and plain.ids == encoded.ids
+    completion = FimExample("f.py", "x = ", "1", "\n", "line")
+    fim = encode(completion, tokenizer, template_for("qwen"), 96, 64, edit_token_weight=5.0)
+    assert fim is not None and fim.token_weights is None  # completions are not weighted
+
+
 def test_train_model_reads_the_workspaces_edit_examples(
     workspace: Path, tiny_model_path: Path, tmp_path: Path
 ) -> None:

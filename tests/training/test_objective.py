@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from completion.fim import template_for
+from training.edit_examples import EditExample
 from training.examples import FimExample
 from training.lora import LoraShape
 from training.memory import bytes_per_example, size_micro_batch
@@ -115,6 +116,49 @@ def test_middle_only_logits_equal_the_full_logits_at_the_targets(
         tokens = full_logprobs[row, packed.columns[picked], packed.targets[picked]]
         expected.append(tokens.mean())
     torch.testing.assert_close(mean, torch.stack(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_weights_average_a_rows_middle_tokens_by_their_weight() -> None:
+    packed = pack([([1, 2, 3, 4], 2), ([5, 6, 7], 1)], 0, [[1.0, 3.0], None])
+    values = torch.tensor([1.0, 2.0, 4.0, 6.0])  # row 0's two middle tokens, then row 1's
+    torch.testing.assert_close(
+        per_row_mean(values, packed, packed.weights), torch.tensor([7.0 / 4, 5.0])
+    )
+    torch.testing.assert_close(per_row_mean(values, packed), torch.tensor([1.5, 5.0]))
+    assert pack([([1, 2, 3], 1)], 0, [None]).weights is None
+    with pytest.raises(ValueError, match="3 weights for a middle of 2 tokens"):
+        pack([([1, 2, 3, 4], 2)], 0, [[1.0, 1.0, 1.0]])
+
+
+def test_a_weighted_edit_example_trains_on_the_weighted_mean_on_either_loss_path(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    example = EditExample("e.py", "p\n", "a = 1\nb = 2\n", "a = 1\nb = 20\n", "live").fim()
+    trainers = [
+        _trainer(tiny_model_path, tmp_path / name, replace(EXACT, middle_only=middle_only))
+        for name, middle_only in (("new", True), ("old", False))
+    ]
+    losses = []
+    for trainer in trainers:
+        _perturb(trainer.model)
+        plain = encode(example, trainer.tokenizer, trainer.template, 64, 64)
+        weighted = encode(example, trainer.tokenizer, trainer.template, 64, 64, 4.0)
+        assert plain is not None and weighted is not None and weighted.token_weights
+        loss_plain, _ = _loss_and_grads(trainer, [plain])
+        loss_weighted, grads = _loss_and_grads(trainer, [weighted])
+        packed = pack([(plain.ids, plain.prompt_len)], trainer._pad)
+        with torch.no_grad():
+            logits = middle_logits(trainer.model, packed, "cpu")
+            nll = -torch.log_softmax(logits, -1)[range(len(logits)), packed.targets]
+        weights = torch.tensor(weighted.token_weights)
+        scale = 1 / trainer.settings.effective_batch
+        assert loss_plain == pytest.approx(float(nll.mean()) * scale, rel=1e-5)
+        assert loss_weighted == pytest.approx(
+            float((nll * weights).sum() / weights.sum()) * scale, rel=1e-5
+        )
+        assert loss_weighted != pytest.approx(loss_plain, rel=1e-3) and grads
+        losses.append(loss_weighted)
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
 def test_the_middle_only_loss_and_its_gradients_equal_the_last_positions_loss(
