@@ -16,7 +16,11 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 class LoraShape:
     rank: int = 16
     alpha: int = 32
-    dropout: float = 0.05
+    # Off: the dropout made peft cast each projection's input to float32 and keep a dropped copy
+    # of it for the backward pass, about 30% of a step's time and 0.8 GB of one full-length
+    # example's peak on this CPU (docs/learning.md, `tabloop bench train`). A run trains on each
+    # example about once, where dropout has little to regularise.
+    dropout: float = 0.0
     targets: tuple[str, ...] = DEFAULT_TARGETS
 
 
@@ -46,7 +50,9 @@ def attach_lora(model: Any, shape: LoraShape) -> Any:
 
 def lora_mismatch(adapter: Path, config: Any) -> str | None:
     """How the LoRA configuration of the adapter in `adapter` differs from `config` (rank,
-    alpha, dropout, target modules), or None when a run of `config` can start from it."""
+    alpha, target modules), or None when a run of `config` can start from it. The dropout is not
+    part of the weights: a run continues from an adapter trained with another one, with its own
+    (`load_lora`)."""
     try:
         saved = json.loads((adapter / CONFIG).read_text())
     except (OSError, ValueError) as exc:
@@ -54,7 +60,6 @@ def lora_mismatch(adapter: Path, config: Any) -> str | None:
     wanted = {
         "r": config.r,
         "lora_alpha": config.lora_alpha,
-        "lora_dropout": config.lora_dropout,
         "target_modules": sorted(config.target_modules),
     }
     found = {name: saved.get(name) for name in wanted}
@@ -68,8 +73,12 @@ def lora_mismatch(adapter: Path, config: Any) -> str | None:
     return "its LoRA shape differs: " + ", ".join(differ) if differ else None
 
 
-def load_lora(model: Any, adapter: Path) -> Any:
-    """`model` wrapped by peft with the weights of the adapter in `adapter`, trainable."""
+def load_lora(model: Any, adapter: Path, config: Any = None) -> Any:
+    """`model` wrapped by peft with the weights of the adapter in `adapter`, trainable; with
+    `config` (a `LoraConfig` that `lora_mismatch` accepts for it), trained with that
+    configuration's dropout instead of the saved one."""
     from peft import PeftModel
 
-    return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    if config is None:
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    return PeftModel.from_pretrained(model, str(adapter), is_trainable=True, config=config)

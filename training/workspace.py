@@ -182,9 +182,10 @@ def load_trainable(
         warm = WarmStart(None, "not asked to warm-start")
     else:
         version, directory = warm_from
-        why = _unfit(directory, base_model_id, lora_config(base, settings.lora))
+        config = lora_config(base, settings.lora)
+        why = _unfit(directory, base_model_id, config)
         if why is None:
-            wrapped = load_lora(base, directory)
+            wrapped = load_lora(base, directory, config)
             return TrainableModel(
                 tokenizer,
                 wrapped,

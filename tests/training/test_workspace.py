@@ -75,6 +75,21 @@ def test_a_new_version_starts_from_the_serving_adapters_weights(
     assert all(not t.any() for name, t in fresh.items() if "lora_B" in name)  # peft's start
 
 
+def test_a_run_with_another_dropout_continues_from_the_serving_adapter_with_its_own(
+    workspace: Path, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    registry = _serving_adapter(workspace, tiny_model_path, tmp_path)
+    saved = load_file(str(registry.path(1) / WEIGHTS))
+    dropped = replace(SETTINGS, lora=replace(SETTINGS.lora, dropout=0.25))
+    warm = load_trainable(str(tiny_model_path), tmp_path, dropped, (1, registry.path(1)))
+    assert warm.warm_start.version == 1
+    weights = _lora_weights(warm.model)
+    assert all(torch.equal(weights[name], tensor) for name, tensor in saved.items())
+    assert warm.model.peft_config["default"].lora_dropout == 0.25
+    rates = {m.p for name, m in warm.model.named_modules() if name.endswith("lora_dropout.default")}
+    assert rates == {0.25}
+
+
 def test_an_adapter_that_does_not_fit_is_not_warm_started_from(
     workspace: Path, tiny_model_path: Path, tmp_path: Path
 ) -> None:
