@@ -23,8 +23,9 @@ at the middle's positions (`training.objective`).
 
 What makes a step cheaper (each a setting): the frozen base in bfloat16 (`base_dtype`), bfloat16
 autocast (`autocast`: accelerate's bf16 mixed precision, refused on a GPU without bfloat16),
-the LM head at the middle's positions only (`middle_only`) and activation checkpointing
-(`checkpointing`); the micro-batch sizing follows them (`bytes_per_example`).
+the LM head at the middle's positions only (`middle_only`), activation checkpointing
+(`checkpointing`) and no LoRA dropout (`training.lora.LoraShape`); the micro-batch sizing follows
+them (`bytes_per_example`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from common.machine import native_bfloat16
+from common.memory import bound_primitive_cache
 from completion.adapters import save_adapter
 from completion.fim import FimTemplate
 from training.budget import Budget
@@ -427,6 +429,7 @@ class Trainer:
         work_dir: Path,
         device: str | None = None,
     ) -> None:
+        bound_primitive_cache()  # before the first step's matrix products
         import torch
 
         self.model = model

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from common.memory import bound_primitive_cache
 from completion.adapters import AdapterError, verify_adapter
 from completion.fim import detect_family, template_for
 from completion.next_edit import NextEditSettings
@@ -167,6 +168,7 @@ def load_trainable(
     the adapter `warm_from` names (version, directory) when it fits this run (trained on this
     base model, with this LoRA shape, and intact), else fresh ones from the seed; the base
     model's identity is the one the local runner serves it under, so the adapter fits it."""
+    bound_primitive_cache()  # a training process, before its first oneDNN operation
     import torch
 
     source = resolve_source(model, cache_dir)

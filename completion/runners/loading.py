@@ -3,7 +3,8 @@
 GGUF weights are quantised; transformers dequantises them into torch tensors, which for the
 bundled 0.5B model takes minutes on a small CPU. The first load therefore also writes the
 dequantised model as safetensors into the cache directory (keyed by the file's checksum), and
-every later load reads that instead, in seconds.
+every later load reads that instead, in seconds. The first load in bfloat16 keeps a bfloat16 copy
+beside it, so that later bfloat16 loads (training's) read half the bytes.
 """
 
 from __future__ import annotations
@@ -90,9 +91,12 @@ def resolve_dtype(dtype: Dtype) -> ConcreteDtype:
     return AUTO_DTYPE if dtype == "auto" else dtype
 
 
-def converted_path(source: ModelSource, cache_dir: Path) -> Path:
-    """Where the dequantised copy of a GGUF model is kept."""
-    return cache_dir / "models" / CONVERTED_DIR / f"{source.name}-{source.revision}"
+def converted_path(
+    source: ModelSource, cache_dir: Path, dtype: Literal["float32", "bfloat16"] = "float32"
+) -> Path:
+    """Where the dequantised copy of a GGUF model is kept (float32), or its bfloat16 copy."""
+    suffix = "" if dtype == "float32" else f"-{dtype}"
+    return cache_dir / "models" / CONVERTED_DIR / f"{source.name}-{source.revision}{suffix}"
 
 
 def _plain_state(model: Any) -> dict[str, Any] | None:
@@ -158,7 +162,17 @@ def load_model(source: ModelSource, dtype: ConcreteDtype, cache_dir: Path) -> tu
     location: str = source.location
     extra: dict[str, Any] = {}
     convert_to: Path | None = None
-    if source.gguf_file:
+    halve_to: Path | None = None
+    if source.gguf_file and dtype == "bfloat16":
+        # Read from a float32 file, the bfloat16 weights cost the file's pages (2 GB for the
+        # bundled model, resident while read) on top of themselves: the first bfloat16 load
+        # keeps a bfloat16 copy, and later ones read that (a training run's peak stays lower).
+        halved = converted_path(source, cache_dir, "bfloat16")
+        if (halved / _COMPLETE).is_file():
+            location = str(halved)
+        else:
+            halve_to = halved
+    if source.gguf_file and location == source.location:
         converted = converted_path(source, cache_dir)
         if (converted / _COMPLETE).is_file():
             location = str(converted)
@@ -174,6 +188,8 @@ def load_model(source: ModelSource, dtype: ConcreteDtype, cache_dir: Path) -> tu
         model = model.to(torch_dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
+    if halve_to is not None:
+        save_converted(tokenizer, model, halve_to)
     model.eval()
     if dtype == "int8":
         model = quantize_int8(model)

@@ -16,7 +16,9 @@ checkpointing, LoRA dropout 0.05, the micro-batch sized from free memory on a CP
 is `TrainSettings()` (a bfloat16 base and autocast where the CPU computes bfloat16 natively,
 float32 elsewhere; the head at the middle's positions; activation checkpointing; no LoRA
 dropout); `before` the defaults as they were until checkpointing went on and the dropout off;
-`no_checkpointing` and `dropout` the defaults with one of those two undone; `float32` the
+`no_checkpointing` and `dropout` the defaults with one of those two undone, `unbounded_cache`
+with oneDNN's primitive cache at its own default (1024, as `today` and `before` have it; the
+trainer keeps 64); `float32` the
 defaults in float32 whatever the CPU; `kl` adds the KL anchor. `--micro-batch N` fixes the
 micro-batch of every configuration (0: as the trainer sizes it). The default 64 examples reach
 full-length ones (`email`'s first 16 average 346 tokens; a run's peak at 16 examples was 1.2 GB
@@ -41,6 +43,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from common.memory import PRIMITIVE_CACHE_ENV
+
 BASELINE = "today"
 # Each configuration is the defaults with its changes; the names say what they measure whatever
 # the defaults become (`today` and `before` spell out every setting they differ in).
@@ -56,11 +60,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # The defaults until activation checkpointing went on and the LoRA dropout off.
     "before": {"checkpointing": False, "lora_dropout": 0.05},
     "no_checkpointing": {"checkpointing": False},
+    "unbounded_cache": {},
     "dropout": {"lora_dropout": 0.05},
     # The defaults in float32 whatever the CPU (the default where bfloat16 is not native).
     "float32": {"base_dtype": "float32", "autocast": False},
     "kl": {"kl_weight": 0.1},
 }
+# oneDNN's primitive cache where a configuration does not have the trainer's bound
+# (`common.memory.bound_primitive_cache`): 1024 is oneDNN's own default.
+PRIMITIVE_CACHE: dict[str, int] = {BASELINE: 1024, "before": 1024, "unbounded_cache": 1024}
 DEFAULT_CONFIGS = "today,default,before"
 
 
@@ -129,6 +137,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from training.trainer import Progress, Trainer
     from training.workspace import load_trainable
 
+    name = split_config(args.child)[0]
+    if name in PRIMITIVE_CACHE:  # before torch runs anything in this process
+        os.environ[PRIMITIVE_CACHE_ENV] = str(PRIMITIVE_CACHE[name])
     torch.set_num_threads(args.threads)
     settings = settings_of(args.child, args)
     root = corpus_root(args.corpus)
@@ -137,7 +148,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     trainable = load_trainable(args.model, Path(args.cache_dir), settings)
     load_s = time.perf_counter() - started
     loading_peak = _reset_peak_rss_mb()
-    if split_config(args.child)[0] == BASELINE and not settings.micro_batch:
+    if name == BASELINE and not settings.micro_batch:
         settings = replace(settings, micro_batch=first_built_micro_batch(settings, trainable))
     from completion.fim import template_for
 
@@ -185,6 +196,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "peak_rss_loading_mb": loading_peak,
         "peak_rss_training_mb": _peak_rss_mb(),
         "settings": asdict(settings),
+        # oneDNN's primitive cache as this process had it (`common.memory.bound_primitive_cache`)
+        "onednn_primitive_cache_capacity": os.environ.get(PRIMITIVE_CACHE_ENV),
     }
     if len(steps) >= 2:
         (t0, s0, k0), (t1, s1, k1) = steps[0], steps[-1]

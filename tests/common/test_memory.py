@@ -4,12 +4,20 @@ mapped file's pages that were read once."""
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 from pathlib import Path
 
 import pytest
 
-from common.memory import IdleTrim, can_release_pages, mapped_resident_kb, release_mapped_file
+from common.memory import (
+    PRIMITIVE_CACHE_ENV,
+    IdleTrim,
+    bound_primitive_cache,
+    can_release_pages,
+    mapped_resident_kb,
+    release_mapped_file,
+)
 
 
 def test_a_trim_follows_the_work_once_it_pauses() -> None:
@@ -49,3 +57,16 @@ def test_a_mapped_file_read_once_gives_its_pages_back_and_keeps_its_contents(
         assert mapped_resident_kb(path) < 1024  # given back
         assert mapped[:] == data  # and read again from the file, unchanged
     assert release_mapped_file(path) == 0  # no longer mapped
+
+
+def test_the_primitive_cache_bound_is_set_unless_the_environment_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(PRIMITIVE_CACHE_ENV, raising=False)
+    assert bound_primitive_cache(64) == 64
+    assert os.environ[PRIMITIVE_CACHE_ENV] == "64"
+    monkeypatch.setenv(PRIMITIVE_CACHE_ENV, "512")
+    assert bound_primitive_cache(64) == 512
+    assert os.environ[PRIMITIVE_CACHE_ENV] == "512"
+    monkeypatch.setenv(PRIMITIVE_CACHE_ENV, "lots")
+    assert bound_primitive_cache(64) is None

@@ -43,6 +43,9 @@ def test_each_configuration_trains_in_its_own_process_on_the_same_examples(
     assert today["checkpointing"] is False and today["lora"]["dropout"] == 0.05
     assert default["middle_only"] is True and default["checkpointing"] is True
     assert default["lora"]["dropout"] == 0.0
+    # The trainer bounds oneDNN's primitive cache; the trainer as first built had oneDNN's own.
+    assert results["default"]["onednn_primitive_cache_capacity"] == "64"
+    assert results["today"]["onednn_primitive_cache_capacity"] == "1024"
     assert report["ratio_to_baseline"]["today"]["samples_per_s"] == 1.0
     # Two processes under torchrun: the main process's report, every process's memory, the
     # same examples (the token count) and the same settings.
