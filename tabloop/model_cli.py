@@ -168,7 +168,14 @@ def _objective_flags(parser: argparse.ArgumentParser) -> None:
         "--checkpointing",
         action=on_off,
         default=defaults.checkpointing,
-        help="activation checkpointing (recompute each layer in the backward pass)",
+        help="activation checkpointing (recompute layers in the backward pass)",
+    )
+    parser.add_argument(
+        "--checkpointing-every",
+        type=int,
+        default=defaults.checkpointing_every,
+        metavar="N",
+        help=f"checkpoint every N-th decoder layer (default {defaults.checkpointing_every})",
     )
     parser.add_argument(
         "--kl-weight",
@@ -232,6 +239,7 @@ def train_settings_of(args: argparse.Namespace) -> TrainSettings:
         autocast=args.autocast,
         middle_only=args.middle_only,
         checkpointing=args.checkpointing,
+        checkpointing_every=args.checkpointing_every,
         kl_weight=args.kl_weight,
         kl_reference=args.kl_reference,
         objective=args.objective,

@@ -32,6 +32,7 @@ def bytes_per_example(
     element_bytes: int = 4,
     checkpointing: bool = False,
     kl: bool = False,
+    checkpointing_every: int = 1,
 ) -> int:
     """A generous estimate of the memory one example needs in a training step: the activations
     kept for the backward pass (`element_bytes` each: 4 in float32, about 3 when most are
@@ -50,7 +51,9 @@ def bytes_per_example(
     attention = heads * sequence_tokens * sequence_tokens * element_bytes * 2
     layer = sequence_tokens * per_token_layer + attention
     if checkpointing:
-        activations = layers * sequence_tokens * hidden * element_bytes + layer
+        # Every `checkpointing_every`-th layer keeps only its input; the others keep everything.
+        kept = -(-layers // max(1, checkpointing_every))
+        activations = kept * sequence_tokens * hidden * element_bytes + (layers - kept + 1) * layer
     else:
         activations = layers * layer
     logits = kept_positions * vocab * 4 * (6 if kl else 3)
@@ -78,8 +81,9 @@ def memory_micro_batch(effective_batch: int, free_bytes: int, per_example: int) 
     return max(d for d in range(1, effective_batch + 1) if effective_batch % d == 0 and d <= fits)
 
 
-def enable_checkpointing(model: Any) -> None:
-    """Activation checkpointing of a (peft-wrapped) causal LM's decoder layers, non-reentrant
-    (so the frozen embeddings need no `enable_input_require_grads`)."""
+def enable_checkpointing(model: Any, every: int = 1) -> None:
+    """Activation checkpointing of every `every`-th decoder layer of a (peft-wrapped) causal LM
+    (transformers' `every_n_layers`), non-reentrant (so the frozen embeddings need no
+    `enable_input_require_grads`)."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    inner.activation_checkpointing_enable({"use_reentrant": False})
+    inner.activation_checkpointing_enable({"use_reentrant": False}, every_n_layers=every)

@@ -126,10 +126,12 @@ class TrainSettings:
     base_dtype: BaseDtype | Literal["auto"] = "auto"
     autocast: bool | None = None
     middle_only: bool = True  # the LM head only where a middle token is predicted
-    # Activation checkpointing of the decoder layers: on by default. With the LoRA dropout off
-    # it costs about a third of a step's time and keeps a full-length example's peak under 4 GB
-    # on this CPU (without it 4.6 GB); with the dropout it cost twice that (docs/learning.md).
+    # Activation checkpointing of every `checkpointing_every`-th decoder layer (the others keep
+    # their activations): on, every second layer, by default. On every layer a full-length
+    # example peaked at 2.8 GB and a step took a third longer than without; every second layer
+    # halves both (docs/learning.md, `tabloop bench train`).
     checkpointing: bool = True
+    checkpointing_every: int = 2
     kl_weight: float = 0.0  # the KL anchor's weight (0: none)
     kl_reference: Reference = "start"  # the adapter the run started from, or the base model
     objective: Objective = "fim"  # this trainer's loss, or trl's KTO on feedback (training.kto)
@@ -155,6 +157,10 @@ class TrainSettings:
             raise ValueError(f"objective {self.objective!r}: one of {', '.join(OBJECTIVES)}")
         if self.kl_weight > 0 and not self.middle_only:
             raise ValueError("the KL anchor needs middle_only (the head at the middle's positions)")
+        if self.checkpointing_every < 1:
+            raise ValueError(
+                f"checkpointing_every must be at least 1, not {self.checkpointing_every}"
+            )
         if not self.edit_token_weight > 0:
             raise ValueError(f"edit_token_weight must be above 0, not {self.edit_token_weight}")
 
@@ -168,6 +174,7 @@ class TrainSettings:
         fields.pop("checkpoint_every")
         fields.pop("keep_checkpoints")
         fields.pop("checkpointing")
+        fields.pop("checkpointing_every")
         if fields["edit_token_weight"] == 1.0:  # as checkpoints made before the setting
             fields.pop("edit_token_weight")
         return json.dumps(fields, sort_keys=True)
@@ -459,13 +466,14 @@ class Trainer:
                 settings.max_middle_tokens + 1,
                 element_bytes=3 if settings.low_precision else 4,
                 checkpointing=settings.checkpointing,
+                checkpointing_every=settings.checkpointing_every,
                 kl=settings.kl_weight > 0,
             ),
         )
         self.micro_batch = max(1, min(sized, self.share))
         self._pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
         if settings.checkpointing:
-            enable_checkpointing(model)
+            enable_checkpointing(model, settings.checkpointing_every)
         self.model.to(self.device)
         # Made before any checkpoint is loaded: the weights the run started from.
         self.reference = (

@@ -14,11 +14,11 @@ maps the model's file, whose pages count as resident while it is read. `today` i
 first built (float32 base, no autocast, logits for the batch's last positions, no activation
 checkpointing, LoRA dropout 0.05, the micro-batch sized from free memory on a CPU too); `default`
 is `TrainSettings()` (a bfloat16 base and autocast where the CPU computes bfloat16 natively,
-float32 elsewhere; the head at the middle's positions; activation checkpointing; no LoRA
-dropout); `before` the defaults as they were until checkpointing went on and the dropout off;
-`no_checkpointing` and `dropout` the defaults with one of those two undone, `unbounded_cache`
-with oneDNN's primitive cache at its own default (1024, as `today` and `before` have it; the
-trainer keeps 64); `float32` the
+float32 elsewhere; the head at the middle's positions; activation checkpointing of every second
+decoder layer; no LoRA dropout); `before` the defaults as they were until checkpointing went on
+and the dropout off; `no_checkpointing` and `dropout` the defaults with one of those two undone,
+`all_layers` with every layer checkpointed, `unbounded_cache` with oneDNN's primitive cache at
+its own default (1024, as `today` and `before` have it; the trainer keeps 64); `float32` the
 defaults in float32 whatever the CPU; `kl` adds the KL anchor. `--micro-batch N` fixes the
 micro-batch of every configuration (0: as the trainer sizes it). The default 64 examples reach
 full-length ones (`email`'s first 16 average 346 tokens; a run's peak at 16 examples was 1.2 GB
@@ -60,6 +60,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # The defaults until activation checkpointing went on and the LoRA dropout off.
     "before": {"checkpointing": False, "lora_dropout": 0.05},
     "no_checkpointing": {"checkpointing": False},
+    "all_layers": {"checkpointing_every": 1},
     "unbounded_cache": {},
     "dropout": {"lora_dropout": 0.05},
     # The defaults in float32 whatever the CPU (the default where bfloat16 is not native).

@@ -177,6 +177,20 @@ def test_the_middle_only_loss_and_its_gradients_equal_the_last_positions_loss(
         torch.testing.assert_close(grads_new[name], grads_old[name], rtol=1e-4, atol=1e-6)
 
 
+def test_checkpointing_every_second_layer_leaves_the_others_their_activations(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    settings = replace(EXACT, checkpointing=True, checkpointing_every=2)
+    trainer = _trainer(tiny_model_path, tmp_path / "every2", settings)
+    layers = trainer.model.get_base_model().model.layers
+    assert len(layers) >= 2
+    assert [layer.gradient_checkpointing for layer in layers] == [
+        k % 2 == 0 for k in range(len(layers))
+    ]
+    with pytest.raises(ValueError, match="checkpointing_every"):
+        replace(EXACT, checkpointing_every=0)
+
+
 def test_bf16_autocast_and_checkpointing_give_close_losses_and_gradients(
     tiny_model_path: Path, tmp_path: Path
 ) -> None:
