@@ -65,9 +65,8 @@ def size_micro_batch(effective_batch: int, device: str, free_bytes: int, per_exa
 
     On a CPU a larger micro-batch buys nothing: the examples are padded to the longest, and the
     matrix products of one 450-token example already keep the cores busy; it only costs memory
-    (`bench/results/train.json`, the bundled model on 2 threads: one example a pass with the
-    other defaults 0.144 samples/s at 5.2 GB peak, the trainer as first built at two 0.137 at
-    8.7 GB)."""
+    (an earlier `tabloop bench train` on the bundled model, 2 threads: one example a pass with the
+    other defaults of then 0.144 samples/s at 5.2 GB peak, two 0.137 at 8.7 GB)."""
     if not device.startswith("cuda"):
         return 1
     return memory_micro_batch(effective_batch, free_bytes, per_example)
