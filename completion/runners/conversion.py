@@ -155,6 +155,7 @@ def convert_once(
     progress: Progress | None = None,
     duration: str = "a few minutes",
     engine: Engine = "ctranslate2",
+    convert: Callable[[Path, Path], None] | None = None,
 ) -> Path:
     """`target`, a converted model with a verified manifest, converting it first when needed.
 
@@ -164,7 +165,8 @@ def convert_once(
     The conversion is written into a temporary directory next to `target` with a manifest
     (`manifest` plus every file's size and SHA-256) and renamed into place. Errors other than
     `ConversionError` that `prepare` raises pass through unchanged, before anything is converted.
-    `engine` is the format converted to.
+    `engine` is the format converted to; `convert(prepared, work)`, when given, writes the
+    engine's model into `work` in place of the converter.
     """
     say = progress or (lambda message: log.info("%s", message))
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -180,7 +182,10 @@ def convert_once(
             say(f"converting {label} to {compute_type} ({duration})")
             quantization = "int8" if compute_type.startswith("int8") else compute_type
             try:
-                _convert_into(plain, work, quantization, engine)
+                if convert is None:
+                    _convert_into(plain, work, quantization, engine)
+                else:
+                    convert(plain, work)
                 record = {
                     **manifest,
                     "quantization": quantization,

@@ -38,6 +38,7 @@ from completion.runners.conversion import (
     Engine,
     Progress,
     convert_once,
+    ensure_converted,
 )
 from completion.runners.loading import ModelSource, ensure_plain_copy
 
@@ -134,19 +135,87 @@ def ensure_merged(
         return scratch
 
     files = manifest["files"]
+    record: dict[str, object] = {
+        "source": base_id,
+        "adapter": version,
+        "adapter_files": {name: files.get(name) for name in (CONFIG, WEIGHTS)},
+    }
+    label = f"{source.name} with adapter {version}"
+    if engine == "onnxruntime":
+        patched = _patched(
+            source, adapter, compute_type, cache_dir, target, label, record, progress
+        )
+        if patched is not None:
+            return patched
     return convert_once(
         target,
-        f"{source.name} with adapter {version}",
+        label,
         compute_type,
         merge,
-        manifest={
-            "source": base_id,
-            "adapter": version,
-            "adapter_files": {name: files.get(name) for name in (CONFIG, WEIGHTS)},
-        },
+        manifest={**record, "made_by": "merged by peft, converted by the builder"},
         progress=progress,
         engine=engine,
     )
+
+
+def _patched(
+    source: ModelSource,
+    adapter: Path,
+    compute_type: str,
+    cache_dir: Path,
+    target: Path,
+    label: str,
+    record: dict[str, object],
+    progress: Progress | None,
+) -> Path | None:
+    """`target` made from the engine's copy of the base model with the adapted matrices
+    quantised again (`onnx_patch`); None when that does not apply and the builder must convert
+    a merged copy instead (said in the log)."""
+    from completion.runners.onnx_patch import Unpatchable, patch_into, plain_weights
+
+    try:
+        plain = ensure_plain_copy(source, cache_dir)
+    except Exception as exc:
+        raise ConversionError(f"could not read {source.name}: {exc}") from exc
+    try:
+        weights = plain_weights(plain)
+    except Unpatchable as exc:
+        log.info("%s: %s; merging and converting with the builder", label, exc)
+        return None
+    try:
+        shapes = weights.linear_shapes()
+    finally:
+        weights.close()
+    check_adapter(adapter, str(record["source"]), shapes)  # AdapterError before anything is made
+    base = ensure_converted(
+        source, compute_type, cache_dir, progress=progress, engine="onnxruntime"
+    )
+    refused: list[Unpatchable] = []
+
+    def patch(_base: Path, work: Path) -> None:
+        try:
+            patch_into(base, plain, adapter, work)
+        except Unpatchable as exc:
+            refused.append(exc)
+            raise
+
+    try:
+        return convert_once(
+            target,
+            label,
+            compute_type,
+            lambda _scratch: base,
+            manifest={**record, "made_by": "the base copy's adapted matrices quantised again"},
+            progress=progress,
+            duration="seconds",
+            engine="onnxruntime",
+            convert=patch,
+        )
+    except ConversionError:
+        if not refused:
+            raise
+        log.info("%s: %s; merging and converting with the builder", label, refused[0])
+        return None
 
 
 def serving_weights(

@@ -66,3 +66,14 @@ def other_base(directory: Path) -> None:
     manifest = json.loads((directory / MANIFEST).read_text())
     manifest["base_model"] = "another@model"
     (directory / MANIFEST).write_text(json.dumps(manifest))
+
+
+def rewrite_config(directory: Path, changes: dict[str, Any]) -> None:
+    """The adapter's config with `changes`, its checksum in the manifest re-made to match."""
+    from completion.adapters import CONFIG
+
+    config = json.loads((directory / CONFIG).read_text())
+    (directory / CONFIG).write_text(json.dumps({**config, **changes}))
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["files"][CONFIG] = hashlib.sha256((directory / CONFIG).read_bytes()).hexdigest()
+    (directory / MANIFEST).write_text(json.dumps(manifest))
