@@ -86,39 +86,45 @@ def _dtypes() -> dict[str, Any]:
 
 
 class _PlainWeights:
-    """Tensors of a plain safetensors file, read one at a time (no mapping: the pages of a
-    mapped file would stay resident in this process)."""
+    """Tensors of a plain model's safetensors files (one, or the shards of one), read one at a
+    time (no mapping: the pages of a mapped file would stay resident in this process)."""
 
-    def __init__(self, path: Path) -> None:
-        self._file = path.open("rb")
-        (size,) = struct.unpack("<Q", self._file.read(8))
-        self._header: dict[str, Any] = json.loads(self._file.read(size))
-        self._base = 8 + size
+    def __init__(self, paths: list[Path]) -> None:
+        self._files = [path.open("rb") for path in paths]
+        # name -> (file, where its data begins, its header entry)
+        self._entries: dict[str, tuple[Any, int, dict[str, Any]]] = {}
+        for file in self._files:
+            (size,) = struct.unpack("<Q", file.read(8))
+            header = json.loads(file.read(size))
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    self._entries[name] = (file, 8 + size, entry)
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(out, in) of every 2-D weight, by module path (as `adapters.linear_shapes`)."""
         return {
             name.removesuffix(".weight"): (int(entry["shape"][0]), int(entry["shape"][1]))
-            for name, entry in self._header.items()
+            for name, (_file, _base, entry) in self._entries.items()
             if name.endswith(".weight") and len(entry.get("shape", ())) == 2
         }
 
     def get(self, name: str) -> np.ndarray:
         import torch
 
-        entry = self._header.get(name)
-        if entry is None:
+        if name not in self._entries:
             raise Unpatchable(f"the plain model has no tensor {name}")
+        file, base, entry = self._entries[name]
         dtype = _dtypes().get(entry["dtype"])
         if dtype is None:
             raise Unpatchable(f"{name} is {entry['dtype']}, not a float type read here")
         start, end = entry["data_offsets"]
-        self._file.seek(self._base + start)
-        data = torch.frombuffer(bytearray(self._file.read(end - start)), dtype=dtype)
+        file.seek(base + start)
+        data = torch.frombuffer(bytearray(file.read(end - start)), dtype=dtype)
         return data.reshape(entry["shape"]).to(torch.float32).numpy()
 
     def close(self) -> None:
-        self._file.close()
+        for file in self._files:
+            file.close()
 
 
 def _scaling(config: dict[str, Any]) -> float:
@@ -239,11 +245,11 @@ class _Lora:
 
 
 def plain_weights(plain: Path) -> _PlainWeights:
-    """The plain model's one safetensors file, for reading tensor by tensor."""
+    """The plain model's safetensors files, for reading tensor by tensor."""
     files = sorted(plain.glob("*.safetensors"))
-    if len(files) != 1:
-        raise Unpatchable(f"the plain model is in {len(files)} safetensors files, not one")
-    return _PlainWeights(files[0])
+    if not files:
+        raise Unpatchable(f"no safetensors files in {plain}")
+    return _PlainWeights(files)
 
 
 def patch_into(base: Path, plain: Path, adapter: Path, work: Path) -> int:

@@ -165,3 +165,25 @@ def test_a_damaged_adapter_is_refused_before_anything_is_made(
     assert not (cache / "models" / "onnx" / "merged").exists() or not any(
         p for p in (cache / "models" / "onnx" / "merged").iterdir() if not p.name.endswith(".lock")
     )
+
+
+def test_a_plain_model_in_shards_patches_as_one_file(
+    source: ModelSource, adapter: Path, base: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    plain = ensure_plain_copy(source, tmp_path)
+    tensors = load_file(str(plain / "model.safetensors"))
+    names = sorted(tensors)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    half = len(names) // 2
+    for index, part in enumerate((names[:half], names[half:]), 1):
+        save_file(
+            {name: tensors[name] for name in part}, str(shards / f"model-0000{index}.safetensors")
+        )
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    assert patch_into(base, plain, adapter, one) == patch_into(base, shards, adapter, two)
+    assert (one / DATA_FILE).read_bytes() == (two / DATA_FILE).read_bytes()
