@@ -43,6 +43,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from common.machine import cpu_description
 from common.memory import PRIMITIVE_CACHE_ENV
 
 BASELINE = "today"
@@ -334,6 +335,7 @@ def main(argv: list[str]) -> int:
         "benchmark": "train",
         "command": "tabloop bench train " + " ".join(argv),
         "model": args.model,
+        "cpu": cpu_description(),
         "corpus": str(corpus_root(args.corpus)),
         "threads": args.threads,
         "samples_each": args.samples,

@@ -22,6 +22,7 @@ def test_each_configuration_trains_in_its_own_process_on_the_same_examples(
     assert train.main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["baseline"] == "today" and report["command"].startswith("tabloop bench train")
+    assert report["cpu"]["cores"] >= 1 and "flags" in report["cpu"]
     results = report["results"]
     assert list(results) == ["today", "default", "default@2"]
     for name, result in results.items():
