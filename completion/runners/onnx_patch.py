@@ -163,11 +163,12 @@ def _matrices(base: Path) -> list[_Matrix]:
         if node.op_type != "MatMulNBits" or not node.name.startswith("/model/layers."):
             continue
         parts = node.name.split("/")  # /model/layers.3/attn/qkv_proj/MatMul_Q8
-        layer = int(parts[2].removeprefix("layers."))
-        kind = f"{parts[3]}.{parts[4]}"
+        kind = ".".join(parts[3:5]) if len(parts) == 6 else ""
         modules = _PACKED.get(kind) or ((_SINGLE[kind],) if kind in _SINGLE else None)
-        if modules is None:
+        number = parts[2].removeprefix("layers.")
+        if modules is None or not number.isdigit():
             raise Unpatchable(f"unknown projection {node.name}")
+        layer = int(number)
         if len(node.input) != 3:  # a zero-point input: asymmetric, not what the builder writes
             raise Unpatchable(f"{node.name} has zero points")
         attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
