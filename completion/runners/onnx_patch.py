@@ -270,10 +270,10 @@ def patch_into(base: Path, plain: Path, adapter: Path, work: Path) -> int:
     if unused:
         raise Unpatchable(f"the engine's model has no matrix for {sorted(unused)[0]}")
     source = plain_weights(plain)
-    for item in base.iterdir():
-        if item.is_file() and not item.name.startswith(".") and item.name != MANIFEST:
-            shutil.copyfile(item, work / item.name)
     try:
+        for item in base.iterdir():
+            if item.is_file() and not item.name.startswith(".") and item.name != MANIFEST:
+                shutil.copyfile(item, work / item.name)
         with (work / DATA_FILE).open("r+b") as data:
             for matrix in matrices:
                 parts = [source.get(f"{name}.weight") for name in matrix.modules]
