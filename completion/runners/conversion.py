@@ -155,7 +155,7 @@ def convert_once(
     progress: Progress | None = None,
     duration: str = "a few minutes",
     engine: Engine = "ctranslate2",
-    convert: Callable[[Path, Path], None] | None = None,
+    convert: Callable[[Path, Path], object] | None = None,
 ) -> Path:
     """`target`, a converted model with a verified manifest, converting it first when needed.
 

@@ -118,10 +118,7 @@ def ensure_merged(
     target = merged_path(source, adapter_key(manifest), compute_type, cache_dir, engine)
 
     def merge(scratch: Path) -> Path:
-        try:
-            plain = ensure_plain_copy(source, cache_dir)
-        except Exception as exc:
-            raise ConversionError(f"could not read {source.name}: {exc}") from exc
+        plain = _plain_copy(source, cache_dir)
         say = progress or (lambda message: log.info("%s", message))
         say(f"merging adapter {version} into {source.name}")
         try:
@@ -158,6 +155,13 @@ def ensure_merged(
     )
 
 
+def _plain_copy(source: ModelSource, cache_dir: Path) -> Path:
+    try:
+        return ensure_plain_copy(source, cache_dir)
+    except Exception as exc:
+        raise ConversionError(f"could not read {source.name}: {exc}") from exc
+
+
 def _patched(
     source: ModelSource,
     adapter: Path,
@@ -170,51 +174,36 @@ def _patched(
 ) -> Path | None:
     """`target` made from the engine's copy of the base model with the adapted matrices
     quantised again (`onnx_patch`); None when that does not apply and the builder must convert
-    a merged copy instead (said in the log)."""
-    from completion.runners.onnx_patch import Unpatchable, patch_into, plain_weights
+    a merged copy instead (said in the log). Nothing is read when `target` is already made."""
+    from completion.runners.onnx_patch import Unpatchable, patch_into, plain_linear_shapes
 
-    try:
-        plain = ensure_plain_copy(source, cache_dir)
-    except Exception as exc:
-        raise ConversionError(f"could not read {source.name}: {exc}") from exc
-    try:
-        weights = plain_weights(plain)
-    except Unpatchable as exc:
-        log.info("%s: %s; merging and converting with the builder", label, exc)
-        return None
-    try:
-        shapes = weights.linear_shapes()
-    finally:
-        weights.close()
-    check_adapter(adapter, str(record["source"]), shapes)  # AdapterError before anything is made
-    base = ensure_converted(
-        source, compute_type, cache_dir, progress=progress, engine="onnxruntime"
-    )
-    refused: list[Unpatchable] = []
+    plain: list[Path] = []  # the plain copy, once `prepare` has found it
 
-    def patch(_base: Path, work: Path) -> None:
-        try:
-            patch_into(base, plain, adapter, work)
-        except Unpatchable as exc:
-            refused.append(exc)
-            raise
+    def prepare(_scratch: Path) -> Path:
+        plain.append(_plain_copy(source, cache_dir))
+        # AdapterError (passed through) before anything is made
+        check_adapter(adapter, str(record["source"]), plain_linear_shapes(plain[0]))
+        return ensure_converted(
+            source, compute_type, cache_dir, progress=progress, engine="onnxruntime"
+        )
 
     try:
         return convert_once(
             target,
             label,
             compute_type,
-            lambda _scratch: base,
+            prepare,
             manifest={**record, "made_by": "the base copy's adapted matrices quantised again"},
             progress=progress,
             duration="seconds",
             engine="onnxruntime",
-            convert=patch,
+            convert=lambda base, work: patch_into(base, plain[0], adapter, work),
         )
-    except ConversionError:
-        if not refused:
+    except (Unpatchable, ConversionError) as exc:
+        refused = exc if isinstance(exc, Unpatchable) else exc.__cause__
+        if not isinstance(refused, Unpatchable):
             raise
-        log.info("%s: %s; merging and converting with the builder", label, refused[0])
+        log.info("%s: %s; merging and converting with the builder", label, refused)
         return None
 
 

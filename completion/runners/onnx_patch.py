@@ -213,7 +213,8 @@ def _quantise(weight: np.ndarray, bits: int, block_size: int) -> tuple[bytes, by
 
 def _read(file: Any, slot: _Slot) -> bytes:
     file.seek(slot.offset)
-    return bytes(file.read(slot.length))
+    data: bytes = file.read(slot.length)
+    return data
 
 
 class _Lora:
@@ -252,6 +253,15 @@ def plain_weights(plain: Path) -> _PlainWeights:
     if not files:
         raise Unpatchable(f"no safetensors files in {plain}")
     return _PlainWeights(files)
+
+
+def plain_linear_shapes(plain: Path) -> dict[str, tuple[int, int]]:
+    """(out, in) of the plain model's 2-D weights, by module path, read off its files' headers."""
+    weights = plain_weights(plain)
+    try:
+        return weights.linear_shapes()
+    finally:
+        weights.close()
 
 
 def patch_into(base: Path, plain: Path, adapter: Path, work: Path) -> int:
