@@ -42,7 +42,8 @@ def _backend(argv: list[str]) -> int:
 
 
 def _train(argv: list[str]) -> int:
-    """`train policy` (also plain `train`, as before), `train model` or `train edits`."""
+    """`train policy` (also plain `train`, as before), `train model`, `train edits` or
+    `train edit-screen`."""
     if argv[:1] == ["model"]:
         from tabloop.model_cli import train_model_main
 
@@ -51,6 +52,10 @@ def _train(argv: list[str]) -> int:
         from tabloop.edits_cli import train_edits_main
 
         return train_edits_main(argv[1:])
+    if argv[:1] == ["edit-screen"]:
+        from tabloop.edits_cli import train_screen_main
+
+        return train_screen_main(argv[1:])
     from backend.policy_cli import train_main
 
     return train_main(argv[1:] if argv[:1] == ["policy"] else argv)

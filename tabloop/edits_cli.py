@@ -113,3 +113,93 @@ def train_edits_main(argv: list[str]) -> int:
     }
     print(json.dumps(report, indent=2))
     return 0
+
+
+def train_screen_main(argv: list[str]) -> int:
+    """Entry point of `tabloop train edit-screen`: the next-edit screen fitted on the replayed
+    histories of one or more repositories (`training.edit_screen`), no model run.
+
+        tabloop train edit-screen --repo DIR [--repo DIR ...] [--commits RANGE |
+                                  --before REV --last N] [--judge-repo DIR ...] [--below P]
+                                  [--out FILE] --json
+
+    Each repository's commits default to the `--last` below those `tabloop eval edits` judges;
+    the report judges the screen on the commits after them (at most the number `tabloop eval
+    edits` judges, never trained on) and on the newest commits of each `--judge-repo` (a
+    history it never saw), at `--below`.
+    """
+    parser = argparse.ArgumentParser(
+        prog="tabloop train edit-screen", description=train_screen_main.__doc__
+    )
+    parser.add_argument("--repo", action="append", required=True, help="a git repository")
+    parser.add_argument("--commits", help="commit range A..B to train on (one --repo only)")
+    parser.add_argument("--before", help="without --commits: train on commits below this")
+    parser.add_argument("--last", type=int, default=400, help="without --commits: this many")
+    parser.add_argument(
+        "--judge-repo",
+        action="append",
+        default=[],
+        help="also judge the screen on this repository's newest commits (not trained on)",
+    )
+    parser.add_argument(
+        "--below",
+        type=float,
+        help="the threshold the report judges at (default: nextEdit.screenBelow)",
+    )
+    parser.add_argument("--out", help="write the screen here (for nextEdit.screenWeights)")
+    parser.add_argument("--json", action="store_true", help="print JSON (the default)")
+    args = parser.parse_args(argv)
+    if args.commits and len(args.repo) > 1:
+        parser.error("--commits names one repository's range")
+    from completion.runners.loading import ensure_plain_copy, resolve_source
+    from training.edit_screen import fit_screen, judge_screen, screen_rows
+
+    first = Path(args.repo[0]).resolve()
+    settings = config.resolve(first).settings
+    next_edit = settings.next_edit
+    below = next_edit.screen_below if args.below is None else args.below
+    cache_dir = settings.cache_path()
+    from transformers import AutoTokenizer
+
+    plain = ensure_plain_copy(resolve_source(settings.completion.model, cache_dir), cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(plain))
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    trained, judged = [], []
+    try:
+        for name in args.repo:
+            repo = Path(name).resolve()
+            history = GitHistory(repo)
+            if args.commits:
+                commits = history.commits(args.commits, 0, (".py",))
+            else:
+                commits = history.commits(_below(repo, args.before), args.last, (".py",))
+            if not commits:
+                raise ReplayError(f"{repo}: no commits touching Python files to train on")
+            trained.append(screen_rows(history, commits, count_tokens, next_edit))
+            newer = history.commits(f"{commits[-1]}..HEAD", DEFAULT_COMMITS, (".py",))
+            if newer:
+                judged.append(screen_rows(history, newer, count_tokens, next_edit))
+        for name in args.judge_repo:
+            history = GitHistory(Path(name).resolve())
+            newest = history.commits(None, DEFAULT_COMMITS, (".py",))
+            judged.append(screen_rows(history, newest, count_tokens, next_edit))
+        screen = fit_screen(trained)
+    except (ReplayError, ValueError) as exc:
+        raise SystemExit(f"tabloop train edit-screen: {exc}") from None
+    body = screen.to_json()
+    if args.out:
+        Path(args.out).write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+    report: dict[str, Any] = {
+        "command": "tabloop train edit-screen " + " ".join(argv),
+        "model": settings.completion.model,
+        "next_edit": next_edit.model_dump(),
+        "below": below,
+        "screen": body,
+        "trained": [judge_screen(screen, rows, below) | rows.described for rows in trained],
+        "judged": [judge_screen(screen, rows, below) | rows.described for rows in judged],
+    }
+    print(json.dumps(report, indent=2))
+    return 0

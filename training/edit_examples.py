@@ -36,11 +36,11 @@ from completion.next_edit import EditHistory, NextEditSettings
 from completion.next_edit.prompt import (
     FILE_SEP,
     build_prompt,
-    choose_window,
     history_blocks,
     original_window,
+    settings_window,
 )
-from completion.next_edit.text import document_lines
+from completion.next_edit.text import common_ends, document_lines
 from completion.types import Snippet
 from training.edit_replay import EditPoint, ReplayedEdit, WindowRule, undoes
 from training.examples import FimExample, seeded_random
@@ -90,13 +90,7 @@ def token_windows(count_tokens: Callable[[str], int], settings: NextEditSettings
     """The windows `completion.next_edit.NextEditPredictor` rewrites, for a tokenizer."""
 
     def rule(lines: Sequence[str], line: int) -> tuple[int, int] | None:
-        window = choose_window(
-            lines,
-            line,
-            radius=settings.window_lines,
-            max_tokens=settings.window_tokens,
-            count_tokens=count_tokens,
-        )
+        window = settings_window(lines, line, settings, count_tokens)
         return None if window is None else (window.start, window.end)
 
     return rule
@@ -135,15 +129,7 @@ def settled_window(
     when the change lies inside it, as it is when the change lies outside, None when the change
     crosses its edge. (Lines inserted right above the window count as inside, right below it
     as outside, as `training.edit_replay` counts them.)"""
-    head = 0
-    while head < min(len(lines), len(settled)) and lines[head] == settled[head]:
-        head += 1
-    tail = 0
-    while (
-        tail < min(len(lines), len(settled)) - head
-        and lines[len(lines) - 1 - tail] == settled[len(settled) - 1 - tail]
-    ):
-        tail += 1
+    head, tail = common_ends(lines, settled)
     changed_end = len(lines) - tail  # the change replaced lines [head, changed_end)
     window = "".join(lines[start:end])
     if lines == settled or head >= end or (changed_end <= start and head < start):
@@ -167,13 +153,7 @@ def edit_example(
     write for document `path` (`text`, the cursor, `history`), and the window in the `settled`
     text as the target; None when there is no window or the change crosses its edge."""
     lines = document_lines(text)
-    window = choose_window(
-        lines,
-        cursor[0],
-        radius=settings.window_lines,
-        max_tokens=settings.window_tokens,
-        count_tokens=count_tokens,
-    )
+    window = settings_window(lines, cursor[0], settings, count_tokens)
     if window is None:
         return None
     target = settled_window(lines, document_lines(settled), window.start, window.end)

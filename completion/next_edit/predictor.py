@@ -6,11 +6,12 @@
 
 "No change" is the common answer and costs no model call: without an edit in this document in
 the last `recent_s` seconds whose region lies within `window_lines` lines of the cursor, or when
-the cursor's line alone is past the window's token budget, `predict` answers at once. Otherwise
-the model rewrites the window greedily (with the window as the draft when the runner can check
-one, `completion.runners.base.DraftRunner`), at most the window's tokens plus `margin_tokens`,
-stopping at `<|file_sep|>`; the rewrite is diffed into edits and checked by the guards of
-`completion.next_edit.diff`.
+the cursor's line alone is past the window's token budget, `predict` answers at once; so it does
+when the screen (`completion.next_edit.screen`) puts the chance of an edit inside the window
+below `screen_below`. Otherwise the model rewrites the window greedily (with the window as the
+draft when the runner can check one, `completion.runners.base.DraftRunner`), at most the
+window's tokens plus `margin_tokens`, stopping at `<|file_sep|>`; the rewrite is diffed into
+edits and checked by the guards of `completion.next_edit.diff`.
 
 `predict` runs on the model thread (it calls the runner) and raises `completion.types.Cancelled`
 when `cancel` is set before it is done.
@@ -29,10 +30,11 @@ from completion.next_edit.prompt import (
     FILE_SEP,
     Window,
     build_prompt,
-    choose_window,
     history_blocks,
     original_window,
+    settings_window,
 )
+from completion.next_edit.screen import EditScreen, load_screen, screen_features
 from completion.next_edit.settings import NextEditSettings
 from completion.next_edit.text import document_lines
 from completion.runners.base import ModelRunner, RunnerCapabilities
@@ -45,6 +47,7 @@ Reason = Literal[
     "no_history",  # no edit in this document yet (no model call)
     "no_recent_edit",  # the latest edit is too old or too far from the cursor (no model call)
     "no_window",  # the cursor's line alone is past the token budget (no model call)
+    "unlikely",  # the screen puts an edit in the window below its threshold (no model call)
     "no_change",  # the model kept the window as it is
     "empty",  # the model wrote nothing for the window
     "truncated",  # the rewrite ran out of tokens before it ended
@@ -59,6 +62,7 @@ class NextEditTimings:
     """Where the time of one prediction went (milliseconds), and its sizes."""
 
     window_ms: float = 0.0
+    screen_ms: float = 0.0
     prompt_ms: float = 0.0
     model_ms: float = 0.0
     diff_ms: float = 0.0
@@ -82,6 +86,8 @@ class NextEditPrediction:
     predicted: str = ""
     """The window's predicted text (empty when the model was not asked)."""
     generation: Generation | None = None
+    screen: float | None = None
+    """The screen's chance of an edit in the window (None when it did not look)."""
 
 
 class NextEditPredictor:
@@ -92,6 +98,12 @@ class NextEditPredictor:
         self.runner = runner
         self.settings = settings or NextEditSettings()
         self.model_calls = 0
+
+    def screen(self) -> EditScreen | None:
+        """The screen the settings name (None when `screen_below` is 0: the model decides)."""
+        if self.settings.screen_below <= 0:
+            return None
+        return load_screen(self.settings.screen_weights)
 
     def predict(
         self,
@@ -125,19 +137,22 @@ class NextEditPredictor:
             return quick
         latest = history.latest(path)
         line = cursor[0]
-        radius = settings.window_lines
         lines = document_lines(text)
-        window = choose_window(
-            lines,
-            line,
-            radius=radius,
-            max_tokens=settings.window_tokens,
-            count_tokens=self.runner.count_tokens,
-        )
+        window = settings_window(lines, line, settings, self.runner.count_tokens)
         timings.window_ms = (time.perf_counter() - started) * 1000
         if window is None:
             return answer("no_window")
         timings.window_tokens = window.tokens
+        screen = self.screen()
+        chance: float | None = None
+        if screen is not None and latest is not None:
+            screen_started = time.perf_counter()
+            chance = screen.probability(
+                screen_features(lines, window, line, latest, history.events())
+            )
+            timings.screen_ms = (time.perf_counter() - screen_started) * 1000
+            if chance < settings.screen_below:
+                return answer("unlikely", window, screen=chance)
         cancel.raise_if_cancelled()
 
         prompt_started = time.perf_counter()
@@ -146,9 +161,11 @@ class NextEditPredictor:
         generation = self._generate(prompt, window, cancel, timings)
         predicted = rewritten_window(generation.text, window.text)
         if generation.stop_reason == "length":
-            return answer("truncated", window, predicted=predicted, generation=generation)
+            return answer(
+                "truncated", window, predicted=predicted, generation=generation, screen=chance
+            )
         if not predicted and window.text:
-            return answer("empty", window, generation=generation)
+            return answer("empty", window, generation=generation, screen=chance)
 
         diff_started = time.perf_counter()
         edits = window_edits(window, predicted)
@@ -160,7 +177,7 @@ class NextEditPredictor:
         elif undoes(window, predicted, latest):
             reason = "undo"
         timings.diff_ms = (time.perf_counter() - diff_started) * 1000
-        found = answer(reason, window, predicted=predicted, generation=generation)
+        found = answer(reason, window, predicted=predicted, generation=generation, screen=chance)
         if reason == "predicted":
             found.edits = edits
         return found

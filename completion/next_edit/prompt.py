@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from completion.next_edit.history import EditEvent
+from completion.next_edit.settings import NextEditSettings
 
 FILE_SEP = "<|file_sep|>"
 # No model token is longer than this many characters of code, so a line with more characters
@@ -96,6 +97,23 @@ def choose_window(
             else:
                 above = False
     return Window(start, tuple(lines[start:end]), used)
+
+
+def settings_window(
+    lines: Sequence[str],
+    cursor_line: int,
+    settings: NextEditSettings,
+    count_tokens: Callable[[str], int],
+) -> Window | None:
+    """`choose_window` with the radius and budget of `settings`: the window the predictor
+    rewrites."""
+    return choose_window(
+        lines,
+        cursor_line,
+        radius=settings.window_lines,
+        max_tokens=settings.window_tokens,
+        count_tokens=count_tokens,
+    )
 
 
 def original_window(window: Window, latest: EditEvent | None) -> str:

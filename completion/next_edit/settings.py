@@ -6,6 +6,9 @@ from pydantic import BaseModel, Field
 
 from completion.settings import SECTION_CONFIG
 
+SCREEN_BELOW = 0.4
+"""The screen's default threshold (`tabloop train edit-screen` reports what it answers there)."""
+
 
 class NextEditSettings(BaseModel):
     """How next edits are predicted (`docs/next-edit.md`)."""
@@ -52,6 +55,19 @@ class NextEditSettings(BaseModel):
         description="How long after the latest edit in a document a prediction is still asked "
         "of the model there; later (or with no edit near the cursor) the answer is no change, "
         "at once.",
+    )
+    screen_below: float = Field(
+        SCREEN_BELOW,
+        ge=0,
+        le=1,
+        description="Ask the model only when the screen (`docs/next-edit.md`) puts the chance "
+        "that the next edit lies inside the window at this or more; below it the answer is no "
+        "change, without the model. 0 asks the model every time.",
+    )
+    screen_weights: str = Field(
+        "",
+        description="A screen written by `tabloop train edit-screen --out FILE` to use instead "
+        "of the bundled one.",
     )
     learn_settle_s: float = Field(
         20.0,

@@ -28,3 +28,18 @@ def document_lines(text: str | Sequence[str]) -> Sequence[str]:
 def breaks(text: str) -> int:
     """How many line breaks `text` holds (`\\r\\n` is one)."""
     return text.count("\n") + text.count("\r") - text.count("\r\n")
+
+
+def common_ends(before: Sequence[str], after: Sequence[str]) -> tuple[int, int]:
+    """How many items two sequences share at their start, and then at their end (never
+    overlapping): what a change from `before` to `after` left as it was around it."""
+    head = 0
+    while head < min(len(before), len(after)) and before[head] == after[head]:
+        head += 1
+    tail = 0
+    while (
+        tail < min(len(before), len(after)) - head
+        and before[len(before) - 1 - tail] == after[len(after) - 1 - tail]
+    ):
+        tail += 1
+    return head, tail

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from common.machine import cpu_description
 from completion.next_edit import NextEditPredictor, NextEditSettings
+from completion.next_edit.screen import BUNDLED, load_screen
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
 from evaluation.edits.metrics import PredictionResult, outcome, score
@@ -64,7 +66,32 @@ def loaded_configuration(
         found.update(loaded_weights(runner))
     if completion.adapter:
         found["adapter_trained_on"] = read_edit_training(Path(completion.adapter))
+    if next_edit.screen_below > 0:
+        screen = load_screen(next_edit.screen_weights)
+        found["screen"] = {
+            "file": str(Path(next_edit.screen_weights or BUNDLED)),
+            "trained_on": [
+                {key: part.get(key) for key in ("repo", "range", "points", "edit_points")}
+                for part in screen.trained_on.get("histories", [])
+            ],
+        }
     return found
+
+
+def screen_overlap(history: GitHistory, commits: list[str], screen: dict[str, Any]) -> bool:
+    """Whether the screen was trained on a range of this repository that reaches the oldest
+    commit judged (judging it on commits it saw)."""
+    for part in screen.get("trained_on", []):
+        if Path(str(part.get("repo"))).resolve() != history.repo:
+            continue
+        newest = str(part.get("range", "")).rpartition("..")[2]
+        done = subprocess.run(
+            ["git", "-C", str(history.repo), "merge-base", "--is-ancestor", commits[0], newest],
+            capture_output=True,
+        )
+        if done.returncode == 0:
+            return True
+    return False
 
 
 def _load(completion: CompletionSettings, cache_dir: Path) -> ModelRunner:
@@ -117,6 +144,8 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
     settings = resolved.settings
     cache_dir = settings.cache_path()
     next_edit = settings.next_edit
+    if args.screen_below is not None:
+        next_edit = next_edit.model_copy(update={"screen_below": args.screen_below})
     base = settings.completion
     runs: list[tuple[str, CompletionSettings]] = []
     if args.adapter:
@@ -158,7 +187,10 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
                 if not points:
                     raise SystemExit(f"tabloop eval edits: no prediction points in {repo}")
             predictor = NextEditPredictor(runner, next_edit)
-            predicted = predict_points(predictor, points, label=f"{name}")
+            shadow = None
+            if next_edit.screen_below > 0 and args.unscreened:
+                shadow = NextEditPredictor(runner, next_edit.model_copy(update={"screen_below": 0}))
+            predicted = predict_points(predictor, points, label=f"{name}", shadow=shadow)
             figures = score(points, predicted.results)
             errors = [r.error for r in predicted.results if r.error]
             report[name] = {
@@ -171,15 +203,33 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
                 "first_error": errors[0] if errors else None,
             }
             results[name] = predicted.results
+            if shadow is not None:
+                # The model at every point: the shadow's answer where the screen stopped.
+                report[name]["unscreened"] = {
+                    **score(points, predicted.unscreened),
+                    "reasons": dict(sorted(predicted.unscreened_reasons.items())),
+                    "model_calls": predictor.model_calls + shadow.model_calls,
+                }
+                results[f"{name}_unscreened"] = predicted.unscreened
         finally:
             runner.close()
     if len(runs) == 2:
         report["paired"] = _paired(points, report["adapted"], report["base"], results)
+        if "adapted_unscreened" in results and "base_unscreened" in results:
+            report["paired_unscreened"] = _paired(
+                points,
+                report["adapted"]["unscreened"],
+                report["base"]["unscreened"],
+                {"adapted": results["adapted_unscreened"], "base": results["base_unscreened"]},
+            )
     for name, _ in runs:
         trained = report[name]["configuration"].get("adapter_trained_on")
         # Its commits are many: checked here, and only counted in the report.
         if trained and set(trained.pop("commits_list", [])) & set(commits):
             report[name]["warning"] = "the adapter was trained on commits of this range"
+        screen = report[name]["configuration"].get("screen")
+        if screen and screen_overlap(history, commits, screen):
+            report[name]["screen_warning"] = "the screen was trained on commits of this range"
     return report
 
 
@@ -200,8 +250,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--compare", action="store_true", help="also predict with the base model, same points"
     )
     parser.add_argument("--baseline-adapter", help="also predict with this adapter, same points")
+    parser.add_argument(
+        "--screen-below",
+        type=float,
+        help="the screen's threshold (default: nextEdit.screenBelow; 0: the model every time)",
+    )
+    parser.add_argument(
+        "--unscreened",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="where the screen answers alone, ask the model too and report both (default: on)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)
+    if args.screen_below is not None and not 0 <= args.screen_below <= 1:
+        parser.error("--screen-below must be between 0 and 1")
     if args.n < 1:
         parser.error("--n must be at least 1")
     args.argv = argv

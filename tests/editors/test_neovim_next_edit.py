@@ -257,7 +257,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory, model_url: str) -> dic
                 "fimTemplate": "qwen",
             },
             # Generous: the scripted model's pieces outnumber the HTTP runner's token estimate.
-            "nextEdit": {"windowTokens": 64, "marginTokens": 512},
+            "nextEdit": {"windowTokens": 64, "marginTokens": 512, "screenBelow": 0},
             "index": {"enabled": False},
             "telemetry": {"level": "off"},
         },

@@ -12,6 +12,7 @@ import pytest
 
 from completion.next_edit import NextEditPredictor, NextEditSettings
 from completion.next_edit.prompt import FILE_SEP
+from completion.next_edit.screen import BUNDLED, load_screen
 from evaluation.edits.metrics import PredictionResult, score
 from evaluation.edits.predicting import PredictionRun, predict_points
 from tabloop.cli import main
@@ -105,6 +106,30 @@ def test_train_on_older_commits_and_judge_on_newer(
     assert "commits_list" not in trained_on
     assert "warning" not in report["adapted"]
     assert set(report["paired"]) == {"exact_match_ratio", "points_differing", "outcome_changes"}
+    # The screen at its default: what it answered alone, and the model at every point too.
+    for name in ("adapted", "base"):
+        run_report = report[name]
+        screen = run_report["configuration"]["screen"]
+        assert screen["file"] == str(BUNDLED)
+        assert screen["trained_on"] and "screen_warning" not in run_report
+        alone = run_report["reasons"].get("unlikely", 0)
+        assert run_report["model_calls"] == 4 - alone
+        unscreened = run_report["unscreened"]
+        assert unscreened["n"] == 4 and "unlikely" not in unscreened["reasons"]
+        assert unscreened["model_calls"] == 4
+        assert unscreened["latency"]["model_ran"]["n"] == 4
+    assert set(report["paired_unscreened"]) == set(report["paired"])
+
+    # Without the screen the model answers every point, and nothing is asked twice.
+    plain_run = run(
+        capsys,
+        *("eval", "edits", "--repo", str(root), "--commits", newer, "--n", "4", "--seed", "1"),
+        *("--screen-below", "0", "--json"),
+    )
+    assert plain_run["base"]["model_calls"] == 4
+    assert "unscreened" not in plain_run["base"]
+    assert "screen" not in plain_run["base"]["configuration"]
+    assert plain_run["base"]["outcomes"] == report["base"]["unscreened"]["outcomes"]
 
     # Judged on the commits it was trained on, the report says so.
     overlapping = run(
@@ -125,6 +150,50 @@ def test_bad_arguments_are_clear_errors(repo: tuple[Path, list[str]], tmp_path: 
         main(["eval", "edits", "--repo", str(root), "--adapter", str(tmp_path / "none")])
     with pytest.raises(SystemExit, match="bad-range"):
         main(["eval", "edits", "--repo", str(root), "--commits", "bad-range..HEAD"])
+    with pytest.raises(SystemExit):
+        main(["eval", "edits", "--repo", str(root), "--screen-below", "2"])
+    with pytest.raises(SystemExit, match="no commits touching Python"):
+        main(["train", "edit-screen", "--repo", str(root), "--commits", "HEAD..HEAD"])
+
+
+def test_a_screen_trained_on_older_commits_is_judged_on_newer_ones_and_served(
+    repo: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, ids = repo
+    out = tmp_path / "screen.json"
+    report = run(
+        capsys,
+        *("train", "edit-screen", "--repo", str(root), "--before", ids[6], "--last", "5"),
+        *("--judge-repo", str(root), "--out", str(out), "--json"),
+    )
+    (trained,) = report["trained"]
+    assert trained["range"] == f"{ids[2][:12]}^..{ids[6][:12]}"
+    # Five commits of two hunks: an edit point and a no-change point each.
+    assert (trained["points"], trained["edit_points"]) == (10, 5)
+    newer, newest = report["judged"]
+    assert newer["range"] == f"{ids[7][:12]}^..{ids[8][:12]}"  # after the training range
+    assert (newer["points"], newer["edit_points"]) == (4, 2)
+    assert newest["commit_count"] == 9  # the repository's newest commits, all of them here
+    assert report["below"] == NextEditSettings().screen_below
+    for judged in (trained, newer):
+        assert 0 <= judged["answered_alone"] <= 1 and judged["auc"] is not None
+    screen = load_screen(str(out))
+    assert screen.to_json() == report["screen"]
+    assert screen.trained_on["histories"][0]["range"] == trained["range"]
+
+    # The eval reads that screen, and says when it judges commits the screen was trained on.
+    (root / "tabloop.toml").write_text(
+        (root / "tabloop.toml").read_text(encoding="utf-8") + f'screen_weights = "{out}"\n',
+        encoding="utf-8",
+    )
+    judged = run(
+        capsys,
+        *("eval", "edits", "--repo", str(root), "--commits", f"{ids[3]}..{ids[5]}", "--n", "2"),
+        *("--no-unscreened", "--json"),
+    )
+    assert judged["base"]["configuration"]["screen"]["file"] == str(out)
+    assert judged["base"]["screen_warning"] == "the screen was trained on commits of this range"
+    assert "unscreened" not in judged["base"]
 
 
 def test_a_model_that_writes_the_next_edit_gets_full_marks(
@@ -132,7 +201,7 @@ def test_a_model_that_writes_the_next_edit_gets_full_marks(
 ) -> None:
     root, _ = repo
     history = GitHistory(root)
-    settings = NextEditSettings()
+    settings = NextEditSettings(screen_below=0)
     counter = ScriptedModel()
     points, _ = replay_commits(
         history,

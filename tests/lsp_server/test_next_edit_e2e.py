@@ -105,7 +105,8 @@ async def client(
             "fimTemplate": "qwen",
         },
         # Generous: the scripted model's pieces outnumber the HTTP runner's token estimate.
-        "nextEdit": {"windowTokens": WINDOW_TOKENS, "marginTokens": 512},
+        # The model path is tested here: the screen (tests of its own) asks it every time.
+        "nextEdit": {"windowTokens": WINDOW_TOKENS, "marginTokens": 512, "screenBelow": 0},
         "index": {"enabled": False},
         "telemetry": {
             "level": "metrics",
@@ -432,3 +433,29 @@ async def test_a_newer_request_or_an_inline_request_cancels_the_one_in_flight(
         assert (await last_timing(client))["outcome"] == "cancelled"
     finally:
         MODEL.token_delay_s = 0.0
+
+
+async def test_below_the_screens_threshold_the_model_is_not_asked(
+    client: LanguageClient, workspace: Path
+) -> None:
+    """Last in the module: the settings pushed here stay (a client without
+    `workspace/configuration` pushes its settings once)."""
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"tabloop": {"nextEdit": {"screenBelow": 1}}})
+    )
+    document = Document(client, workspace, "screened.py", SOURCE)
+    document.rename_width()
+    for _ in range(100):  # until the settings apply (before, the model answers as above)
+        calls = len(MODEL.prompts)
+        edits = await document.ask()
+        timing = await last_timing(client)
+        if timing["reason"] == "unlikely":
+            break
+        await asyncio.sleep(0.05)
+    assert edits == []
+    assert (timing["outcome"], timing["reason"], timing["reached_model"]) == (
+        "no_change",
+        "unlikely",
+        False,
+    )
+    assert len(MODEL.prompts) == calls

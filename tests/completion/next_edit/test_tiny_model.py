@@ -37,7 +37,9 @@ def test_a_prediction_runs_on_the_tiny_model_with_the_window_as_its_draft(
         assert RunnerCapabilities.of(runner).drafts is not None
         history = EditHistory(clock=lambda: 0.0)
         assert history.record_edit("geo.py", document_lines(AFTER), 0, 9, "width", "w")
-        predictor = NextEditPredictor(runner, NextEditSettings(window_tokens=128, margin_tokens=8))
+        predictor = NextEditPredictor(
+            runner, NextEditSettings(window_tokens=128, margin_tokens=8, screen_below=0)
+        )
         prediction = predictor.predict(AFTER, "geo.py", (0, 10), history)
     finally:
         runner.close()
