@@ -112,7 +112,8 @@ def screen_features(
     found = {name: math.log1p(value) for name, value in counts.items()}
     found["pure_insertion"] = float(not removed and bool(inserted))
     found["pure_deletion"] = float(bool(removed) and not inserted)
-    found["end_in_window"] = float(window.end >= len(lines) or not "".join(lines[window.end :]))
+    # LSP counts an empty last line after a final break: the window may stop just before it.
+    found["end_in_window"] = float(window.end >= len(lines) - (not lines[-1]))
     return {name: found[name] for name in FEATURES}
 
 

@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from pygls.uris import to_fs_path
 
 from completion.next_edit import Edit, EditHistory, NextEditPrediction, NextEditPredictor
+from completion.next_edit.screen import ScreenError, load_screen
 from completion.types import Cancelled, CancelToken
 from lsp_server.config import Settings
 from lsp_server.documents import Document, DocumentChange, DocumentListener, open_document
@@ -163,6 +164,11 @@ class NextEditFeature(DocumentListener):
                 experimental.pop(CONFIGURATION_SECTION, None)
         if self._predictor is not None:
             self._predictor.settings = settings.next_edit
+        if settings.next_edit.enabled and settings.next_edit.screen_below > 0:
+            try:
+                load_screen(settings.next_edit.screen_weights)
+            except ScreenError as exc:  # each prediction fails with it until it is fixed
+                self.server.report_problems([f"nextEdit.screenWeights: {exc}"])
 
     def predictor(self) -> NextEditPredictor | None:
         """The predictor on the engine's runner now (None before the model is loaded)."""

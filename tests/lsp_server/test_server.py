@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,3 +55,21 @@ def test_status_gathers_the_features_parts() -> None:
     assert status["context"] == {"recentEdits": 0}
     assert status["telemetry"] == {"level": "off"}  # no client before the settings arrive
     assert "index" not in status  # not started
+
+
+def test_a_screen_file_that_cannot_be_read_is_shown_as_a_problem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = create_server()
+    shown: list[str] = []
+    monkeypatch.setattr(server, "show_message", lambda message, kind: shown.append(message))
+    missing = tmp_path / "screen.json"
+    server.init_options = {"cacheDir": str(tmp_path), "nextEdit": {"screenWeights": str(missing)}}
+    server.resolve_settings()
+    assert len(shown) == 1
+    assert "nextEdit.screenWeights: cannot read the screen" in shown[0] and str(missing) in shown[0]
+    # The screen off, its file is not read (another missing one would be a new problem).
+    server.init_options["nextEdit"] = {"screenWeights": str(tmp_path / "other.json")}
+    server.init_options["nextEdit"]["screenBelow"] = 0
+    server.resolve_settings()
+    assert len(shown) == 1
