@@ -264,6 +264,8 @@ class NextEditTiming(TypedDict):
     reached_model: bool
     handler_ms: float
     window_ms: float
+    screen_ms: float
+    screen: float | None  # the screen's chance of an edit in the window (None: not asked)
     prompt_ms: float
     model_ms: float
     diff_ms: float

@@ -122,6 +122,8 @@ class _Record:
             "reached_model": bool(timings and timings.reached_model),
             "handler_ms": (time.perf_counter() - self.started) * 1000,
             "window_ms": timings.window_ms if timings else 0.0,
+            "screen_ms": timings.screen_ms if timings else 0.0,
+            "screen": found.screen if found is not None else None,
             "prompt_ms": timings.prompt_ms if timings else 0.0,
             "model_ms": timings.model_ms if timings else 0.0,
             "diff_ms": timings.diff_ms if timings else 0.0,

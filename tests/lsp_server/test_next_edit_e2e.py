@@ -235,6 +235,7 @@ async def test_a_rename_predicts_the_matching_edit_from_the_didchange_history(
     assert f"{FILE_SEP}original/rename.py\n{SOURCE}{FILE_SEP}current/rename.py\n{RENAMED}" in prompt
     timing = await last_timing(client)
     assert (timing["outcome"], timing["reached_model"], timing["edits"]) == ("shown", True, 1)
+    assert timing["screen"] is None  # the screen is off in this module (until its own test)
 
 
 def history_of(prompt: str, path: str) -> str:
@@ -458,4 +459,5 @@ async def test_below_the_screens_threshold_the_model_is_not_asked(
         "unlikely",
         False,
     )
+    assert 0 < timing["screen"] < 1 and timing["screen_ms"] > 0
     assert len(MODEL.prompts) == calls
