@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from completion.settings import SECTION_CONFIG
@@ -68,6 +70,15 @@ class NextEditSettings(BaseModel):
         "",
         description="A screen written by `tabloop train edit-screen --out FILE` to use instead "
         "of the bundled one.",
+    )
+    engine: Literal["auto", "completion", "torch-bfloat16"] = Field(
+        "auto",
+        description="What runs next-edit rewrites. `completion`: the completion model's runner. "
+        "`torch-bfloat16`: a second runner of the same model and adapter, torch in bfloat16 "
+        "on every core (about 1.2 GB more memory), which reads a rewrite's prompt and checks "
+        "its draft several times faster on a CPU with AMX. `auto` is `torch-bfloat16` where "
+        "the CPU has AMX and the completion runner is a local fast engine (ONNX Runtime "
+        "GenAI, CTranslate2), else `completion` (docs/next-edit.md).",
     )
     learn_settle_s: float = Field(
         20.0,

@@ -8,7 +8,8 @@ are replayed as edits (`training.edit_replay`), with the windows the predictor i
 rewrite (its token budget counted by the model's tokenizer); `--n` points are drawn with the
 seed and the configured completion model (default engine, the repository's tabloop
 configuration) predicts the next edit at each through `completion.next_edit`
-(`evaluation.edits.predicting`). The report gives the configuration loaded (engine, weights,
+(`evaluation.edits.predicting`), on the runner `nextEdit.engine` resolves to, as the server
+would (`completion.next_edit.runner`). The report gives the configuration loaded (engine, weights,
 threads, model, adapter, the next-edit settings), the commit range (and, for an adapter trained
 by `tabloop train edits`, the range it was trained on, which must be older), the replay's
 counts, and the figures of `evaluation.edits.metrics` per run. With `--compare` (or
@@ -27,6 +28,7 @@ from typing import Any
 
 from common.machine import cpu_description
 from completion.next_edit import NextEditPredictor, NextEditSettings
+from completion.next_edit.runner import load_next_edit_runner, next_edit_engine
 from completion.next_edit.screen import BUNDLED, load_screen
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
@@ -54,6 +56,7 @@ def loaded_configuration(
     """What the run loaded: engine, weights, threads, model, adapter, next-edit settings."""
     found: dict[str, Any] = {
         "engine": completion.engine,
+        "next_edit_engine": next_edit_engine(next_edit, completion),
         "runner": type(runner).__name__,
         "model": completion.model,
         "model_id": runner.model_id,
@@ -94,9 +97,14 @@ def screen_overlap(history: GitHistory, commits: list[str], screen: dict[str, An
     return False
 
 
-def _load(completion: CompletionSettings, cache_dir: Path) -> ModelRunner:
+def _load(
+    completion: CompletionSettings, next_edit: NextEditSettings, cache_dir: Path
+) -> ModelRunner:
+    """The runner the server would predict next edits on (only that one is loaded)."""
     from completion.runners import load_runner
 
+    if next_edit_engine(next_edit, completion) == "torch-bfloat16":
+        return load_next_edit_runner(completion, cache_dir)
     return load_runner(completion, cache_dir)
 
 
@@ -171,7 +179,7 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
     points: list[EditPoint] = []
     results: dict[str, list[PredictionResult]] = {}
     for number, (name, completion) in enumerate(runs):
-        runner = _load(completion, cache_dir)
+        runner = _load(completion, next_edit, cache_dir)
         try:
             if number == 0:  # the windows are the tokenizer's: the same for every run
                 replay = ReplaySettings(window_lines=next_edit.window_lines)

@@ -12,7 +12,10 @@ can tell without the model that there is nothing to predict (no recent edit near
 Otherwise the prediction runs on the model thread, one per document: a newer request, an edit
 to the document, its closing or `$/cancelRequest` cancels the one in flight within one decode
 step, and an inline completion request starting anywhere does too (an inline suggestion is
-worth more than a rewrite that has to wait). An answer whose document changed meanwhile is
+worth more than a rewrite that has to wait). It runs on the runner `nextEdit.engine` names: the
+engine's own, or a torch bfloat16 runner of the same model, loaded on the model thread once the
+engine is ready (requests are answered empty until then), that serves the adapter the engine
+serves (`completion.next_edit.runner`). An answer whose document changed meanwhile is
 empty. Every request leaves one `NextEditTiming` (`tabloop/nextEditTimings`).
 
 Outcomes: the editor says when it shows a prediction (`textDocument/didShowInlineEdit` or
@@ -26,7 +29,6 @@ would change what they mean without retraining it).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 import uuid
@@ -41,6 +43,7 @@ from pydantic import ValidationError
 from pygls.uris import to_fs_path
 
 from completion.next_edit import Edit, EditHistory, NextEditPrediction, NextEditPredictor
+from completion.next_edit.runner import follow_adapter, load_next_edit_runner, next_edit_engine
 from completion.next_edit.screen import ScreenError, load_screen
 from completion.types import Cancelled, CancelToken
 from lsp_server.config import Settings
@@ -149,6 +152,11 @@ class NextEditFeature(DocumentListener):
     answered: OrderedDict[str, Answered] = field(default_factory=OrderedDict)
     timings: deque[NextEditTiming] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
     _predictor: NextEditPredictor | None = None
+    # The torch bfloat16 runner (`nextEdit.engine`), the settings it was loaded with, its load.
+    _runner: Any = None
+    _runner_key: tuple[Any, ...] | None = None
+    _loading: asyncio.Task[None] | None = None
+    runner_error: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -173,13 +181,84 @@ class NextEditFeature(DocumentListener):
                 self.server.report_problems([f"nextEdit.screenWeights: {exc}"])
 
     def predictor(self) -> NextEditPredictor | None:
-        """The predictor on the engine's runner now (None before the model is loaded)."""
+        """The predictor on the runner `nextEdit.engine` names (None before it is loaded; the
+        first call after the engine is ready starts loading a runner of its own)."""
         engine = self.server.engine
         if engine is None:
             return None
-        if self._predictor is None or self._predictor.runner is not engine.runner:
-            self._predictor = NextEditPredictor(engine.runner, self.server.settings.next_edit)
+        settings = self.server.settings
+        runner = engine.runner
+        if next_edit_engine(settings.next_edit, settings.completion) == "torch-bfloat16":
+            runner = self._own_runner()
+            if runner is None:
+                return None
+        if self._predictor is None or self._predictor.runner is not runner:
+            self._predictor = NextEditPredictor(runner, settings.next_edit)
         return self._predictor
+
+    def on_ready(self) -> None:
+        """The engine is loaded: load next edits' own runner now, not at the first request."""
+        if self.enabled:
+            self.predictor()
+
+    def _own_runner(self) -> Any:
+        """The torch bfloat16 runner for the settings of now, or None while it loads (or when it
+        could not be loaded: `runner_error` says why, and a settings change tries again)."""
+        settings = self.server.settings
+        completion = settings.completion
+        key = (
+            completion.model,
+            str(settings.cache_path()),
+            completion.fim_template,
+            completion.threads,
+            completion.cache,
+        )
+        if key == self._runner_key and (self._runner is not None or self.runner_error):
+            return self._runner
+        if self._loading is not None and not self._loading.done():
+            return None
+        self._close_runner()
+        self._runner_key, self.runner_error = key, ""
+        self._loading = asyncio.get_running_loop().create_task(self._load(key))
+        return None
+
+    async def _load(self, key: tuple[Any, ...]) -> None:
+        settings = self.server.settings
+        started = time.perf_counter()
+
+        def load() -> Any:
+            self.server.import_libraries(embeddings=False)  # not beside the index's import
+            return load_next_edit_runner(settings.completion, settings.cache_path())
+
+        try:
+            runner = await asyncio.get_running_loop().run_in_executor(
+                self.server.model_executor, load
+            )
+        except Exception as exc:
+            log.error("could not load the next-edit runner: %s", exc, exc_info=True)
+            self.runner_error = str(exc)
+            self.server.report_problems([f"nextEdit.engine: {exc}"])
+            return
+        if key != self._runner_key:  # the settings changed while it loaded
+            self.server.model_executor.submit(runner.close)
+            return
+        self._runner = runner
+        log.info(
+            "next edits run on %s (torch bfloat16), loaded in %.1fs",
+            runner.model_id,
+            time.perf_counter() - started,
+        )
+
+    def _close_runner(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            self.server.model_executor.submit(runner.close)
+
+    def on_shutdown(self) -> None:
+        self.cancel_all("shutdown")
+        if self._loading is not None:
+            self._loading.cancel()
+        self._close_runner()
 
     def path_of(self, uri: str) -> str:
         """The document's path as the prompt names it (and the history keys it): relative to
@@ -268,7 +347,13 @@ class NextEditFeature(DocumentListener):
         token = CancelToken()
         self.cancel(uri, "superseded")
         self.in_flight[uri] = token
-        predict = functools.partial(predictor.predict, lines, path, cursor, self.history, token)
+        serving = self.server.engine.runner if self.server.engine else None
+
+        def predict() -> NextEditPrediction:
+            if serving is not None and predictor.runner is not serving:
+                follow_adapter(predictor.runner, serving)
+            return predictor.predict(lines, path, cursor, self.history, token)
+
         loop = asyncio.get_running_loop()
         self.server.completion_activity(True, "next_edit")  # background training pauses
         try:
@@ -413,9 +498,17 @@ class NextEditFeature(DocumentListener):
     def status_parts(self) -> dict[str, Any]:
         """The `nextEdit` part of `tabloop/status`."""
         counters = self.counters
+        settings = self.server.settings
+        engine = next_edit_engine(settings.next_edit, settings.completion)
+        runner = self._runner if engine == "torch-bfloat16" else None
         return {
             "nextEdit": {
                 "enabled": self.enabled,
+                # Where rewrites run: `completion` (the engine's runner) or `torch-bfloat16`,
+                # with that runner's model id ("" while it loads) and its load error if any.
+                "engine": engine,
+                "runnerModelId": runner.model_id if runner is not None else "",
+                "runnerError": self.runner_error if engine == "torch-bfloat16" else "",
                 "requests": counters.requests,
                 "predicted": counters.predicted,
                 "modelCalls": counters.model_calls,
@@ -461,7 +554,8 @@ def register(server: TabloopServer) -> None:
     server.hooks.settings.append(feature.on_settings)
     server.hooks.documents.append(feature)
     server.hooks.completion.append(feature.on_completion)
-    server.hooks.shutdown.append(lambda: feature.cancel_all("shutdown"))
+    server.hooks.ready.append(feature.on_ready)
+    server.hooks.shutdown.append(feature.on_shutdown)
 
     async def next_edit(ls: TabloopServer, params: Any) -> Any:
         request_id = str(ls.protocol.msg_id or "")

@@ -55,14 +55,9 @@ def test_chunked_prefill_gives_the_same_text_as_one_pass(
     text = chunked.generate(
         PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
     ).text
-    import completion.runners.torch_runner as torch_runner
-
     one_pass = TorchRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
-    saved, torch_runner.PREFILL_CHUNK_TOKENS = torch_runner.PREFILL_CHUNK_TOKENS, 100_000
-    try:
-        reference = one_pass.generate(
-            PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
-        ).text
-    finally:
-        torch_runner.PREFILL_CHUNK_TOKENS = saved
+    one_pass.prefill_chunk_tokens = 100_000
+    reference = one_pass.generate(
+        PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
+    ).text
     assert text == reference

@@ -1,0 +1,167 @@
+"""Which runner rewrites next edits, and the torch bfloat16 one: merged adapters, following."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from completion.adapters import AdapterError, save_adapter
+from completion.next_edit import NextEditSettings
+from completion.next_edit.runner import follow_adapter, load_next_edit_runner, next_edit_engine
+from completion.runners.loading import load_model
+from completion.runners.torch_runner import (
+    BFLOAT16_EDIT_DRAFT_TOKENS,
+    BFLOAT16_PREFILL_CHUNK_TOKENS,
+    TorchRunner,
+)
+from completion.settings import CompletionSettings
+from completion.types import CancelToken
+from tests.support import adapters as damage
+
+AMX = ["avx512f", "avx512_bf16", "amx_bf16", "amx_int8"]
+NO_AMX = ["avx2", "avx512f", "avx512_bf16"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "completion", "flags", "expected"),
+    [
+        ("auto", {}, AMX, "torch-bfloat16"),
+        ("auto", {"engine": "ctranslate2"}, AMX, "torch-bfloat16"),
+        ("auto", {}, NO_AMX, "completion"),
+        ("auto", {"engine": "torch"}, AMX, "completion"),
+        ("auto", {"runner": "http"}, AMX, "completion"),
+        ("completion", {}, AMX, "completion"),
+        ("torch-bfloat16", {}, NO_AMX, "torch-bfloat16"),
+    ],
+)
+def test_auto_takes_torch_bfloat16_beside_a_fast_engine_on_amx_only(
+    engine: str, completion: dict[str, Any], flags: list[str], expected: str
+) -> None:
+    settings = NextEditSettings.model_validate({"engine": engine})
+    found = next_edit_engine(settings, CompletionSettings.model_validate(completion), flags)
+    assert found == expected
+
+
+def test_an_unknown_engine_is_refused() -> None:
+    with pytest.raises(ValueError, match="engine"):
+        NextEditSettings.model_validate({"engine": "bfloat16"})
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An adapter whose LoRA B weights are non-zero, so it changes what the model computes."""
+    from training.lora import LoraShape, attach_lora
+
+    runner = TorchRunner(str(tiny_model_path), tmp_path_factory.mktemp("ref"), threads=1)
+    _tokenizer, model = load_model(runner.source, "float32", Path(runner.source.location))
+    wrapped = attach_lora(model, LoraShape(rank=2, alpha=4, dropout=0.0))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in wrapped.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    target = tmp_path_factory.mktemp("adapters") / "good"
+    save_adapter(wrapped, target, runner.base_model_id, {"version": "v0003"})
+    return target
+
+
+def _runner(tiny_model_path: Path, cache_dir: Path, adapter: Path | None = None) -> TorchRunner:
+    settings = CompletionSettings(
+        model=str(tiny_model_path), engine="torch", adapter=str(adapter or ""), threads=1
+    )
+    return load_next_edit_runner(settings, cache_dir)
+
+
+def _weight(runner: TorchRunner, name: str) -> torch.Tensor:
+    return dict(runner.model.named_parameters())[name].detach().float().clone()
+
+
+def test_the_runner_is_torch_bfloat16_with_its_own_prefill_and_draft_sizes(
+    tiny_model_path: Path, cache_dir: Path
+) -> None:
+    runner = _runner(tiny_model_path, cache_dir)
+    assert runner.dtype == "bfloat16"
+    assert {p.dtype for p in runner.model.parameters()} == {torch.bfloat16}
+    assert runner.prefill_chunk_tokens == BFLOAT16_PREFILL_CHUNK_TOKENS
+    assert runner.edit_draft_tokens == BFLOAT16_EDIT_DRAFT_TOKENS
+    float32 = TorchRunner(str(tiny_model_path), cache_dir, threads=1)
+    assert (float32.prefill_chunk_tokens, float32.edit_draft_tokens) == (64, 16)
+
+
+def test_an_adapter_is_merged_into_the_bfloat16_weights_and_taken_out_again(
+    tiny_model_path: Path, cache_dir: Path, adapter: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    runner = _runner(tiny_model_path, cache_dir)
+    name = next(n for n, _ in runner.model.named_parameters() if n.endswith("q_proj.weight"))
+    base = _weight(runner, name)
+    base_text = _generate(runner)
+
+    runner.swap_adapter(adapter)
+    assert runner.model_id == f"{runner.base_model_id}+v0003"
+    assert not any("lora" in n for n, _ in runner.model.named_parameters())  # merged, no layers
+    # W + (alpha / rank) * B @ A, rounded once to bfloat16.
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    stem = name.removesuffix(".weight")
+    a = next(t for k, t in tensors.items() if stem in k and "lora_A" in k)
+    b = next(t for k, t in tensors.items() if stem in k and "lora_B" in k)
+    expected = (base + 2.0 * b.float() @ a.float()).to(torch.bfloat16).float()
+    merged = _weight(runner, name)
+    assert not torch.equal(merged, base)
+    assert torch.allclose(merged, expected, atol=2e-2 * float(expected.abs().max()))
+    _generate(runner)  # decodes with the adapter (what it says is not asserted)
+
+    runner.swap_adapter(None)
+    assert runner.model_id == runner.base_model_id
+    assert torch.equal(_weight(runner, name), base)
+    assert _generate(runner) == base_text
+
+
+def test_a_bad_adapter_leaves_the_serving_weights(
+    tiny_model_path: Path, cache_dir: Path, adapter: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    runner = _runner(tiny_model_path, cache_dir)
+    name = next(n for n, _ in runner.model.named_parameters() if n.endswith("q_proj.weight"))
+    base = _weight(runner, name)
+    bad = tmp_path / "bad"
+    shutil.copytree(adapter, bad)
+    damage.flip_byte(bad)
+    with pytest.raises(AdapterError):
+        runner.swap_adapter(bad)
+    assert runner.adapter is None
+    assert torch.equal(_weight(runner, name), base)
+
+
+class _Serving:
+    def __init__(self, adapter: Path | None) -> None:
+        self.adapter = adapter
+
+
+def test_the_runner_follows_the_completion_runners_adapter(
+    tiny_model_path: Path, cache_dir: Path, adapter: Path
+) -> None:
+    runner = _runner(tiny_model_path, cache_dir, adapter)
+    assert runner.adapter == adapter  # loaded with the settings' adapter
+    follow_adapter(runner, _Serving(adapter))
+    assert runner.adapter == adapter
+    follow_adapter(runner, _Serving(None))
+    assert runner.adapter is None
+    follow_adapter(runner, _Serving(adapter))
+    assert runner.model_id.endswith("+v0003")
+
+
+def _generate(runner: TorchRunner) -> str:
+    return runner.generate(
+        "def add(a, b):\n    return", max_new_tokens=6, stop=lambda _: None, cancel=CancelToken()
+    ).text
