@@ -133,6 +133,39 @@ def check_adapter(
     return manifest
 
 
+def merge_into(base_model: Any, directory: Path) -> None:
+    """Add the adapter in `directory` to `base_model`'s weights in place: W += s * B @ A for each
+    LoRA layer, in float32 and rounded once to the weights' dtype (s = alpha / r, or alpha / sqrt(r)
+    with rsLoRA). Check the adapter first (`check_adapter`).
+
+    Written by hand rather than with peft's `merge_and_unload`, which gives the same weights but,
+    on a bfloat16 model, left a forward pass 3.8 times as slow (its output head ran through a
+    batched product that copies the 272 MB head every pass; 924 ms against 240 ms for 256 tokens
+    on a 2-core Xeon, docs/next-edit.md)."""
+    import math
+
+    import torch
+    from peft import LoraConfig
+
+    config = LoraConfig.from_pretrained(str(directory))
+    if getattr(config, "use_dora", False):
+        raise AdapterError(f"adapter {directory}: DoRA adapters cannot be merged here")
+    rank = int(config.r)
+    scale = config.lora_alpha / (math.sqrt(rank) if config.use_rslora else rank)
+    tensors = load_adapter_tensors(directory)
+    modules = dict(base_model.named_modules())
+    with torch.no_grad():
+        for name, down in tensors.items():
+            if ".lora_A." not in name:
+                continue
+            up = tensors[name.replace(".lora_A.", ".lora_B.")]
+            weight = modules[name.split(".lora_A.")[0].removeprefix("base_model.model.")].weight
+            delta = scale * (up.float() @ down.float())
+            if config.fan_in_fan_out:
+                delta = delta.T
+            weight.copy_((weight.float() + delta).to(weight.dtype))
+
+
 def apply_adapter(
     base_model: Any,
     directory: Path,

@@ -65,7 +65,10 @@ def load_next_edit_runner(completion: CompletionSettings, cache_dir: Path) -> To
 
 def follow_adapter(runner: TorchRunner, serving: ModelRunner) -> None:
     """Serve on `runner` the adapter `serving` (the completion runner) serves, when they differ:
-    a new adapter version reaches next edits with the first prediction after it."""
-    wanted = getattr(serving, "adapter", None)
-    if wanted != runner.adapter:
-        runner.swap_adapter(wanted)
+    a new adapter version reaches next edits with the first prediction after it. A runner that
+    serves no adapters (an HTTP server's model) leaves `runner` as it is."""
+    from completion.runners.base import RunnerCapabilities
+
+    adapters = RunnerCapabilities.of(serving).adapters
+    if adapters is not None and adapters.adapter != runner.adapter:
+        runner.swap_adapter(adapters.adapter)

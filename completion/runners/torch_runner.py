@@ -221,15 +221,13 @@ class TorchRunner:
 
     def _merged(self, adapter: Path | None) -> Any:
         """The base weights read again, with `adapter` merged into them (None: the base)."""
-        from completion.adapters import apply_adapter
+        from completion.adapters import merge_into
 
         if adapter is None and self.adapter is None:
             return self.model
         _, model = load_model(self.source, self.dtype, self.cache_dir)
         if adapter is not None:
-            model = apply_adapter(model, adapter, self.base_model_id, self._base_shapes)
-            model = model.merge_and_unload()
-            model.eval()
+            merge_into(model, adapter)
         return model
 
     def _detect_family(self) -> str:

@@ -19,8 +19,15 @@ stop reason; the figure that must be 1.0), drafted and accepted tokens, tokens p
 decode tokens/s and the speed-up of the decode and of the whole request (p50 and total), and the
 configuration loaded (engine, weights, threads).
 
-    tabloop bench speculative-edits [--engine onnxruntime|torch] [--n 4] [--lines 10,20,40]
-        [--tokens 16] [--json]
+`--engine torch-bfloat16` is the runner next edits get beside a fast engine on a CPU with AMX
+(`completion.next_edit.runner`: torch in bfloat16 on every core, its own prefill and draft
+sizes). `--baseline-engine E` loads a second engine and runs every prompt on it too, right
+after the first engine's runs of that prompt (the order alternating), so `vs_baseline` puts the
+two engines' drafted requests side by side on equal terms: same prompts, same run, the same
+threads unless `--threads` is left at 0 (every core: both engines' default there).
+
+    tabloop bench speculative-edits [--engine onnxruntime|torch|torch-bfloat16]
+        [--baseline-engine E] [--n 4] [--lines 10,20,40] [--tokens 16] [--json]
 """
 
 from __future__ import annotations
@@ -181,14 +188,38 @@ def _configuration(runner: Any) -> dict[str, Any]:
         "engine_version": torch.__version__,
         "compute_type": str(runner.dtype),
         "threads": torch.get_num_threads(),
+        "prefill_chunk_tokens": runner.prefill_chunk_tokens,
     }
+
+
+ENGINES = ("onnxruntime", "torch", "torch-bfloat16")
+
+
+def _load(engine: str, model: str, threads: int, cache_dir: Path) -> Any:
+    """The runner `engine` names, with its prompt reuse off."""
+    from completion.next_edit.runner import load_next_edit_runner
+    from completion.runners import load_runner
+    from completion.runners.onnx import OnnxRunner
+    from completion.runners.torch_runner import TorchRunner
+    from completion.settings import CompletionSettings
+
+    if engine == "torch-bfloat16":
+        settings = CompletionSettings(model=model, threads=threads, cache=False)
+        runner: Any = load_next_edit_runner(settings, cache_dir)
+    else:
+        settings = CompletionSettings(model=model, engine=engine, threads=threads, cache=False)
+        runner = load_runner(settings, cache_dir)
+    if not isinstance(runner, OnnxRunner | TorchRunner):  # the runners that check drafts
+        raise SystemExit(f"tabloop bench speculative-edits: {engine} cannot check drafts")
+    return runner
 
 
 def main(argv: list[str]) -> int:
     """Run every rewrite plain and drafted and print one JSON report."""
     parser = argparse.ArgumentParser(prog="tabloop bench speculative-edits", description=__doc__)
     parser.add_argument("--model", default="bundled")
-    parser.add_argument("--engine", default="onnxruntime", choices=["onnxruntime", "torch"])
+    parser.add_argument("--engine", default="onnxruntime", choices=ENGINES)
+    parser.add_argument("--baseline-engine", default="", choices=["", *ENGINES])
     parser.add_argument("--cache-dir", default="")
     parser.add_argument("--n", type=int, default=4, help="rewrites per window size")
     parser.add_argument("--lines", default="10,20,40", help="window sizes in lines")
@@ -199,67 +230,108 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from common.paths import default_cache_dir
-    from completion.runners import load_runner
-    from completion.runners.onnx import OnnxRunner
-    from completion.runners.torch_runner import TorchRunner
-    from completion.settings import CompletionSettings
     from evaluation.bench.speculative import _summary
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    settings = CompletionSettings(
-        model=args.model, engine=args.engine, threads=args.threads, cache=False
-    )
-    runner = load_runner(settings, cache_dir)
-    if not isinstance(runner, OnnxRunner | TorchRunner):  # the runners that check drafts
-        raise SystemExit(f"tabloop bench speculative-edits: {args.engine} cannot check drafts")
-    lengths = [int(k) for k in args.tokens.split(",") if k] or [runner.edit_draft_tokens]
+    names = [args.engine] + ([args.baseline_engine] if args.baseline_engine else [])
+    if len(set(names)) < len(names):
+        raise SystemExit("tabloop bench speculative-edits: the baseline is the same engine")
+    runners = {name: _load(name, args.model, args.threads, cache_dir) for name in names}
+    asked = [int(k) for k in args.tokens.split(",") if k]
+    lengths = {name: asked or [r.edit_draft_tokens] for name, r in runners.items()}
     sizes = [int(size) for size in args.lines.split(",") if size]
     rng = random.Random(args.seed)
 
-    by_size: dict[str, Any] = {}
+    by_engine: dict[str, dict[str, Any]] = {name: {} for name in names}
     done = 0
     for size in sizes:
         rewrites = sample_rewrites(size, args.n, rng)
-        modes: list[int] = [0, *lengths]  # 0: plain
-        runs: dict[int, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        runs: dict[str, dict[int, list[dict[str, Any]]]] = {
+            name: {mode: [] for mode in [0, *lengths[name]]} for name in names
+        }
         for index, rewrite in enumerate(rewrites):
             prompt, draft = prompt_for(rewrite), "".join(rewrite.current)
-            max_new_tokens = runner.count_tokens(draft) + MARGIN_TOKENS
-            for mode in modes if index % 2 == 0 else modes[::-1]:
-                runner.edit_draft_tokens = max(mode, 1)
-                runs[mode].append(_run(runner, prompt, draft if mode else None, max_new_tokens))
+            for name in names if index % 2 == 0 else names[::-1]:
+                runner = runners[name]
+                max_new_tokens = runner.count_tokens(draft) + MARGIN_TOKENS
+                modes = list(runs[name])  # 0: plain
+                for mode in modes if index % 2 == 0 else modes[::-1]:
+                    runner.edit_draft_tokens = max(mode, 1)
+                    found = _run(runner, prompt, draft if mode else None, max_new_tokens)
+                    runs[name][mode].append(found)
             done += 1
             print(f"\r{done}/{len(sizes) * args.n}", end="", file=sys.stderr, flush=True)
-        plain = runs[0]
-        outputs = [a["generation"].text for a in plain]
-        by_size[str(size)] = {
-            "rewrites": len(rewrites),
-            "kinds": [r.kind for r in rewrites],
-            "window_tokens_p50": statistics.median(
-                runner.count_tokens("".join(r.current)) for r in rewrites
-            ),
-            "prompt_tokens_p50": statistics.median(a["generation"].prompt_tokens for a in plain),
-            "new_tokens_total": sum(a["generation"].new_tokens for a in plain),
-            # How the model answered: the current window copied, or changed.
-            "outputs_equal_to_window": sum(
-                out == "".join(r.current) for out, r in zip(outputs, rewrites, strict=True)
-            ),
-            "by_draft_tokens": {str(k): _summary(plain, runs[k]) for k in lengths},
-        }
+        for name, runner in runners.items():
+            by_engine[name][str(size)] = _size_report(
+                runner, rewrites, runs[name], lengths[name], _summary
+            )
     print(file=sys.stderr)
+    first = runners[args.engine]
     report = {
         "benchmark": "speculative-edits",
         "command": "tabloop bench speculative-edits " + " ".join(argv),
-        "model_id": runner.model_id,
-        "configuration": _configuration(runner),
+        "model_id": first.model_id,
+        "configuration": _configuration(first),
         "cpu": cpu_description(),
         "load_average": round(os.getloadavg()[0], 2),
         "baseline": "plain greedy decoding (generate) of the same prompts, same runner",
-        "by_window_lines": by_size,
+        "by_window_lines": by_engine[args.engine],
     }
-    runner.close()
+    if args.baseline_engine:
+        other = runners[args.baseline_engine]
+        report["baseline_engine"] = {
+            "name": args.baseline_engine,
+            "model_id": other.model_id,
+            "configuration": _configuration(other),
+            "by_window_lines": by_engine[args.baseline_engine],
+        }
+        report["vs_baseline"] = {
+            size: _versus(by_engine[args.engine][size], by_engine[args.baseline_engine][size])
+            for size in by_engine[args.engine]
+        }
+    for runner in runners.values():
+        runner.close()
     print(json.dumps(report, indent=2))
     return 0
+
+
+def _versus(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """The engine's drafted requests against the baseline engine's, same prompts: each at its
+    own draft length (the first of `--tokens`)."""
+    mine = next(iter(ours["by_draft_tokens"].values()))
+    base = next(iter(theirs["by_draft_tokens"].values()))
+    return {
+        "request_ms_p50": mine["request_ms_p50"],
+        "request_ms_p50_baseline": base["request_ms_p50"],
+        "request_speedup_p50": round(base["request_ms_p50"] / mine["request_ms_p50"], 3),
+        "prompt_tokens_p50": ours["prompt_tokens_p50"],
+    }
+
+
+def _size_report(
+    runner: Any,
+    rewrites: list[Rewrite],
+    runs: dict[int, list[dict[str, Any]]],
+    lengths: list[int],
+    summary: Any,
+) -> dict[str, Any]:
+    """One engine's figures for one window size."""
+    plain = runs[0]
+    outputs = [a["generation"].text for a in plain]
+    return {
+        "rewrites": len(rewrites),
+        "kinds": [r.kind for r in rewrites],
+        "window_tokens_p50": statistics.median(
+            runner.count_tokens("".join(r.current)) for r in rewrites
+        ),
+        "prompt_tokens_p50": statistics.median(a["generation"].prompt_tokens for a in plain),
+        "new_tokens_total": sum(a["generation"].new_tokens for a in plain),
+        # How the model answered: the current window copied, or changed.
+        "outputs_equal_to_window": sum(
+            out == "".join(r.current) for out, r in zip(outputs, rewrites, strict=True)
+        ),
+        "by_draft_tokens": {str(k): summary(plain, runs[k]) for k in lengths},
+    }
 
 
 if __name__ == "__main__":

@@ -174,6 +174,9 @@ class NextEditFeature(DocumentListener):
                 experimental.pop(CONFIGURATION_SECTION, None)
         if self._predictor is not None:
             self._predictor.settings = settings.next_edit
+        if next_edit_engine(settings.next_edit, settings.completion) != "torch-bfloat16":
+            self._close_runner()  # rewrites went back to the engine's runner
+            self._runner_key = None
         if settings.next_edit.enabled and settings.next_edit.screen_below > 0:
             try:
                 load_screen(settings.next_edit.screen_weights)

@@ -143,22 +143,22 @@ def test_a_bad_adapter_leaves_the_serving_weights(
     assert torch.equal(_weight(runner, name), base)
 
 
-class _Serving:
-    def __init__(self, adapter: Path | None) -> None:
-        self.adapter = adapter
-
-
 def test_the_runner_follows_the_completion_runners_adapter(
     tiny_model_path: Path, cache_dir: Path, adapter: Path
 ) -> None:
     runner = _runner(tiny_model_path, cache_dir, adapter)
     assert runner.adapter == adapter  # loaded with the settings' adapter
-    follow_adapter(runner, _Serving(adapter))
+    serving = TorchRunner(str(tiny_model_path), cache_dir, threads=1, adapter=adapter)
+    follow_adapter(runner, serving)
     assert runner.adapter == adapter
-    follow_adapter(runner, _Serving(None))
-    assert runner.adapter is None
-    follow_adapter(runner, _Serving(adapter))
+    serving.swap_adapter(None)  # the completion runner goes back to the base model
+    follow_adapter(runner, serving)
+    assert runner.adapter is None and runner.model_id == runner.base_model_id
+    serving.swap_adapter(adapter)
+    follow_adapter(runner, serving)
     assert runner.model_id.endswith("+v0003")
+    follow_adapter(runner, object())  # a runner without adapters (an HTTP server's) says nothing
+    assert runner.adapter == adapter
 
 
 def _generate(runner: TorchRunner) -> str:

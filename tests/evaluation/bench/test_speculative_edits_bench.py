@@ -49,3 +49,27 @@ def test_runs_end_to_end(
     size = report["by_window_lines"]["10"]
     assert size["rewrites"] == 2
     assert size["by_draft_tokens"]["16"]["identical_share"] == 1.0
+
+
+def test_a_baseline_engine_runs_the_same_prompts_in_the_same_run(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--model", str(tiny_model_path), "--engine", "torch-bfloat16", "--n", "2"]
+    argv += ["--lines", "10", "--baseline-engine", "torch", "--threads", "1"]
+    assert main([*argv, "--cache-dir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["configuration"]["compute_type"] == "bfloat16"
+    assert report["configuration"]["prefill_chunk_tokens"] == 256
+    assert report["baseline_engine"]["configuration"]["compute_type"] == "float32"
+    ours = report["by_window_lines"]["10"]
+    theirs = report["baseline_engine"]["by_window_lines"]["10"]
+    assert list(ours["by_draft_tokens"]) == ["64"] and list(theirs["by_draft_tokens"]) == ["16"]
+    assert ours["prompt_tokens_p50"] == theirs["prompt_tokens_p50"]  # the same prompts
+    versus = report["vs_baseline"]["10"]
+    assert versus["request_ms_p50"] == ours["by_draft_tokens"]["64"]["request_ms_p50"]
+    assert versus["request_ms_p50_baseline"] == theirs["by_draft_tokens"]["16"]["request_ms_p50"]
+
+
+def test_the_same_engine_as_its_own_baseline_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="same engine"):
+        main(["--engine", "torch", "--baseline-engine", "torch", "--cache-dir", str(tmp_path)])

@@ -1,0 +1,76 @@
+"""Next edits on a runner of their own (`nextEdit.engine = "torch-bfloat16"`), over stdio.
+
+The server loads the committed tiny model for completions (torch, float32) and, once it is
+ready, a second runner of the same model in bfloat16 for next edits. What the tiny model writes
+differs between CPUs, so the test asserts where the rewrite ran, not what it says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from evaluation.lsp_client import plain
+from tests.lsp_server.test_e2e import wait_until_ready
+from tests.lsp_server.test_next_edit_e2e import SOURCE, Document, last_timing
+
+
+@pytest_lsp.fixture(
+    config=ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", "--stdio"])
+)
+async def client(
+    lsp_client: LanguageClient, tiny_model_path: Path, tmp_path: Path
+) -> AsyncIterator[None]:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    await lsp_client.initialize_session(
+        types.InitializeParams(
+            capabilities=types.ClientCapabilities(),
+            root_uri=workspace.as_uri(),
+            initialization_options={
+                "cacheDir": str(tmp_path / "cache"),
+                "completion": {"model": str(tiny_model_path), "engine": "torch"},
+                "nextEdit": {"engine": "torch-bfloat16", "screenBelow": 0},
+                "index": {"enabled": False},
+                "telemetry": {"level": "off"},
+            },
+        )
+    )
+    lsp_client.workspace_for_tests = workspace  # type: ignore[attr-defined]
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def next_edit_status(client: LanguageClient) -> dict[str, Any]:
+    status: dict[str, Any] = plain(await client.protocol.send_request_async("tabloop/status", {}))
+    found: dict[str, Any] = status["nextEdit"]
+    return found
+
+
+async def test_next_edits_run_on_their_own_bfloat16_runner(client: LanguageClient) -> None:
+    status = await wait_until_ready(client)
+    assert status["model"]["state"] == "ready", status
+    deadline = time.monotonic() + 120  # not stuck: it loads once the engine is ready
+    while not (found := await next_edit_status(client))["runnerModelId"]:
+        assert not found["runnerError"], found
+        assert time.monotonic() < deadline, found
+        await asyncio.sleep(0.1)
+    assert found["engine"] == "torch-bfloat16"
+    assert found["runnerModelId"].startswith("tiny-model")
+
+    workspace: Path = client.workspace_for_tests  # type: ignore[attr-defined]
+    document = Document(client, workspace, "rename.py", SOURCE)
+    document.rename_width()
+    await document.ask()
+    timing = await last_timing(client)
+    assert timing["reached_model"], timing
+    assert timing["prompt_tokens"] > 0 and timing["outcome"] != "not_ready", timing
+    assert (await next_edit_status(client))["modelCalls"] == 1
