@@ -75,7 +75,7 @@ class NextEditSettings(BaseModel):
         "auto",
         description="What runs next-edit rewrites. `completion`: the completion model's runner. "
         "`torch-bfloat16`: a second runner of the same model and adapter, torch in bfloat16 "
-        "on every core (about 1.2 GB more memory), which reads a rewrite's prompt and checks "
+        "on every core (about 1.8 GB more memory), which reads a rewrite's prompt and checks "
         "its draft several times faster on a CPU with AMX. `auto` is `torch-bfloat16` where "
         "the CPU has AMX and the completion runner is a local fast engine (ONNX Runtime "
         "GenAI, CTranslate2), else `completion` (docs/next-edit.md).",

@@ -13,9 +13,9 @@ Otherwise the prediction runs on the model thread, one per document: a newer req
 to the document, its closing or `$/cancelRequest` cancels the one in flight within one decode
 step, and an inline completion request starting anywhere does too (an inline suggestion is
 worth more than a rewrite that has to wait). It runs on the runner `nextEdit.engine` names: the
-engine's own, or a torch bfloat16 runner of the same model, loaded on the model thread once the
-engine is ready (requests are answered empty until then), that serves the adapter the engine
-serves (`completion.next_edit.runner`). An answer whose document changed meanwhile is
+engine's own, or a torch bfloat16 runner of the same model, loaded on a thread of its own once
+the engine is ready (requests are answered empty until then), that serves the adapter the
+engine serves (`completion.next_edit.runner`). An answer whose document changed meanwhile is
 empty. Every request leaves one `NextEditTiming` (`tabloop/nextEditTimings`).
 
 Outcomes: the editor says when it shows a prediction (`textDocument/didShowInlineEdit` or
@@ -36,7 +36,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsprotocol import types
 from pydantic import ValidationError
@@ -72,6 +72,10 @@ from lsp_server.protocol import (
     to_wire,
 )
 from lsp_server.server import ModelWork, TabloopServer
+
+if TYPE_CHECKING:
+    from completion.runners.base import ModelRunner
+    from completion.runners.torch_runner import TorchRunner
 from telemetry.events import MAX_TEXT_CHARS, Latency, NextEditEvent, NextEditKind
 
 log = logging.getLogger(__name__)
@@ -153,7 +157,7 @@ class NextEditFeature(DocumentListener):
     timings: deque[NextEditTiming] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
     _predictor: NextEditPredictor | None = None
     # The torch bfloat16 runner (`nextEdit.engine`), the settings it was loaded with, its load.
-    _runner: Any = None
+    _runner: TorchRunner | None = None
     _runner_key: tuple[Any, ...] | None = None
     _loading: asyncio.Task[None] | None = None
     runner_error: str = ""
@@ -190,11 +194,11 @@ class NextEditFeature(DocumentListener):
         if engine is None:
             return None
         settings = self.server.settings
-        runner = engine.runner
+        runner: ModelRunner | None = engine.runner
         if next_edit_engine(settings.next_edit, settings.completion) == "torch-bfloat16":
             runner = self._own_runner()
-            if runner is None:
-                return None
+        if runner is None:
+            return None
         if self._predictor is None or self._predictor.runner is not runner:
             self._predictor = NextEditPredictor(runner, settings.next_edit)
         return self._predictor
@@ -204,7 +208,7 @@ class NextEditFeature(DocumentListener):
         if self.enabled:
             self.predictor()
 
-    def _own_runner(self) -> Any:
+    def _own_runner(self) -> TorchRunner | None:
         """The torch bfloat16 runner for the settings of now, or None while it loads (or when it
         could not be loaded: `runner_error` says why, and a settings change tries again)."""
         settings = self.server.settings
@@ -234,9 +238,8 @@ class NextEditFeature(DocumentListener):
             return load_next_edit_runner(settings.completion, settings.cache_path())
 
         try:
-            runner = await asyncio.get_running_loop().run_in_executor(
-                self.server.model_executor, load
-            )
+            # On a thread of its own: the model thread keeps answering completions meanwhile.
+            runner = await asyncio.get_running_loop().run_in_executor(None, load)
         except Exception as exc:
             log.error("could not load the next-edit runner: %s", exc, exc_info=True)
             self.runner_error = str(exc)
@@ -351,10 +354,11 @@ class NextEditFeature(DocumentListener):
         self.cancel(uri, "superseded")
         self.in_flight[uri] = token
         serving = self.server.engine.runner if self.server.engine else None
+        own: TorchRunner | None = self._runner if predictor.runner is self._runner else None
 
         def predict() -> NextEditPrediction:
-            if serving is not None and predictor.runner is not serving:
-                follow_adapter(predictor.runner, serving)
+            if own is not None and serving is not None:
+                follow_adapter(own, serving)  # the engine's adapter, on next edits' runner
             return predictor.predict(lines, path, cursor, self.history, token)
 
         loop = asyncio.get_running_loop()

@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from completion.adapters import AdapterError, save_adapter
+from completion.adapters import AdapterError
 from completion.next_edit import NextEditSettings
 from completion.next_edit.runner import follow_adapter, load_next_edit_runner, next_edit_engine
-from completion.runners.loading import load_model
 from completion.runners.torch_runner import (
     BFLOAT16_EDIT_DRAFT_TOKENS,
     BFLOAT16_PREFILL_CHUNK_TOKENS,
@@ -20,6 +19,7 @@ from completion.runners.torch_runner import (
 from completion.settings import CompletionSettings
 from completion.types import CancelToken
 from tests.support import adapters as damage
+from tests.support.adapters import strong_adapter
 
 AMX = ["avx512f", "avx512_bf16", "amx_bf16", "amx_int8"]
 NO_AMX = ["avx2", "avx512f", "avx512_bf16"]
@@ -58,19 +58,10 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def adapter(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An adapter whose LoRA B weights are non-zero, so it changes what the model computes."""
-    from training.lora import LoraShape, attach_lora
-
     runner = TorchRunner(str(tiny_model_path), tmp_path_factory.mktemp("ref"), threads=1)
-    _tokenizer, model = load_model(runner.source, "float32", Path(runner.source.location))
-    wrapped = attach_lora(model, LoraShape(rank=2, alpha=4, dropout=0.0))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, parameter in wrapped.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(0, 0.5)
     target = tmp_path_factory.mktemp("adapters") / "good"
-    save_adapter(wrapped, target, runner.base_model_id, {"version": "v0003"})
-    return target
+    source, location = runner.source, Path(runner.source.location)
+    return strong_adapter(source, runner.base_model_id, location, target, {"version": "v0003"})
 
 
 def _runner(tiny_model_path: Path, cache_dir: Path, adapter: Path | None = None) -> TorchRunner:
