@@ -3,10 +3,10 @@
 A rewrite reads a long prompt (recent edits, the window before and now) and then checks the
 current window as its draft, many tokens per forward pass. Both are matrix products over many
 tokens at once, which a CPU with AMX computes in bfloat16 several times faster than the 8-bit
-fast engines do: on a 2-core Xeon, torch read a 512-token prompt in 0.41 s where ONNX Runtime
-GenAI took 2.7 s. Decoding one token at a time, the fast engines stay ahead (they read half the
-bytes per token), so inline completions keep their engine and next edits get a second runner of
-the same model and adapter (`nextEdit.engine`, docs/next-edit.md).
+fast engines do: on a 2-core Xeon, torch read a 512-token prompt in about 0.5 s where ONNX
+Runtime GenAI took 2.7 s for 496 tokens. Decoding one token at a time, the fast engines stay
+ahead (they read half the bytes per token), so inline completions keep their engine and next
+edits get a second runner of the same model and adapter (`nextEdit.engine`, docs/next-edit.md).
 """
 
 from __future__ import annotations
