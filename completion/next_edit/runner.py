@@ -11,6 +11,7 @@ edits get a second runner of the same model and adapter (`nextEdit.engine`, docs
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -39,8 +40,14 @@ def next_edit_engine(
         return next_edit.engine
     if completion.runner != "local" or completion.engine == "torch":
         return "completion"  # a server's model, or torch already
-    flags = cpu_description()["flags"] if flags is None else flags
+    flags = _cpu_flags() if flags is None else flags
     return "torch-bfloat16" if AMX_FLAG in flags else "completion"
+
+
+@functools.cache
+def _cpu_flags() -> tuple[str, ...]:
+    """This CPU's flags, read once: the server asks at every request, on its event loop."""
+    return tuple(cpu_description()["flags"])
 
 
 def load_next_edit_runner(completion: CompletionSettings, cache_dir: Path) -> TorchRunner:

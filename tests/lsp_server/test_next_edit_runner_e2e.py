@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest_lsp
-from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
 
 from evaluation.lsp_client import plain
 from tests.lsp_server.test_e2e import wait_until_ready
 from tests.lsp_server.test_next_edit_e2e import SOURCE, Document, last_timing
+from tests.lsp_server.test_tiny_model_e2e import start_session
 
 
 @pytest_lsp.fixture(
@@ -29,22 +29,9 @@ from tests.lsp_server.test_next_edit_e2e import SOURCE, Document, last_timing
 async def client(
     lsp_client: LanguageClient, tiny_model_path: Path, tmp_path: Path
 ) -> AsyncIterator[None]:
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
-    await lsp_client.initialize_session(
-        types.InitializeParams(
-            capabilities=types.ClientCapabilities(),
-            root_uri=workspace.as_uri(),
-            initialization_options={
-                "cacheDir": str(tmp_path / "cache"),
-                "completion": {"model": str(tiny_model_path), "engine": "torch"},
-                "nextEdit": {"engine": "torch-bfloat16", "screenBelow": 0},
-                "index": {"enabled": False},
-                "telemetry": {"level": "off"},
-            },
-        )
-    )
-    lsp_client.workspace_for_tests = workspace  # type: ignore[attr-defined]
+    completion = {"model": str(tiny_model_path), "engine": "torch"}
+    next_edit = {"engine": "torch-bfloat16", "screenBelow": 0}
+    await start_session(lsp_client, tmp_path, completion, nextEdit=next_edit)
     yield
     await lsp_client.shutdown_session()
 

@@ -40,25 +40,35 @@ SPECIAL_TOKEN = "<|"
 async def client(
     lsp_client: LanguageClient, tiny_model_path: Path, tmp_path: Path
 ) -> AsyncIterator[None]:
+    completion = {"model": str(tiny_model_path), "maxNewTokens": 24}
+    workspace = await start_session(lsp_client, tmp_path, completion, policy={"showFloor": 1.0})
+    (workspace / "words.py").write_text(SOURCE, encoding="utf-8")
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def start_session(
+    lsp_client: LanguageClient, tmp_path: Path, completion: dict[str, Any], **options: Any
+) -> Path:
+    """Initialize a session on the tiny model (index and telemetry off) in a fresh workspace,
+    kept as `lsp_client.workspace_for_tests`; `options` are more initialization options."""
     workspace = tmp_path / "workspace"
     workspace.mkdir()
-    (workspace / "words.py").write_text(SOURCE, encoding="utf-8")
     await lsp_client.initialize_session(
         types.InitializeParams(
             capabilities=load_profile("vscode").capabilities,
             root_uri=workspace.as_uri(),
             initialization_options={
                 "cacheDir": str(tmp_path / "cache"),
-                "completion": {"model": str(tiny_model_path), "maxNewTokens": 24},
-                "policy": {"showFloor": 1.0},
+                "completion": completion,
                 "index": {"enabled": False},
                 "telemetry": {"level": "off"},
+                **options,
             },
         )
     )
     lsp_client.workspace_for_tests = workspace  # type: ignore[attr-defined]
-    yield
-    await lsp_client.shutdown_session()
+    return workspace
 
 
 async def test_the_tiny_model_answers_over_stdio(client: LanguageClient) -> None:
