@@ -32,6 +32,24 @@ def crop_cache(cache: Any, keep: int) -> None:
         cache.crop(-remove)
 
 
+def crop_layers(cache: Any, keep: int) -> bool:
+    """Shrink every layer of a transformers cache to its first `keep` positions, each by its own
+    length: after a forward pass stopped between two layers, the layers before the stop hold
+    more positions than those after it. False when this transformers release keeps no layer
+    objects (the cache cannot be trusted then)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        return False
+    for layer in layers:
+        keys = getattr(layer, "keys", None)
+        if keys is None or not getattr(layer, "is_initialized", True):
+            continue
+        remove = keys.shape[-2] - keep
+        if remove > 0:
+            layer.crop(-remove)
+    return True
+
+
 @dataclass
 class CacheEntry:
     """A KV cache and the tokens whose keys and values it holds, in order."""

@@ -13,6 +13,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,26 +22,34 @@ from completion.fim import UnknownFamily, detect_family, template_for
 from completion.healing import VocabIndex, best_allowed, token_texts
 from completion.runners.draft import Drafter, PromptLookupDrafter, RewriteDrafter
 from completion.runners.loading import Dtype, load_model, resolve_dtype, resolve_source
-from completion.runners.prefix_cache import CacheEntry, PrefixCache, crop_cache
+from completion.runners.prefix_cache import CacheEntry, PrefixCache, crop_cache, crop_layers
 from completion.types import CancelToken, Generation, StopRule
 
 log = logging.getLogger(__name__)
 
-# Prompt tokens per forward pass of the prefill; cancellation is checked between passes.
+# Prompt tokens per forward pass of the prefill. Cancellation is checked before every decoder
+# layer of a prefill pass (`_interruptible`), so the chunk's size does not bound how long a
+# cancelled request holds the model: one layer's share of a pass does.
 PREFILL_CHUNK_TOKENS = 64
 # In bfloat16 on a CPU with AMX a pass of 64 tokens leaves the tile units mostly idle: a
 # 512-token prompt took 1.05 s in chunks of 64, 0.51 s in chunks of 256 and 0.41 s whole on a
-# 2-core Xeon (docs/next-edit.md). 256 keeps a cancellation within about a quarter second.
-BFLOAT16_PREFILL_CHUNK_TOKENS = 256
+# 2-core Xeon, and a rewrite's 660-token prompt with its 160-token draft 0.92 s a call in chunks
+# of 512 against 0.99 s in chunks of 256 and 0.95 s whole (docs/next-edit.md).
+BFLOAT16_PREFILL_CHUNK_TOKENS = 512
 # Speculative decoding: most drafted tokens per verification pass, longest n-gram looked up.
 DEFAULT_DRAFT_TOKENS = 8
 DEFAULT_DRAFT_NGRAM = 4
 DEFAULT_DRAFT_MIN_NGRAM = 3
 # Speculative edits (`generate_with_draft`): most draft tokens of a rewrite checked per pass.
 DEFAULT_EDIT_DRAFT_TOKENS = 16
-# In bfloat16 a pass costs about the same for 1 token (93 ms) as for 32 (120 ms) on that Xeon: the
-# weights are read once per pass, and the tile units compute the extra tokens almost for free.
-BFLOAT16_EDIT_DRAFT_TOKENS = 64
+# In bfloat16 a pass costs about the same for 1 token (97 ms) as for 16 (111 ms) on that Xeon: the
+# weights are read once per pass, and the tile units compute the extra tokens almost for free. A
+# whole window (up to `nextEdit.windowTokens`, 256) fits one pass.
+BFLOAT16_EDIT_DRAFT_TOKENS = 256
+# After a mismatch the next draft is twice the tokens the last one had right, at least this many:
+# a model that writes new text (its drafts fail at once) pays for short passes, and one that copies
+# the window again after a changed token gets the long draft back within a pass or two.
+MIN_EDIT_DRAFT_TOKENS = 8
 
 
 def default_threads() -> int:
@@ -55,6 +65,21 @@ def _cache_kwarg(model: Any) -> str:
     """forward()'s KV-cache keyword: `cache` in new transformers, `past_key_values` before."""
     parameters = inspect.signature(model.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
+
+
+class _Interrupted(Exception):
+    """A forward pass stopped before one of its decoder layers: its request was cancelled."""
+
+
+def _decoder_layers(model: Any) -> list[Any]:
+    """The model's decoder layers: the module list as long as its configured layer count."""
+    import torch
+
+    count = getattr(model.config, "num_hidden_layers", None)
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return list(module)
+    return []
 
 
 def _new_cache(config: Any) -> Any:
@@ -265,6 +290,24 @@ class TorchRunner:
         ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         return len(ids) - self._prefix_cache.reusable(ids)
 
+    @contextmanager
+    def _interruptible(self, cancel: CancelToken) -> Iterator[None]:
+        """Passes inside check `cancel` before each decoder layer and raise `_Interrupted`:
+        a keystroke stops a long prompt pass within one layer's time (a 512-token pass of the
+        0.5B model in bfloat16 is 24 layers of about 17 ms). The layers before the stop have
+        written the pass's keys and values, the others not: `crop_layers` puts them level."""
+
+        def check(module: Any, args: Any) -> None:
+            if cancel.cancelled:
+                raise _Interrupted
+
+        handles = [layer.register_forward_pre_hook(check) for layer in _decoder_layers(self.model)]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
     def _forward(self, input_ids: list[int], cache: Any) -> Any:
         import torch
 
@@ -275,17 +318,19 @@ class TorchRunner:
         )
         return output.logits[0, -1].float()
 
-    def _forward_rows(self, input_ids: list[int], cache: Any) -> list[Any]:
-        """Logits after each of `input_ids` (one pass), for checking a draft."""
+    def _forward_rows(self, input_ids: list[int], cache: Any, rows: int = 0) -> list[Any]:
+        """Logits after each of the last `rows` of `input_ids` (all when 0), in one pass: for
+        checking a draft."""
         import torch
 
-        if len(input_ids) == 1:
+        rows = rows or len(input_ids)
+        if rows == 1:
             return [self._forward(input_ids, cache)]
         tensor = torch.tensor([input_ids], dtype=torch.long)
         output = self.model(
             input_ids=tensor,
             use_cache=True,
-            logits_to_keep=len(input_ids),
+            logits_to_keep=rows,
             **{self._cache_kwarg: cache},
         )
         return list(output.logits[0].float())
@@ -380,15 +425,31 @@ class TorchRunner:
         if entry is None:
             entry = CacheEntry([], _new_cache(self.model.config))
         result.reused_tokens = reused
-        # Prefill in chunks, checking for cancellation between them: a long cold prompt takes
-        # seconds on a CPU, and a newer keystroke should not wait for it. What was computed
-        # stays in the prefix cache, so the next prompt (usually the same text plus a little)
-        # starts from there.
+        # A rewrite's draft is known before the model writes anything: its first tokens are
+        # checked in the prompt's last pass, which saves a pass (about 0.1 s in bfloat16).
+        rewrite = isinstance(drafter, RewriteDrafter) and max_new_tokens > 0
+        draft: list[int] = []
+        # Prefill in chunks, checking for cancellation before every layer of a pass: a long cold
+        # prompt takes seconds on a CPU, and a newer keystroke should not wait for it. The
+        # chunks read before the cancellation stay in the prefix cache, so the next prompt
+        # (usually the same text plus a little) starts from there.
         pending = prompt_ids[reused:]
         while True:
             size = self.prefill_chunk_tokens
             chunk, pending = pending[:size], pending[size:]
-            logits = self._forward(chunk, entry.cache)
+            if rewrite and not pending:
+                assert drafter is not None
+                draft = drafter.propose(min(self.edit_draft_tokens, max_new_tokens))
+                chunk = chunk + draft
+            try:
+                with self._interruptible(cancel):
+                    rows = self._forward_rows(chunk, entry.cache, len(draft) + 1)
+            except _Interrupted:
+                result.prefill_ms = (time.perf_counter() - started) * 1000
+                result.stop_reason = "cancelled"
+                if crop_layers(entry.cache, len(entry.tokens)):
+                    self._prefix_cache.put(entry)  # the chunks read before this pass
+                return result
             entry.tokens.extend(chunk)
             if not pending:
                 break
@@ -405,19 +466,24 @@ class TorchRunner:
         if forced_text:
             # Healing takes the plain loop: a drafted token is not checked against the text.
             self._decode_plain(
-                logits, entry, output, cancel, temperature, forced_text, unfinished_word
+                rows[0], entry, output, cancel, temperature, forced_text, unfinished_word
             )
         elif drafter is not None:
-            self._decode_speculative(drafter, self.edit_draft_tokens, logits, entry, output, cancel)
+            if draft:
+                result.verify_steps += 1
+                result.draft_tokens += len(draft)
+            self._decode_speculative(
+                drafter, self.edit_draft_tokens, rows, draft, entry, output, cancel, adapt=True
+            )
         elif self.speculative and temperature <= 0:
             drafter = PromptLookupDrafter(
                 prompt_ids, max_ngram=self.draft_ngram, min_ngram=self.draft_min_ngram
             )
             self._decode_speculative(
-                drafter, self.speculative_tokens, logits, entry, output, cancel
+                drafter, self.speculative_tokens, rows, [], entry, output, cancel
             )
         else:
-            self._decode_plain(logits, entry, output, cancel, temperature)
+            self._decode_plain(rows[0], entry, output, cancel, temperature)
         result.text = output.text
         result.new_tokens = len(output.generated)
         result.decode_ms = (time.perf_counter() - decode_started) * 1000
@@ -458,10 +524,13 @@ class TorchRunner:
         self,
         drafter: Drafter,
         draft_tokens: int,
-        logits: Any,
+        rows: list[Any],
+        draft: list[int],
         entry: CacheEntry,
         output: _Output,
         cancel: CancelToken,
+        *,
+        adapt: bool = False,
     ) -> None:
         """Greedy decoding that checks up to `draft_tokens` of `drafter`'s tokens per forward pass.
 
@@ -469,13 +538,16 @@ class TorchRunner:
         after the draft's first i tokens. Those tokens are taken in order, exactly as the plain loop
         takes its tokens (cancellation, EOS, stop rule and token limit checked before and after
         each), until one differs from the draft: that one is the model's own, not yet in the
-        cache, and the cache is cropped back to the last agreed token.
+        cache, and the cache is cropped back to the last agreed token. `rows` and `draft` are the
+        prompt's last pass: its last row, and the rows after `draft` when it checked one.
+
+        With `adapt`, a draft after a mismatch is twice as long as the agreed part of the last one
+        (at least `MIN_EDIT_DRAFT_TOKENS`), and back to `draft_tokens` once a draft is taken whole.
         """
         if output.max_new_tokens <= 0:
             return
         result = output.result
-        rows: list[Any] = [logits]
-        draft: list[int] = []
+        length = draft_tokens
         while True:
             accepted, fresh = 0, None
             for index, row in enumerate(rows):
@@ -500,10 +572,14 @@ class TorchRunner:
                 keep = len(entry.tokens) - len(draft) + accepted
                 crop_cache(entry.cache, keep)
                 del entry.tokens[keep:]
+                if adapt:
+                    whole = accepted == len(draft)
+                    length = draft_tokens if whole else max(MIN_EDIT_DRAFT_TOKENS, 2 * accepted)
+                    length = min(length, draft_tokens)
             if fresh is None:
                 return
             remaining = output.max_new_tokens - len(output.generated)
-            draft = drafter.propose(min(draft_tokens, remaining))
+            draft = drafter.propose(min(length, remaining))
             fed = [fresh, *draft]
             rows = self._forward_rows(fed, entry.cache)
             entry.tokens.extend(fed)

@@ -1,4 +1,4 @@
-"""A long prefill stops at the next chunk when cancelled, and keeps what it computed."""
+"""A long prefill stops at the next decoder layer when cancelled, and keeps the chunks it read."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from completion.runners.torch_runner import PREFILL_CHUNK_TOKENS, TorchRunner
+from completion.runners.torch_runner import PREFILL_CHUNK_TOKENS, TorchRunner, _decoder_layers
 from completion.types import CancelToken
 from tests.support.tiny_model import NEAR_TIE, greedy_margin
 
@@ -14,16 +14,18 @@ PROMPT = "".join(f"def function_{i}(value):\n    return value + {i}\n\n" for i i
 
 
 class CancelAfterChecks(CancelToken):
-    """Reads as cancelled from the n-th check on, as if a keystroke came mid-prefill."""
+    """Reads as cancelled from the check after the first `checks` on, as if a keystroke came
+    mid-prefill; `reads` counts the checks made."""
 
     def __init__(self, checks: int) -> None:
         super().__init__()
         self.checks = checks
+        self.reads = 0
 
     @property
     def cancelled(self) -> bool:
-        self.checks -= 1
-        return self.checks < 0
+        self.reads += 1
+        return self.reads > self.checks
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +36,12 @@ def runner(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> T
 def test_cancelled_prefill_stops_after_one_chunk_and_is_reused(runner: TorchRunner) -> None:
     total = runner.count_tokens(PROMPT)
     assert total > 3 * PREFILL_CHUNK_TOKENS
-    # Check 1 (before any work) passes; check 2 (after the first chunk) cancels.
+    layers = len(_decoder_layers(runner.model))
+    assert layers > 1
+    # Check 1 (before any work) and one per layer of the first chunk pass; the check after the
+    # first chunk cancels.
     first = runner.generate(
-        PROMPT, max_new_tokens=8, stop=lambda text: None, cancel=CancelAfterChecks(1)
+        PROMPT, max_new_tokens=8, stop=lambda text: None, cancel=CancelAfterChecks(1 + layers)
     )
     assert first.stop_reason == "cancelled"
     assert first.text == "" and first.new_tokens == 0
@@ -44,6 +49,31 @@ def test_cancelled_prefill_stops_after_one_chunk_and_is_reused(runner: TorchRunn
     second = runner.generate(PROMPT, max_new_tokens=8, stop=lambda text: None, cancel=CancelToken())
     assert second.reused_tokens == PREFILL_CHUNK_TOKENS
     assert second.stop_reason != "cancelled"
+
+
+def test_a_cancel_inside_a_pass_stops_at_the_next_layer_and_keeps_the_chunks_before(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    runner = TorchRunner(str(tiny_model_path), tmp_path)
+    layers = len(_decoder_layers(runner.model))
+    # The first chunk's pass and the check after it pass; the second chunk's pass is cancelled
+    # before its second layer, when its first layer has written keys and values.
+    cancel = CancelAfterChecks(1 + layers + 1 + 1)
+    first = runner.generate(PROMPT, max_new_tokens=8, stop=lambda text: None, cancel=cancel)
+    assert first.stop_reason == "cancelled" and not first.prefill_done
+    assert cancel.reads == cancel.checks + 1  # nothing ran after the check that said so
+    # The half-written pass is gone from the cache: the next request reads on from the first
+    # chunk and writes what a runner that was never cancelled writes.
+    assert greedy_margin(tiny_model_path, PROMPT, 12) > NEAR_TIE
+    resumed = runner.generate(
+        PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
+    )
+    assert resumed.reused_tokens == PREFILL_CHUNK_TOKENS
+    fresh = TorchRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
+    reference = fresh.generate(
+        PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
+    )
+    assert resumed.text == reference.text and resumed.new_tokens == reference.new_tokens
 
 
 def test_chunked_prefill_gives_the_same_text_as_one_pass(

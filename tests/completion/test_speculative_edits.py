@@ -13,13 +13,16 @@ tokens.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
 from completion.runners.base import DraftRunner, ModelRunner, RunnerCapabilities
+from completion.runners.draft import RewriteDrafter
 from completion.runners.onnx import OnnxRunner
-from completion.runners.torch_runner import TorchRunner
+from completion.runners.prefix_cache import common_prefix_length
+from completion.runners.torch_runner import MIN_EDIT_DRAFT_TOKENS, TorchRunner
 from completion.types import CancelToken, Generation, StopRule
 from tests.support.tiny_model import NEAR_TIE, greedy_margin
 
@@ -196,3 +199,46 @@ def test_the_next_plain_request_is_unchanged(runner: Runner, reference: Generati
     # The ONNX runner keeps its prompt state across requests; drafted calls leave it usable.
     runner.drafted(edited(reference.text, "deletion")[0])
     assert_same(runner, reference, runner.plain())
+
+
+def test_draft_lengths_follow_what_the_model_took(
+    tiny_model_path: Path,
+    tmp_path: Path,
+    margin: float,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The torch runner checks the first draft in the prompt's last pass; after a mismatch the next
+    # draft is twice the agreed part of the last one (at least MIN_EDIT_DRAFT_TOKENS), and after a
+    # draft taken whole the longest again.
+    assert margin > NEAR_TIE
+    loaded = _torch(tiny_model_path, tmp_path)
+    assert isinstance(loaded, TorchRunner)
+    loaded.edit_draft_tokens = 32
+    runner = Runner(loaded)
+    reference = runner.plain()
+    proposals: list[tuple[int, int, list[int]]] = []  # (output so far, count asked, draft)
+    propose = RewriteDrafter.propose
+
+    def recorded(self: RewriteDrafter, count: int) -> list[int]:
+        draft = propose(self, count)
+        proposals.append((len(self.output), count, draft))
+        return draft
+
+    monkeypatch.setattr(RewriteDrafter, "propose", recorded)
+    draft, _ = edited(reference.text, "substitution")
+    drafted = runner.drafted(draft)
+    assert_same(runner, reference, drafted)
+    output = loaded.tokenizer(reference.text, add_special_tokens=False)["input_ids"]
+    assert len(output) == NEW_TOKENS
+    # The first draft was read with the prompt: every later one had a pass of its own.
+    assert proposals[0][:2] == (0, 32)
+    assert drafted.decode_passes == len(proposals) - 1
+    assert drafted.verify_steps == sum(1 for _, _, tokens in proposals if tokens)
+    mismatches = 0
+    for (start, _, tokens), (after, count, _) in pairwise(proposals):
+        agreed = common_prefix_length(tokens, output[start:])
+        whole = agreed == len(tokens)
+        mismatches += not whole
+        expected = 32 if whole else min(32, max(MIN_EDIT_DRAFT_TOKENS, 2 * agreed))
+        assert count == min(expected, NEW_TOKENS - after)
+    assert mismatches >= 1  # the substitution broke at least one draft

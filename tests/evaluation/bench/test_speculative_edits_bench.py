@@ -10,6 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from completion.runners.torch_runner import (
+    BFLOAT16_EDIT_DRAFT_TOKENS,
+    BFLOAT16_PREFILL_CHUNK_TOKENS,
+    DEFAULT_EDIT_DRAFT_TOKENS,
+)
 from evaluation.bench.speculative_edits import main, prompt_for, sample_rewrites
 
 
@@ -59,15 +64,18 @@ def test_a_baseline_engine_runs_the_same_prompts_in_the_same_run(
     assert main([*argv, "--cache-dir", str(tmp_path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["configuration"]["compute_type"] == "bfloat16"
-    assert report["configuration"]["prefill_chunk_tokens"] == 256
+    assert report["configuration"]["prefill_chunk_tokens"] == BFLOAT16_PREFILL_CHUNK_TOKENS
     assert report["baseline_engine"]["configuration"]["compute_type"] == "float32"
     ours = report["by_window_lines"]["10"]
     theirs = report["baseline_engine"]["by_window_lines"]["10"]
-    assert list(ours["by_draft_tokens"]) == ["64"] and list(theirs["by_draft_tokens"]) == ["16"]
+    drafts, baseline_drafts = str(BFLOAT16_EDIT_DRAFT_TOKENS), str(DEFAULT_EDIT_DRAFT_TOKENS)
+    assert list(ours["by_draft_tokens"]) == [drafts]
+    assert list(theirs["by_draft_tokens"]) == [baseline_drafts]
     assert ours["prompt_tokens_p50"] == theirs["prompt_tokens_p50"]  # the same prompts
     versus = report["vs_baseline"]["10"]
-    assert versus["request_ms_p50"] == ours["by_draft_tokens"]["64"]["request_ms_p50"]
-    assert versus["request_ms_p50_baseline"] == theirs["by_draft_tokens"]["16"]["request_ms_p50"]
+    assert versus["request_ms_p50"] == ours["by_draft_tokens"][drafts]["request_ms_p50"]
+    base = theirs["by_draft_tokens"][baseline_drafts]
+    assert versus["request_ms_p50_baseline"] == base["request_ms_p50"]
 
 
 def test_the_same_engine_as_its_own_baseline_is_refused(tmp_path: Path) -> None:
