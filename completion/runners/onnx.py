@@ -390,7 +390,8 @@ class OnnxRunner(ConvertedRunner):
             if row is None:
                 return result
             started = time.perf_counter()
-            drafter = RewriteDrafter(self.tokenizer.encode(draft, add_special_tokens=False).ids)
+            draft_ids = self.tokenizer.encode(draft, add_special_tokens=False).ids
+            drafter = RewriteDrafter(draft_ids, context=ids)
             self._decode_drafted(
                 result, self._stream(ids, stop), row, drafter, max_new_tokens, cancel
             )

@@ -385,10 +385,10 @@ class TorchRunner:
         import torch
 
         draft_ids: list[int] = self.tokenizer(draft, add_special_tokens=False)["input_ids"]
+        context: list[int] = self.tokenizer(prompt)["input_ids"]
+        drafter = RewriteDrafter(draft_ids, context=context)
         with self._lock, torch.inference_mode():
-            return self._generate(
-                prompt, max_new_tokens, stop, cancel, 0.0, drafter=RewriteDrafter(draft_ids)
-            )
+            return self._generate(prompt, max_new_tokens, stop, cancel, 0.0, drafter=drafter)
 
     def vocab_index(self) -> VocabIndex:
         """The decoded text of every token, built at the first healed request."""

@@ -111,3 +111,39 @@ def test_rewrite_drafter_proposes_from_the_position() -> None:
     assert RewriteDrafter([]).propose(4) == []
     with pytest.raises(ValueError, match="min_ngram"):
         RewriteDrafter([1], min_ngram=3, max_ngram=2)
+
+
+def test_rewrite_drafter_drafts_new_text_from_the_context() -> None:
+    # The window [1 2 3 4 5 6]; the latest edit (in the prompt) wrote 3 -> 8 9. The model carries
+    # the change through: after 1 2 it writes 8, which the window does not hold.
+    context = [50, 2, 8, 9, 4, 51, 1, 2, 3, 4, 5, 6]
+    drafter = RewriteDrafter([1, 2, 3, 4, 5, 6], context=context)
+    for token in [1, 2]:
+        drafter.append(token)
+    assert drafter.propose(3) == [3, 4, 5] and not drafter.off_window
+    drafter.append(8)
+    # Off the window: [2 8] followed by 9 4 51 in the prompt, where the window has no guess.
+    assert drafter.off_window and drafter.propose(3) == [9, 4, 51]
+    drafter.append(9)
+    drafter.append(4)  # [9 4] is not in the window (only [4] is) but is in the prompt
+    assert drafter.off_window and drafter.propose(2) == [51, 1]
+    drafter.append(5)  # [4 5]: back on the window, after the changed token
+    assert not drafter.off_window and drafter.propose(3) == [6]
+
+
+def test_rewrite_drafter_drafts_past_the_window_from_the_context() -> None:
+    # The model goes on past the window's end, writing a line the prompt holds.
+    drafter = RewriteDrafter([1, 2, 3], context=[7, 2, 3, 10, 11, 12, 7])
+    for token in [1, 2, 3]:
+        drafter.append(token)
+    assert drafter.propose(2) == [10, 11]
+    # Without a context, the window's end is where drafts stop.
+    alone = RewriteDrafter([1, 2, 3])
+    for token in [1, 2, 3]:
+        alone.append(token)
+    assert alone.propose(2) == []
+    # A tail the context does not hold leaves the window's draft.
+    lost = RewriteDrafter([1, 2, 3, 4], context=[20, 21])
+    for token in [1, 9]:
+        lost.append(token)
+    assert lost.off_window and lost.propose(2) == [2, 3]
