@@ -114,6 +114,9 @@ class Generation:
     draft_accepted: int = 0
     verify_steps: int = 0
     decode_passes: int = 0  # forward passes after the prefill, drafted or not
+    # Draft tokens checked in the prompt's last pass (torch's speculative edits): that pass's time
+    # is in `prefill_ms`, so `decode_ms` leaves out the check of the first draft.
+    prompt_pass_draft_tokens: int = 0
     # Token healing in an engine that cannot constrain a step (CTranslate2): prompts read again
     # because the model's own choice did not spell the typed text.
     forced_rereads: int = 0

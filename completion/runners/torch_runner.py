@@ -472,6 +472,7 @@ class TorchRunner:
             if draft:
                 result.verify_steps += 1
                 result.draft_tokens += len(draft)
+                result.prompt_pass_draft_tokens = len(draft)
             self._decode_speculative(
                 drafter, self.edit_draft_tokens, rows, draft, entry, output, cancel, adapt=True
             )

@@ -17,7 +17,9 @@ baseline.
 Reported per window size: the share of requests whose output is identical (text, token count,
 stop reason; the figure that must be 1.0), drafted and accepted tokens, tokens per forward pass,
 decode tokens/s and the speed-up of the decode and of the whole request (p50 and total), and the
-configuration loaded (engine, weights, threads).
+configuration loaded (engine, weights, threads, draft lengths). The torch runner checks the first
+draft in the prompt's last pass (`draft_tokens_in_prompt_pass`), so its decode time leaves part
+of the decoding out: its decode figures are null and the whole request is the comparison.
 
 `--engine torch-bfloat16` is the runner next edits get beside a fast engine on a CPU with AMX
 (`completion.next_edit.runner`: torch in bfloat16 on every core, its own prefill and draft
@@ -183,12 +185,18 @@ def _configuration(runner: Any) -> dict[str, Any]:
         return runner.describe()
     import torch
 
+    from completion.runners.torch_runner import MIN_EDIT_DRAFT_TOKENS
+
     return {
         "engine": "torch",
         "engine_version": torch.__version__,
         "compute_type": str(runner.dtype),
         "threads": torch.get_num_threads(),
         "prefill_chunk_tokens": runner.prefill_chunk_tokens,
+        # Speculative edits: the most draft tokens a pass checks (the first draft in the prompt's
+        # last pass), after a mismatch twice the agreed part, at least the minimum.
+        "edit_draft_tokens_max": runner.edit_draft_tokens,
+        "edit_draft_tokens_min": MIN_EDIT_DRAFT_TOKENS,
     }
 
 
@@ -237,6 +245,8 @@ def main(argv: list[str]) -> int:
     if len(set(names)) < len(names):
         raise SystemExit("tabloop bench speculative-edits: the baseline is the same engine")
     runners = {name: _load(name, args.model, args.threads, cache_dir) for name in names}
+    # As loaded: `--tokens` changes the draft length per run (the keys of `by_draft_tokens`).
+    configurations = {name: _configuration(runner) for name, runner in runners.items()}
     asked = [int(k) for k in args.tokens.split(",") if k]
     lengths = {name: asked or [r.edit_draft_tokens] for name, r in runners.items()}
     sizes = [int(size) for size in args.lines.split(",") if size]
@@ -271,7 +281,7 @@ def main(argv: list[str]) -> int:
         "benchmark": "speculative-edits",
         "command": "tabloop bench speculative-edits " + " ".join(argv),
         "model_id": first.model_id,
-        "configuration": _configuration(first),
+        "configuration": configurations[args.engine],
         "cpu": cpu_description(),
         "load_average": round(os.getloadavg()[0], 2),
         "baseline": "plain greedy decoding (generate) of the same prompts, same runner",
@@ -282,7 +292,7 @@ def main(argv: list[str]) -> int:
         report["baseline_engine"] = {
             "name": args.baseline_engine,
             "model_id": other.model_id,
-            "configuration": _configuration(other),
+            "configuration": configurations[args.baseline_engine],
             "by_window_lines": by_engine[args.baseline_engine],
         }
         report["vs_baseline"] = {
