@@ -16,7 +16,7 @@ are O(n).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 
@@ -97,6 +97,21 @@ def _continuation(tokens: Sequence[int], end: int, count: int) -> list[int]:
     return draft
 
 
+def respeller(
+    decode: Callable[[list[int]], str], encode: Callable[[str], list[int]]
+) -> Callable[[int, int], list[int] | None]:
+    """`RewriteDrafter`'s respell for a tokenizer: the tokens of `expected`'s text after
+    `token`'s, when `token`'s text starts it and is shorter; else None."""
+
+    def respell(expected: int, token: int) -> list[int] | None:
+        whole, part = decode([expected]), decode([token])
+        if not part or len(part) >= len(whole) or not whole.startswith(part) or "\ufffd" in whole:
+            return None
+        return encode(whole[len(part) :])
+
+    return respell
+
+
 class Drafter(Protocol):
     """What a speculative decode loop asks of its source of draft tokens."""
 
@@ -131,6 +146,10 @@ class RewriteDrafter:
     puts the window back as it was before the edit copies the prompt's `original` block. Measured
     on replayed commits, such rewrites took one forward pass per token without it
     (docs/next-edit.md).
+
+    With `respell(expected, token)` (the tokens that spell the rest of `expected`'s text after
+    `token`'s, or None when `token`'s text does not start it), an output that writes the window's
+    text in shorter tokens stays on it: the rest takes the expected token's place in the draft.
     """
 
     CONTEXT_MIN_NGRAM = 2
@@ -142,6 +161,7 @@ class RewriteDrafter:
         max_ngram: int = 4,
         min_ngram: int = 1,
         context: Sequence[int] = (),
+        respell: Callable[[int, int], list[int] | None] | None = None,
     ) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
@@ -153,11 +173,9 @@ class RewriteDrafter:
         self.output: list[int] = []
         self.off_window = False
         """The output's last tokens are not the window's (no tail of two tokens found there)."""
-        # n-gram -> the indices just after its occurrences in the draft, in order.
+        self._respell = respell
         self._ends: dict[tuple[int, ...], list[int]] = {}
-        for end in range(1, len(self.draft) + 1):
-            for n in range(min_ngram, min(max_ngram, end) + 1):
-                self._ends.setdefault(tuple(self.draft[end - n : end]), []).append(end)
+        self._index()
         self._lookup = (
             PromptLookupDrafter(
                 context,
@@ -168,6 +186,13 @@ class RewriteDrafter:
             else None
         )
 
+    def _index(self) -> None:
+        """n-gram -> the indices just after its occurrences in the draft, in order."""
+        self._ends.clear()
+        for end in range(1, len(self.draft) + 1):
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self._ends.setdefault(tuple(self.draft[end - n : end]), []).append(end)
+
     def append(self, token: int) -> None:
         """Take the next output token: follow the draft, or re-align to it."""
         self.output.append(token)
@@ -177,6 +202,20 @@ class RewriteDrafter:
             self.position += 1
             self.copied = self.position
             self.off_window = False
+            return
+        rest = (
+            self._respell(self.draft[self.position], token)
+            if self._respell is not None and self.position < len(self.draft)
+            else None
+        )
+        if rest:
+            # The output spells the start of the expected token's text in a shorter token (a
+            # blank line written "\n" "\n" where the window has "\n\n"): the rest of that text
+            # takes the token's place in the draft, and the copy goes on from it.
+            self.draft[self.position : self.position + 1] = rest
+            self.copied = self.position
+            self.off_window = False
+            self._index()
             return
         for n in range(min(self.max_ngram, len(self.output)), self.min_ngram - 1, -1):
             ends = self._ends.get(tuple(self.output[-n:]))

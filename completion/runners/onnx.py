@@ -43,7 +43,7 @@ from completion.runners.conversion import Progress as ConversionProgress
 from completion.runners.conversion import checksum, clear_failure, ensure_converted
 from completion.runners.converted import ConvertedRunner
 from completion.runners.ct2 import default_threads
-from completion.runners.draft import RewriteDrafter
+from completion.runners.draft import RewriteDrafter, respeller
 from completion.runners.loading import resolve_source
 from completion.runners.prefix_cache import common_prefix_length
 from completion.runners.tokens import TokenStream, family_of, stop_ids
@@ -390,8 +390,13 @@ class OnnxRunner(ConvertedRunner):
             if row is None:
                 return result
             started = time.perf_counter()
-            draft_ids = self.tokenizer.encode(draft, add_special_tokens=False).ids
-            drafter = RewriteDrafter(draft_ids, context=ids)
+            tokenizer = self.tokenizer
+            draft_ids = tokenizer.encode(draft, add_special_tokens=False).ids
+            respell = respeller(
+                lambda tokens: str(tokenizer.decode(tokens, skip_special_tokens=False)),
+                lambda text: list(tokenizer.encode(text, add_special_tokens=False).ids),
+            )
+            drafter = RewriteDrafter(draft_ids, context=ids, respell=respell)
             self._decode_drafted(
                 result, self._stream(ids, stop), row, drafter, max_new_tokens, cancel
             )

@@ -20,7 +20,7 @@ from typing import Any
 
 from completion.fim import UnknownFamily, detect_family, template_for
 from completion.healing import VocabIndex, best_allowed, token_texts
-from completion.runners.draft import Drafter, PromptLookupDrafter, RewriteDrafter
+from completion.runners.draft import Drafter, PromptLookupDrafter, RewriteDrafter, respeller
 from completion.runners.loading import Dtype, load_model, resolve_dtype, resolve_source
 from completion.runners.prefix_cache import CacheEntry, PrefixCache, crop_cache, crop_layers
 from completion.types import CancelToken, Generation, StopRule
@@ -386,7 +386,12 @@ class TorchRunner:
 
         draft_ids: list[int] = self.tokenizer(draft, add_special_tokens=False)["input_ids"]
         context: list[int] = self.tokenizer(prompt)["input_ids"]
-        drafter = RewriteDrafter(draft_ids, context=context)
+        options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+        respell = respeller(
+            lambda ids: str(self.tokenizer.decode(ids, **options)),
+            lambda text: list(self.tokenizer.encode(text, add_special_tokens=False)),
+        )
+        drafter = RewriteDrafter(draft_ids, context=context, respell=respell)
         with self._lock, torch.inference_mode():
             return self._generate(prompt, max_new_tokens, stop, cancel, 0.0, drafter=drafter)
 

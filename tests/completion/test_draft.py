@@ -3,9 +3,11 @@ the rewrite one follows an output through the text it rewrites."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from completion.runners.draft import PromptLookupDrafter, RewriteDrafter
+from completion.runners.draft import PromptLookupDrafter, RewriteDrafter, respeller
 
 
 @pytest.mark.parametrize(
@@ -147,3 +149,43 @@ def test_rewrite_drafter_drafts_past_the_window_from_the_context() -> None:
     for token in [1, 9]:
         lost.append(token)
     assert lost.off_window and lost.propose(2) == [2, 3]
+
+
+def test_rewrite_drafter_follows_text_written_in_shorter_tokens() -> None:
+    # Token 1 spells "\n\n", token 2 "\n": the model writes the window's blank line as 2 2.
+    texts = {1: "\n\n", 2: "\n", 3: "def", 4: " f", 5: "x"}
+
+    def respell(expected: int, token: int) -> list[int] | None:
+        whole, part = texts[expected], texts[token]
+        if len(part) < len(whole) and whole.startswith(part):
+            return [t for t, text in texts.items() if text == whole[len(part) :]]
+        return None
+
+    drafter = RewriteDrafter([1, 3, 4], respell=respell)
+    drafter.append(2)
+    assert not drafter.off_window and drafter.propose(3) == [2, 3, 4]
+    for token in [2, 3]:
+        drafter.append(token)
+    assert drafter.propose(2) == [4]
+    # A token whose text does not start the expected one's is a mismatch as before.
+    other = RewriteDrafter([1, 3, 4], respell=respell)
+    other.append(5)
+    assert other.off_window and other.propose(2) == [1, 3]
+
+
+def test_respeller_spells_the_rest_of_a_token_with_a_real_tokenizer(tiny_model_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+    respell = respeller(
+        lambda ids: str(tokenizer.decode(ids, **options)),
+        lambda text: list(tokenizer.encode(text, add_special_tokens=False)),
+    )
+    (blank_line,) = tokenizer.encode("\n\n", add_special_tokens=False)
+    (newline,) = tokenizer.encode("\n", add_special_tokens=False)
+    assert respell(blank_line, newline) == [newline]
+    assert respell(newline, blank_line) is None  # longer, not a start
+    assert respell(newline, newline) is None
+    (indent,) = tokenizer.encode("    ", add_special_tokens=False)
+    assert respell(blank_line, indent) is None
