@@ -149,7 +149,9 @@ class RewriteDrafter:
 
     With `respell(expected, token)` (the tokens that spell the rest of `expected`'s text after
     `token`'s, or None when `token`'s text does not start it), an output that writes the window's
-    text in shorter tokens stays on it: the rest takes the expected token's place in the draft.
+    text in shorter tokens stays on it: the rest of the expected token is drafted, then the window
+    after it. An output that leaves that rest (an insertion that began like the expected token)
+    is back at the token, and the window is as it was.
     """
 
     CONTEXT_MIN_NGRAM = 2
@@ -174,8 +176,12 @@ class RewriteDrafter:
         self.off_window = False
         """The output's last tokens are not the window's (no tail of two tokens found there)."""
         self._respell = respell
+        self._spelled: list[int] = []  # the rest of a window token the output began
+        # n-gram -> the indices just after its occurrences in the draft, in order.
         self._ends: dict[tuple[int, ...], list[int]] = {}
-        self._index()
+        for end in range(1, len(self.draft) + 1):
+            for n in range(min_ngram, min(max_ngram, end) + 1):
+                self._ends.setdefault(tuple(self.draft[end - n : end]), []).append(end)
         self._lookup = (
             PromptLookupDrafter(
                 context,
@@ -186,18 +192,13 @@ class RewriteDrafter:
             else None
         )
 
-    def _index(self) -> None:
-        """n-gram -> the indices just after its occurrences in the draft, in order."""
-        self._ends.clear()
-        for end in range(1, len(self.draft) + 1):
-            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
-                self._ends.setdefault(tuple(self.draft[end - n : end]), []).append(end)
-
     def append(self, token: int) -> None:
         """Take the next output token: follow the draft, or re-align to it."""
         self.output.append(token)
         if self._lookup is not None:
             self._lookup.append(token)
+        if self._spelled and self._follow_spelling(token):
+            return
         if self.position < len(self.draft) and self.draft[self.position] == token:
             self.position += 1
             self.copied = self.position
@@ -209,13 +210,12 @@ class RewriteDrafter:
             else None
         )
         if rest:
-            # The output spells the start of the expected token's text in a shorter token (a
-            # blank line written "\n" "\n" where the window has "\n\n"): the rest of that text
-            # takes the token's place in the draft, and the copy goes on from it.
-            self.draft[self.position : self.position + 1] = rest
-            self.copied = self.position
+            # The output began the expected token's text in a shorter token (a blank line
+            # written "\n" "\n" where the window has "\n\n"): the rest of that text is drafted
+            # next, then the window after the token.
+            self._spelled = rest
+            self.position += 1
             self.off_window = False
-            self._index()
             return
         for n in range(min(self.max_ngram, len(self.output)), self.min_ngram - 1, -1):
             ends = self._ends.get(tuple(self.output[-n:]))
@@ -227,12 +227,30 @@ class RewriteDrafter:
         self.position = self.copied
         self.off_window = True
 
+    def _follow_spelling(self, token: int) -> bool:
+        """Take `token` against the rest of a token the output began in a shorter one: True when
+        it spells on (the token's text done when nothing is left), False when the output left
+        it (the draft is back at that token, the window unchanged)."""
+        rest = (
+            self._respell(self._spelled[0], token)
+            if self._respell is not None and token != self._spelled[0]
+            else None
+        )
+        if token == self._spelled[0] or rest:
+            self._spelled[:1] = rest or []
+            if not self._spelled:
+                self.copied = self.position
+            return True
+        self._spelled = []
+        self.position = self.copied
+        return False
+
     def propose(self, count: int) -> list[int]:
         """The draft's next `count` tokens from where the output is now (from the context when
         the output is off the window or past its end and the context has a guess)."""
         if count <= 0:
             return []
-        window = self.draft[self.position : self.position + count]
+        window = (self._spelled + self.draft[self.position : self.position + count])[:count]
         if self._lookup is not None and (self.off_window or not window):
             guess = self._lookup.propose(count)
             if guess:

@@ -167,6 +167,12 @@ def test_rewrite_drafter_follows_text_written_in_shorter_tokens() -> None:
     for token in [2, 3]:
         drafter.append(token)
     assert drafter.propose(2) == [4]
+    # An insertion that began like the expected token and goes on otherwise: the draft is back at
+    # that token, and the window as it was.
+    inserted = RewriteDrafter([1, 3, 4], respell=respell)
+    for token in [2, 5]:
+        inserted.append(token)
+    assert inserted.draft == [1, 3, 4] and inserted.propose(3) == [1, 3, 4]
     # A token whose text does not start the expected one's is a mismatch as before.
     other = RewriteDrafter([1, 3, 4], respell=respell)
     other.append(5)
