@@ -195,6 +195,11 @@ class TorchRunner:
         self._base_model = self.model
         self._base_shapes: dict[str, tuple[int, int]] | None = None
         self._vocab: VocabIndex | None = None
+        options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
+        self._respell = respeller(  # a rewrite's text written in shorter tokens (RewriteDrafter)
+            lambda ids: str(self.tokenizer.decode(ids, **options)),
+            lambda text: list(self.tokenizer.encode(text, add_special_tokens=False)),
+        )
         log.info("loaded %s (%s) in %.1fs", self.model_id, self.dtype, self.load_s)
         if adapter is not None:
             self.swap_adapter(adapter)
@@ -385,15 +390,8 @@ class TorchRunner:
         import torch
 
         draft_ids: list[int] = self.tokenizer(draft, add_special_tokens=False)["input_ids"]
-        context: list[int] = self.tokenizer(prompt)["input_ids"]
-        options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
-        respell = respeller(
-            lambda ids: str(self.tokenizer.decode(ids, **options)),
-            lambda text: list(self.tokenizer.encode(text, add_special_tokens=False)),
-        )
-        drafter = RewriteDrafter(draft_ids, context=context, respell=respell)
         with self._lock, torch.inference_mode():
-            return self._generate(prompt, max_new_tokens, stop, cancel, 0.0, drafter=drafter)
+            return self._generate(prompt, max_new_tokens, stop, cancel, 0.0, rewrite_of=draft_ids)
 
     def vocab_index(self) -> VocabIndex:
         """The decoded text of every token, built at the first healed request."""
@@ -417,10 +415,16 @@ class TorchRunner:
         temperature: float,
         forced_text: str = "",
         unfinished_word: bool = False,
-        drafter: Drafter | None = None,
+        rewrite_of: list[int] | None = None,
     ) -> Generation:
-        """`generate` under the lock; with `drafter`, greedy decoding checks its drafts."""
+        """`generate` under the lock; with `rewrite_of` (the tokens the output likely rewrites),
+        greedy decoding checks drafts of it (`RewriteDrafter`, with the prompt as its context)."""
         prompt_ids: list[int] = self.tokenizer(prompt)["input_ids"]
+        drafter = (
+            RewriteDrafter(rewrite_of, context=prompt_ids, respell=self._respell)
+            if rewrite_of is not None
+            else None
+        )
         result = Generation(text="", prompt_tokens=len(prompt_ids))
         if cancel.cancelled:
             result.stop_reason = "cancelled"
@@ -432,7 +436,6 @@ class TorchRunner:
         result.reused_tokens = reused
         # A rewrite's draft is known before the model writes anything: its first tokens are
         # checked in the prompt's last pass, which saves a pass (about 0.1 s in bfloat16).
-        rewrite = isinstance(drafter, RewriteDrafter) and max_new_tokens > 0
         draft: list[int] = []
         # Prefill in chunks, checking for cancellation before every layer of a pass: a long cold
         # prompt takes seconds on a CPU, and a newer keystroke should not wait for it. The
@@ -442,8 +445,7 @@ class TorchRunner:
         while True:
             size = self.prefill_chunk_tokens
             chunk, pending = pending[:size], pending[size:]
-            if rewrite and not pending:
-                assert drafter is not None
+            if drafter is not None and max_new_tokens > 0 and not pending:
                 draft = drafter.propose(min(self.edit_draft_tokens, max_new_tokens))
                 chunk = chunk + draft
             try:
@@ -482,11 +484,11 @@ class TorchRunner:
                 drafter, self.edit_draft_tokens, rows, draft, entry, output, cancel, adapt=True
             )
         elif self.speculative and temperature <= 0:
-            drafter = PromptLookupDrafter(
+            lookup = PromptLookupDrafter(
                 prompt_ids, max_ngram=self.draft_ngram, min_ngram=self.draft_min_ngram
             )
             self._decode_speculative(
-                drafter, self.speculative_tokens, rows, [], entry, output, cancel
+                lookup, self.speculative_tokens, rows, [], entry, output, cancel
             )
         else:
             self._decode_plain(rows[0], entry, output, cancel, temperature)

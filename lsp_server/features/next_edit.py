@@ -72,11 +72,11 @@ from lsp_server.protocol import (
     to_wire,
 )
 from lsp_server.server import ModelWork, TabloopServer
+from telemetry.events import MAX_TEXT_CHARS, Latency, NextEditEvent, NextEditKind
 
 if TYPE_CHECKING:
     from completion.runners.base import ModelRunner
     from completion.runners.torch_runner import TorchRunner
-from telemetry.events import MAX_TEXT_CHARS, Latency, NextEditEvent, NextEditKind
 
 log = logging.getLogger(__name__)
 
