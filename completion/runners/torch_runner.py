@@ -338,18 +338,26 @@ class TorchRunner:
             logits_to_keep=rows,
             **{self._cache_kwarg: cache},
         )
-        return list(output.logits[0].float())
+        # Rows stay in the model's dtype: a row is converted when it is read, and a draft's
+        # rows after its first miss never are.
+        return list(output.logits[0])
 
     def _next_token(self, logits: Any, temperature: float) -> tuple[int, float]:
+        """The next token of one row of logits, and its log-probability.
+
+        Greedy picks take numpy's argmax (the first of equal maxima, as torch's): over the
+        152k-token vocabulary of the bundled model it is about 5x faster than torch's on a CPU,
+        and a rewrite reads a row per token it writes."""
+        import numpy as np
         import torch
 
-        logprobs = torch.log_softmax(logits, dim=-1)
+        logits = logits.float()
         if temperature <= 0:
-            token = int(torch.argmax(logits))
+            token = int(np.argmax(logits.numpy()))
         else:
             probs = torch.softmax(logits / temperature, dim=-1)
             token = int(torch.multinomial(probs, 1, generator=self._generator))
-        return token, float(logprobs[token])
+        return token, float(logits[token] - torch.logsumexp(logits, dim=-1))
 
     def generate(
         self,
@@ -519,7 +527,7 @@ class TorchRunner:
                 if not allowed:  # no token spells it: nothing can be suggested
                     output.result.stop_reason = "stop"
                     return
-                token, logprob = best_allowed(logits.numpy(), allowed)
+                token, logprob = best_allowed(logits.float().numpy(), allowed)
             else:
                 token, logprob = self._next_token(logits, temperature)
             if output.add(token, logprob):

@@ -64,6 +64,19 @@ def test_greedy_decoding_is_deterministic(runner: TorchRunner, tiny_model_path: 
     assert first.prompt_tokens == runner.count_tokens(fim_prompt())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_pick_of_a_row(runner: TorchRunner, dtype: str) -> None:
+    # A row as a pass leaves it (bfloat16 rows are read as they are): the first of equal maxima,
+    # as torch's argmax picks, and the token's log-probability under the whole row.
+    import torch
+
+    row = torch.tensor([0.5, 3.0, -1.0, 3.0, 2.0], dtype=getattr(torch, dtype))
+    token, logprob = runner._next_token(row, 0.0)
+    assert token == 1 == int(torch.argmax(row.float()))
+    expected = float(torch.log_softmax(row.float(), dim=-1)[1])
+    assert logprob == pytest.approx(expected, abs=1e-6)
+
+
 def test_logprobs_one_per_kept_token(endless: TorchRunner) -> None:
     generation = endless.generate(fim_prompt(), max_new_tokens=12, stop=never, cancel=CancelToken())
     assert generation.stop_reason == "length"
