@@ -50,10 +50,13 @@ def _cpu_flags() -> tuple[str, ...]:
     return tuple(cpu_description()["flags"])
 
 
-def load_next_edit_runner(completion: CompletionSettings, cache_dir: Path) -> TorchRunner:
+def load_next_edit_runner(
+    completion: CompletionSettings, cache_dir: Path, *, pack_weights: bool = True
+) -> TorchRunner:
     """A torch bfloat16 runner of the completion model with its adapter, on every core unless
     `completion.threads` says otherwise (it runs on the model thread, never beside the
-    completion runner). Seconds; call it off the event loop."""
+    completion runner), its projections' weights packed for oneDNN unless `pack_weights` is
+    False (`completion.runners.packed`). Seconds; call it off the event loop."""
     import os
 
     from completion.runners.torch_runner import TorchRunner
@@ -67,6 +70,7 @@ def load_next_edit_runner(completion: CompletionSettings, cache_dir: Path) -> To
         reuse_cache=completion.cache,
         family=family,
         adapter=Path(completion.adapter).expanduser() if completion.adapter else None,
+        pack_weights=pack_weights,
     )
 
 

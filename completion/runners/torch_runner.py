@@ -156,6 +156,7 @@ class TorchRunner:
         draft_min_ngram: int = DEFAULT_DRAFT_MIN_NGRAM,
         edit_draft_tokens: int | None = None,
         adapter: Path | None = None,
+        pack_weights: bool | None = None,
     ) -> None:
         import torch
 
@@ -192,8 +193,18 @@ class TorchRunner:
         )
         self.base_model_id = self.model_id
         self.adapter: Path | None = None
-        self._base_model = self.model
         self._base_shapes: dict[str, tuple[int, int]] | None = None
+        # Packed weights in bfloat16 unless `pack_weights` is False (`completion.runners.packed`);
+        # float32 stays the plain reference, and its adapters stay separate layers, which need
+        # plain weights.
+        self.pack_weights = self.dtype == "bfloat16" and pack_weights is not False
+        self.packed_linears = 0
+        if self.pack_weights:
+            from completion.adapters import linear_shapes
+
+            self._base_shapes = linear_shapes(self.model)  # adapters are checked against these
+            self.packed_linears = self._pack(self.model)
+        self._base_model = self.model
         self._vocab: VocabIndex | None = None
         options = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
         self._respell = respeller(  # a rewrite's text written in shorter tokens (RewriteDrafter)
@@ -258,7 +269,15 @@ class TorchRunner:
         _, model = load_model(self.source, self.dtype, self.cache_dir)
         if adapter is not None:
             merge_into(model, adapter)
+        if self.pack_weights:
+            self._pack(model)
         return model
+
+    @staticmethod
+    def _pack(model: Any) -> int:
+        from completion.runners.packed import pack_linears
+
+        return pack_linears(model)
 
     def _detect_family(self) -> str:
         specials = list(getattr(self.tokenizer, "all_special_tokens", []))

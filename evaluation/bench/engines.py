@@ -367,9 +367,17 @@ def loaded_weights(runner: Any) -> dict[str, Any]:
     parameters = list(runner.model.parameters())
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in parameters})
     size = sum(p.numel() * p.element_size() for p in parameters)
+    weights = "torch " + "+".join(dtypes)
+    packed = getattr(runner, "packed_linears", 0)
+    if packed:
+        from completion.runners.packed import packed_bytes
+
+        size += packed_bytes(runner.model)  # the packed weights are not parameters
+        weights += ", projections packed for oneDNN"
     return {
-        "weights": "torch " + "+".join(dtypes),
+        "weights": weights,
         "weights_mb": round(size / 2**20, 1),
+        "packed_linears": packed,
         "threads": int(torch.get_num_threads()),
         "path": runner.model_id,
     }

@@ -23,12 +23,14 @@ of the decoding out: its decode figures are null and the whole request is the co
 
 `--engine torch-bfloat16` is the runner next edits get beside a fast engine on a CPU with AMX
 (`completion.next_edit.runner`: torch in bfloat16 on every core, its own prefill and draft
-sizes). `--baseline-engine E` loads a second engine and runs every prompt on it too, right
-after the first engine's runs of that prompt (the order alternating), so `vs_baseline` puts the
-two engines' drafted requests side by side on equal terms: same prompts, same run, the same
-threads unless `--threads` is left at 0 (every core: both engines' default there).
+sizes, the projections' weights packed for oneDNN); `torch-bfloat16-unpacked` is the same
+runner with the weights as loaded (`completion.runners.packed`'s baseline).
+`--baseline-engine E` loads a second engine and runs every prompt on it too, right after the
+first engine's runs of that prompt (the order alternating), so `vs_baseline` puts the two
+engines' drafted requests side by side on equal terms: same prompts, same run, the same threads
+unless `--threads` is left at 0 (every core: both engines' default there).
 
-    tabloop bench speculative-edits [--engine onnxruntime|torch|torch-bfloat16]
+    tabloop bench speculative-edits [--engine onnxruntime|torch|torch-bfloat16[-unpacked]]
         [--baseline-engine E] [--n 4] [--lines 10,20,40] [--tokens 16] [--json]
 """
 
@@ -192,6 +194,8 @@ def _configuration(runner: Any) -> dict[str, Any]:
         "engine_version": torch.__version__,
         "compute_type": str(runner.dtype),
         "threads": torch.get_num_threads(),
+        # Projections whose weights are packed for oneDNN (`completion.runners.packed`).
+        "packed_linears": runner.packed_linears,
         "prefill_chunk_tokens": runner.prefill_chunk_tokens,
         # Speculative edits: the most draft tokens a pass checks (the first draft in the prompt's
         # last pass), after a mismatch twice the agreed part, at least the minimum.
@@ -200,7 +204,7 @@ def _configuration(runner: Any) -> dict[str, Any]:
     }
 
 
-ENGINES = ("onnxruntime", "torch", "torch-bfloat16")
+ENGINES = ("onnxruntime", "torch", "torch-bfloat16", "torch-bfloat16-unpacked")
 
 
 def _load(engine: str, model: str, threads: int, cache_dir: Path) -> Any:
@@ -211,9 +215,10 @@ def _load(engine: str, model: str, threads: int, cache_dir: Path) -> Any:
     from completion.runners.torch_runner import TorchRunner
     from completion.settings import CompletionSettings
 
-    if engine == "torch-bfloat16":
+    if engine.startswith("torch-bfloat16"):
         settings = CompletionSettings(model=model, threads=threads, cache=False)
-        runner: Any = load_next_edit_runner(settings, cache_dir)
+        packed = engine == "torch-bfloat16"
+        runner: Any = load_next_edit_runner(settings, cache_dir, pack_weights=packed)
     else:
         settings = CompletionSettings(model=model, engine=engine, threads=threads, cache=False)
         runner = load_runner(settings, cache_dir)

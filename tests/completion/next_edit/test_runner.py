@@ -11,6 +11,8 @@ import torch
 from completion.adapters import AdapterError
 from completion.next_edit import NextEditSettings
 from completion.next_edit.runner import follow_adapter, load_next_edit_runner, next_edit_engine
+from completion.runners.loading import load_model
+from completion.runners.packed import PackedLinear, packing_works
 from completion.runners.torch_runner import (
     BFLOAT16_EDIT_DRAFT_TOKENS,
     BFLOAT16_PREFILL_CHUNK_TOKENS,
@@ -72,7 +74,14 @@ def _runner(tiny_model_path: Path, cache_dir: Path, adapter: Path | None = None)
 
 
 def _weight(runner: TorchRunner, name: str) -> torch.Tensor:
-    return dict(runner.model.named_parameters())[name].detach().float().clone()
+    """The weight of module `name`, packed (`completion.runners.packed`) or not."""
+    module = runner.model.get_submodule(name)
+    weight = module.dense_weight() if isinstance(module, PackedLinear) else module.weight
+    return weight.detach().float().clone()
+
+
+def _q_proj(runner: TorchRunner) -> str:
+    return next(n for n, _ in runner.model.named_modules() if n.endswith("q_proj"))
 
 
 def test_the_runner_is_torch_bfloat16_with_its_own_prefill_and_draft_sizes(
@@ -85,6 +94,26 @@ def test_the_runner_is_torch_bfloat16_with_its_own_prefill_and_draft_sizes(
     assert runner.edit_draft_tokens == BFLOAT16_EDIT_DRAFT_TOKENS
     float32 = TorchRunner(str(tiny_model_path), cache_dir, threads=1)
     assert (float32.prefill_chunk_tokens, float32.edit_draft_tokens) == (64, 16)
+    assert float32.packed_linears == 0
+
+
+def test_the_bfloat16_runner_packs_its_projections_and_computes_what_the_plain_model_does(
+    tiny_model_path: Path, cache_dir: Path
+) -> None:
+    if not packing_works(torch.bfloat16):
+        pytest.skip("this CPU's oneDNN does not pack bfloat16 weights")
+    runner = _runner(tiny_model_path, cache_dir)
+    layers = runner.model.model.layers
+    assert runner.packed_linears == 7 * len(layers)  # q, k, v, o, gate, up, down
+    assert all(isinstance(layer.mlp.down_proj, PackedLinear) for layer in layers)
+    assert type(runner.model.lm_head) is torch.nn.Linear  # it shares the embeddings' weight
+    _, plain = load_model(runner.source, "bfloat16", cache_dir)
+    ids = torch.tensor([runner.tokenizer.encode("def add(a, b):\n    return a + b\n")])
+    with torch.inference_mode():
+        packed_logits = runner.model(input_ids=ids).logits.float()
+        plain_logits = plain(input_ids=ids).logits.float()
+    scale = float(plain_logits.abs().max())
+    assert torch.allclose(packed_logits, plain_logits, atol=2e-2 * scale)
 
 
 def test_an_adapter_is_merged_into_the_bfloat16_weights_and_taken_out_again(
@@ -93,7 +122,7 @@ def test_an_adapter_is_merged_into_the_bfloat16_weights_and_taken_out_again(
     from safetensors.torch import load_file
 
     runner = _runner(tiny_model_path, cache_dir)
-    name = next(n for n, _ in runner.model.named_parameters() if n.endswith("q_proj.weight"))
+    name = _q_proj(runner)
     base = _weight(runner, name)
     base_text = _generate(runner)
 
@@ -102,9 +131,8 @@ def test_an_adapter_is_merged_into_the_bfloat16_weights_and_taken_out_again(
     assert not any("lora" in n for n, _ in runner.model.named_parameters())  # merged, no layers
     # W + (alpha / rank) * B @ A, rounded once to bfloat16.
     tensors = load_file(str(adapter / "adapter_model.safetensors"))
-    stem = name.removesuffix(".weight")
-    a = next(t for k, t in tensors.items() if stem in k and "lora_A" in k)
-    b = next(t for k, t in tensors.items() if stem in k and "lora_B" in k)
+    a = next(t for k, t in tensors.items() if f"{name}.lora_A" in k)
+    b = next(t for k, t in tensors.items() if f"{name}.lora_B" in k)
     expected = (base + 2.0 * b.float() @ a.float()).to(torch.bfloat16).float()
     merged = _weight(runner, name)
     assert not torch.equal(merged, base)
@@ -123,7 +151,7 @@ def test_a_bad_adapter_leaves_the_serving_weights(
     import shutil
 
     runner = _runner(tiny_model_path, cache_dir)
-    name = next(n for n, _ in runner.model.named_parameters() if n.endswith("q_proj.weight"))
+    name = _q_proj(runner)
     base = _weight(runner, name)
     bad = tmp_path / "bad"
     shutil.copytree(adapter, bad)

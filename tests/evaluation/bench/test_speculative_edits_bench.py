@@ -85,6 +85,19 @@ def test_a_baseline_engine_runs_the_same_prompts_in_the_same_run(
     assert versus["request_ms_p50_baseline"] == base["request_ms_p50"]
 
 
+def test_packed_weights_against_the_same_runner_unpacked(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--model", str(tiny_model_path), "--engine", "torch-bfloat16", "--n", "1"]
+    argv += ["--lines", "10", "--baseline-engine", "torch-bfloat16-unpacked", "--threads", "1"]
+    assert main([*argv, "--cache-dir", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["configuration"]["packed_linears"] > 0
+    baseline = report["baseline_engine"]["configuration"]
+    assert (baseline["compute_type"], baseline["packed_linears"]) == ("bfloat16", 0)
+    assert "10" in report["vs_baseline"]
+
+
 def test_the_same_engine_as_its_own_baseline_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="same engine"):
         main(["--engine", "torch", "--baseline-engine", "torch", "--cache-dir", str(tmp_path)])
