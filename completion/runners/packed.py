@@ -1,18 +1,17 @@
 """Linear layers whose weights are packed once for oneDNN, for the torch runner in bfloat16.
 
 `torch.nn.functional.linear` on a CPU hands each product to oneDNN with the weight in torch's
-plain layout, and oneDNN reorders it into its blocked layout on every call: for a one-token pass
-that copy is most of the work, since the product itself only reads the weight once. Packing the
+plain layout, and oneDNN reorders it into its own blocked layout on every call. Packing the
 weights once at load (`torch.ops.mkldnn._reorder_linear_weight`) and calling the packed product
 (`torch.ops.mkldnn._linear_pointwise`, the pair PyTorch's own compiler uses when it freezes a
-model for a CPU) computes the same numbers without the copy. Measured on the bundled model in
-bfloat16 on the development machine (Intel Xeon with AMX), see docs/next-edit.md.
+model for a CPU) leaves that copy out: on the development machine (Intel Xeon with AMX, one
+thread) a one-token product with a 896 x 4864 bfloat16 weight took 0.43 ms against 0.64 ms, and
+the bundled model's logits came out the same to the bit. Figures: docs/next-edit.md.
 
-Memory: the packed weights take what the plain ones did, and the plain ones are released (with
-the file mapping they were read from). Only the decoder layers' projections are packed by
-default. The output head shares its weight
-with the token embeddings (the bundled model ties them), so packing it keeps a second copy of
-the largest matrix (272 MB for the bundled model); `head=True` does that.
+The decoder layers' projections and the output head are packed (the head's 152k rows are the
+largest matrix of the bundled model, and a one-token pass reads all of them), unless the head
+shares its weight with the token embeddings, which would then be kept twice. The packed weights
+take what the plain ones did, and the plain ones are released as they are replaced.
 
 Packing is skipped, with a log line, where this PyTorch has no such operators or they fail or
 disagree with `linear` on a probe: the model then runs as loaded.
@@ -21,10 +20,14 @@ disagree with `linear` on a probe: the model then runs as loaded.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from common.memory import release_mapped_file
 
 log = logging.getLogger(__name__)
 
@@ -85,35 +88,55 @@ def packing_works(dtype: Any = torch.bfloat16) -> bool:
     return True
 
 
-def pack_linears(model: Any, *, head: bool = False) -> int:
+def pack_linears(model: Any, *, mapped: Sequence[Path] = ()) -> int:
     """Replace the decoder layers' `nn.Linear` projections of `model` (a transformers causal LM)
-    with `PackedLinear`s, and its output head too with `head`; the number replaced (0 where
-    packing does not work here). The original weights are released as each is replaced."""
+    and its output head with `PackedLinear`s; the number replaced (0 where packing does not work
+    here). A head that shares its weight with the token embeddings stays as it is: packing it
+    would keep a second copy of the largest matrix.
+
+    The weights are usually read from files mapped into memory (`mapped`: their paths), whose
+    pages stay resident once read, and in the mapping as long as one tensor of the file lives
+    (the embeddings). So the pages read so far are given back after each layer
+    (`common.memory.release_mapped_file`): loading does not hold the plain and the packed weights
+    at once, and afterwards only the embedding rows read are resident, as without packing."""
     layers = _layers(model)
     if layers is None:
         return 0
     sample = next(model.parameters(), None)
     if sample is None or not packing_works(sample.dtype):
         return 0
-    targets = [
-        (parent, name, child)
-        for layer in layers
+    replaced = 0
+    for layer in layers:
+        replaced += _replace(_projections(layer))
+        _give_back(mapped)
+    head = getattr(model, "lm_head", None)
+    embeddings = getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = head is not None and getattr(embeddings, "weight", None) is head.weight
+    if type(head) is nn.Linear and not tied:
+        replaced += _replace([("lm_head", model, head)])
+        _give_back(mapped)
+    return replaced
+
+
+def _replace(found: list[tuple[str, Any, Any]]) -> int:
+    for name, parent, child in found:
+        setattr(parent, name, PackedLinear(child))
+    return len(found)
+
+
+def _give_back(mapped: Sequence[Path]) -> None:
+    for path in mapped:
+        release_mapped_file(path)
+
+
+def _projections(layer: Any) -> list[tuple[str, Any, Any]]:
+    """(name, parent, module) of each `nn.Linear` inside a decoder layer."""
+    return [
+        (name, parent, child)
         for parent in layer.modules()
         for name, child in parent.named_children()
         if type(child) is nn.Linear
     ]
-    output = getattr(model, "lm_head", None)
-    if head and type(output) is nn.Linear:
-        targets.append((model, "lm_head", output))
-    for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child))
-    # The weights were read from a file mapped into memory, and every tensor of a file shares its
-    # mapping: while one of them lives (the embeddings), the replaced weights' pages stay in this
-    # process's resident set. The rest are copied out so the mapping can go.
-    with torch.no_grad():
-        for tensor in (*model.parameters(), *model.buffers()):
-            tensor.data = tensor.data.clone()
-    return len(targets)
 
 
 def packed_bytes(model: Any) -> int:

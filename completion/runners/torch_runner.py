@@ -277,7 +277,9 @@ class TorchRunner:
     def _pack(model: Any) -> int:
         from completion.runners.packed import pack_linears
 
-        return pack_linears(model)
+        location = Path(str(getattr(model, "name_or_path", "")))
+        mapped = sorted(location.glob("*.safetensors")) if location.is_dir() else []
+        return pack_linears(model, mapped=mapped)
 
     def _detect_family(self) -> str:
         specials = list(getattr(self.tokenizer, "all_special_tokens", []))

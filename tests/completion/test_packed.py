@@ -39,25 +39,36 @@ def _tiny(tiny_model_path: Path, cache_dir: Path) -> nn.Module:
     return model
 
 
-def test_the_decoder_projections_are_packed_and_the_head_on_request(
+IDS = torch.tensor([[3, 17, 42, 8, 99, 5]])
+
+
+def test_the_decoder_projections_are_packed_and_a_tied_head_is_not(
     tiny_model_path: Path, tmp_path: Path
 ) -> None:
     model = _tiny(tiny_model_path, tmp_path)
     layers = model.model.layers
-    ids = torch.tensor([[3, 17, 42, 8, 99, 5]])
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # the tiny model ties them
     with torch.inference_mode():
-        before = model(input_ids=ids).logits
+        before = model(input_ids=IDS).logits
     assert pack_linears(model) == 7 * len(layers)
     assert type(model.lm_head) is nn.Linear
     assert not any(type(m) is nn.Linear for m in layers.modules())
     assert packed_bytes(model) > 0
     with torch.inference_mode():
-        after = model(input_ids=ids).logits
+        after = model(input_ids=IDS).logits
     assert torch.allclose(after, before, atol=1e-3, rtol=1e-3)
 
-    other = _tiny(tiny_model_path, tmp_path)
-    assert pack_linears(other, head=True) == 7 * len(other.model.layers) + 1
-    assert isinstance(other.lm_head, PackedLinear)
+
+def test_a_head_of_its_own_is_packed(tiny_model_path: Path, tmp_path: Path) -> None:
+    model = _tiny(tiny_model_path, tmp_path)
+    model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())  # untied
+    with torch.inference_mode():
+        before = model(input_ids=IDS).logits
+    assert pack_linears(model) == 7 * len(model.model.layers) + 1
+    assert isinstance(model.lm_head, PackedLinear)
+    with torch.inference_mode():
+        after = model(input_ids=IDS).logits
+    assert torch.allclose(after, before, atol=1e-3, rtol=1e-3)
 
 
 def test_where_packing_fails_the_model_stays_as_loaded(

@@ -106,7 +106,7 @@ def test_the_bfloat16_runner_packs_its_projections_and_computes_what_the_plain_m
     layers = runner.model.model.layers
     assert runner.packed_linears == 7 * len(layers)  # q, k, v, o, gate, up, down
     assert all(isinstance(layer.mlp.down_proj, PackedLinear) for layer in layers)
-    assert type(runner.model.lm_head) is torch.nn.Linear  # it shares the embeddings' weight
+    assert type(runner.model.lm_head) is torch.nn.Linear  # the tiny model's is the embeddings'
     _, plain = load_model(runner.source, "bfloat16", cache_dir)
     ids = torch.tensor([runner.tokenizer.encode("def add(a, b):\n    return a + b\n")])
     with torch.inference_mode():
