@@ -55,7 +55,7 @@ def load_next_edit_runner(
 ) -> TorchRunner:
     """A torch bfloat16 runner of the completion model with its adapter, on every core unless
     `completion.threads` says otherwise (it runs on the model thread, never beside the
-    completion runner), its projections' weights packed for oneDNN unless `pack_weights` is
+    completion runner), its linear layers' weights packed for oneDNN unless `pack_weights` is
     False (`completion.runners.packed`). Seconds; call it off the event loop."""
     import os
 

@@ -373,7 +373,7 @@ def loaded_weights(runner: Any) -> dict[str, Any]:
         from completion.runners.packed import packed_bytes
 
         size += packed_bytes(runner.model)  # the packed weights are not parameters
-        weights += ", projections packed for oneDNN"
+        weights += ", linear layers packed for oneDNN"
     return {
         "weights": weights,
         "weights_mb": round(size / 2**20, 1),

@@ -23,7 +23,7 @@ of the decoding out: its decode figures are null and the whole request is the co
 
 `--engine torch-bfloat16` is the runner next edits get beside a fast engine on a CPU with AMX
 (`completion.next_edit.runner`: torch in bfloat16 on every core, its own prefill and draft
-sizes, the projections' weights packed for oneDNN); `torch-bfloat16-unpacked` is the same
+sizes, its linear layers' weights packed for oneDNN); `torch-bfloat16-unpacked` is the same
 runner with the weights as loaded (`completion.runners.packed`'s baseline).
 `--baseline-engine E` loads a second engine and runs every prompt on it too, right after the
 first engine's runs of that prompt (the order alternating), so `vs_baseline` puts the two
@@ -194,7 +194,7 @@ def _configuration(runner: Any) -> dict[str, Any]:
         "engine_version": torch.__version__,
         "compute_type": str(runner.dtype),
         "threads": torch.get_num_threads(),
-        # Projections whose weights are packed for oneDNN (`completion.runners.packed`).
+        # Linear layers whose weights are packed for oneDNN (`completion.runners.packed`).
         "packed_linears": runner.packed_linears,
         "prefill_chunk_tokens": runner.prefill_chunk_tokens,
         # Speculative edits: the most draft tokens a pass checks (the first draft in the prompt's
