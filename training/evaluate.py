@@ -40,7 +40,7 @@ from typing import Any
 
 from common.languages import request_language
 from completion.engine import Engine
-from completion.next_edit.predictor import rewrite, rewritten_window
+from completion.next_edit.predictor import fences_end_rewrites, rewrite, rewritten_window
 from completion.next_edit.settings import NextEditSettings
 from completion.runners.base import ModelRunner, RunnerCapabilities
 from completion.runners.converted import ConvertedRunner
@@ -154,8 +154,11 @@ def _rewrite_all(
     for example in examples:
         current = example.current
         budget = runner.count_tokens(current) + margin
-        generation = rewrite(runner, example.prompt, current, max_new_tokens=budget)
-        text = rewritten_window(generation.text, current)
+        fences = fences_end_rewrites(example.path)
+        generation = rewrite(
+            runner, example.prompt, current, max_new_tokens=budget, fences_end=fences
+        )
+        text = rewritten_window(generation.text, current, fences_end=fences)
         cut = generation.stop_reason == "length" or (not text and current)
         shown.append(current if cut else text)
         tick()

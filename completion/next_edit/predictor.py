@@ -38,9 +38,16 @@ from completion.next_edit.screen import EditScreen, load_screen, screen_features
 from completion.next_edit.settings import NextEditSettings
 from completion.next_edit.text import document_lines
 from completion.runners.base import ModelRunner, RunnerCapabilities
-from completion.types import Cancelled, CancelToken, Generation
+from completion.types import Cancelled, CancelToken, Generation, StopRule
 
 STOP_TEXTS = (FILE_SEP, "<|endoftext|>")
+
+FENCE = "```"
+"""A Markdown code fence. A rewrite that opens one at the start of a line, in a window that has
+none, has left the code: it is cut there (`stop_rule`)."""
+
+MARKDOWN_SUFFIXES = (".md", ".markdown", ".mdx", ".rmd", ".qmd")
+"""Documents where a fence is text the user may write, so it does not end a rewrite."""
 
 Reason = Literal[
     "predicted",  # edits to show
@@ -158,8 +165,9 @@ class NextEditPredictor:
         prompt_started = time.perf_counter()
         prompt = self.prompt(path, window, history, latest)
         timings.prompt_ms = (time.perf_counter() - prompt_started) * 1000
-        generation = self._generate(prompt, window, cancel, timings)
-        predicted = rewritten_window(generation.text, window.text)
+        fences = fences_end_rewrites(path)
+        generation = self._generate(prompt, window, cancel, timings, fences)
+        predicted = rewritten_window(generation.text, window.text, fences_end=fences)
         if generation.stop_reason == "length":
             return answer(
                 "truncated", window, predicted=predicted, generation=generation, screen=chance
@@ -226,7 +234,12 @@ class NextEditPredictor:
         return build_prompt(path, blocks, original_window(window, latest), window)
 
     def _generate(
-        self, prompt: str, window: Window, cancel: CancelToken, timings: NextEditTimings
+        self,
+        prompt: str,
+        window: Window,
+        cancel: CancelToken,
+        timings: NextEditTimings,
+        fences_end: bool,
     ) -> Generation:
         model_started = time.perf_counter()
         timings.reached_model = True
@@ -236,6 +249,7 @@ class NextEditPredictor:
             window.text,
             max_new_tokens=window.tokens + self.settings.margin_tokens,
             cancel=cancel,
+            fences_end=fences_end,
         )
         self.model_calls += 1
         timings.model_ms = (time.perf_counter() - model_started) * 1000
@@ -255,25 +269,53 @@ def rewrite(
     *,
     max_new_tokens: int,
     cancel: CancelToken | None = None,
+    fences_end: bool = True,
 ) -> Generation:
     """The model's greedy rewrite of the window `current` after `prompt` (which ends where the
-    updated window begins), stopping at `<|file_sep|>`: with `current` as the draft when the
-    runner checks drafts (speculative edits: the same output in fewer forward passes), else
+    updated window begins), stopping where `stop_rule` says: with `current` as the draft when
+    the runner checks drafts (speculative edits: the same output in fewer forward passes), else
     decoded plainly."""
     drafts = RunnerCapabilities.of(runner).drafts
     cancel = cancel or CancelToken()
+    stop = stop_rule(current, fences_end=fences_end)
     if drafts is not None:
         return drafts.generate_with_draft(
-            prompt, draft=current, max_new_tokens=max_new_tokens, stop=_stop, cancel=cancel
+            prompt, draft=current, max_new_tokens=max_new_tokens, stop=stop, cancel=cancel
         )
-    return runner.generate(prompt, max_new_tokens=max_new_tokens, stop=_stop, cancel=cancel)
+    return runner.generate(prompt, max_new_tokens=max_new_tokens, stop=stop, cancel=cancel)
 
 
-def rewritten_window(output: str, current: str) -> str:
-    """The model's rewrite as the window's text: cut at a stop text (or the start of one at its
-    end), its line breaks those of `current` (the window now), and no line break added where the
-    window has none at its end (the document's end)."""
-    cut = _stop(output)
+def fences_end_rewrites(path: str) -> bool:
+    """Whether a code fence ends a rewrite in document `path` (all but Markdown documents)."""
+    return not path.lower().endswith(MARKDOWN_SUFFIXES)
+
+
+def stop_rule(current: str, *, fences_end: bool = True) -> StopRule:
+    """Where a rewrite of the window `current` ends: at `<|file_sep|>` (or end of text), and,
+    with `fences_end` (the predictor's for documents other than Markdown) where no line of
+    `current` starts with a code fence, at the start of a line that does. A base model asked for
+    the updated window sometimes closes it as a chat answer would, with a fence and prose after
+    it; on the click replay the base model's shown edits were mostly the fence alone, added
+    after the window. Cut there, the rewrite is what came before, and decoding stops at once."""
+    fences_end = fences_end and not (current.startswith(FENCE) or f"\n{FENCE}" in current)
+
+    def stop(text: str) -> int | None:
+        found = [index for marker in STOP_TEXTS if (index := text.find(marker)) >= 0]
+        if fences_end:
+            if text.startswith(FENCE):
+                found.append(0)
+            elif (index := text.find(f"\n{FENCE}")) >= 0:
+                found.append(index + 1)
+        return min(found) if found else None
+
+    return stop
+
+
+def rewritten_window(output: str, current: str, *, fences_end: bool = True) -> str:
+    """The model's rewrite as the window's text: cut where `stop_rule` says (or at the start of
+    a stop text at its end), its line breaks those of `current` (the window now), and no line
+    break added where the window has none at its end (the document's end)."""
+    cut = stop_rule(current, fences_end=fences_end)(output)
     predicted = output if cut is None else output[:cut]
     if cut is None:
         # A server that cuts at a stop text may have sent its first characters already.
@@ -290,9 +332,3 @@ def rewritten_window(output: str, current: str) -> str:
                 predicted = predicted[: -len(end)]
                 break
     return predicted
-
-
-def _stop(text: str) -> int | None:
-    """Where the rewrite ends: the first stop text, if any."""
-    found = [index for stop in STOP_TEXTS if (index := text.find(stop)) >= 0]
-    return min(found) if found else None

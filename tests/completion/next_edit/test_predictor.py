@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from completion.next_edit import EditHistory, NextEditPredictor, NextEditSettings
+from completion.next_edit.predictor import fences_end_rewrites, rewritten_window, stop_rule
 from completion.next_edit.text import document_lines
 from completion.types import Cancelled, CancelToken, Generation, StopRule
 from tests.support.scripted_model import ScriptedModel
@@ -93,6 +94,31 @@ def test_a_rewrite_cut_by_its_token_limit_is_refused() -> None:
     found, _ = predictor(PREDICTED + "\n" * 500, margin_tokens=0)
     prediction = found.predict(AFTER, "geo.py", (0, 0), recorded([10.0]))
     assert (prediction.reason, prediction.edits) == ("truncated", [])
+
+
+def test_a_code_fence_ends_a_rewrite_where_the_window_has_none() -> None:
+    # The base model sometimes closes the window as a chat answer: a fence, then prose.
+    chat = "```\n\nThis renames the parameter everywhere." + "\n" * 500
+    found, _ = predictor(AFTER + chat)  # without the cut, truncated by the 500 breaks
+    prediction = found.predict(AFTER, "geo.py", (0, 0), recorded([10.0]))
+    assert (prediction.reason, prediction.edits) == ("no_change", [])
+    assert prediction.generation is not None
+    assert prediction.generation.stop_reason == "stop"  # decoding stopped at the fence
+    found.runner.rules["updated/geo.py\n"] = PREDICTED + chat  # type: ignore[attr-defined]
+    prediction = found.predict(AFTER, "geo.py", (0, 0), recorded([10.0]))
+    assert [(e.range, e.text) for e in prediction.edits] == [((1, 12, 1, 16), "")]
+
+
+def test_a_fence_stays_text_in_markdown_and_in_windows_that_have_one() -> None:
+    assert stop_rule("x = 1\n")("x = 1\n```") == 6
+    assert stop_rule("x = 1\n")("```") == 0
+    assert stop_rule("x = 1\n")("s = '```'\n") is None  # not at the start of a line
+    assert stop_rule("```py\nx = 1\n```\n")("```py\nx = 2\n```\n") is None
+    assert stop_rule("x = 1\n", fences_end=False)("x = 1\n```") is None
+    assert stop_rule("x = 1\n")("x = 1\n<|file_sep|>```") == 6
+    assert not fences_end_rewrites("docs/README.md") and fences_end_rewrites("geo.py")
+    assert rewritten_window("x = 2\n```\nprose", "x = 1") == "x = 2"  # no break added
+    assert rewritten_window("x = 2\n```\nprose", "x = 1", fences_end=False) == "x = 2\n```\nprose"
 
 
 def test_a_cancelled_prediction_raises() -> None:
