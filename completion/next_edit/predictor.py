@@ -295,8 +295,9 @@ def stop_rule(current: str, *, fences_end: bool = True) -> StopRule:
     with `fences_end` (the predictor's for documents other than Markdown) where no line of
     `current` starts with a code fence, at the start of a line that does. A base model asked for
     the updated window sometimes closes it as a chat answer would, with a fence and prose after
-    it; on the click replay the base model's shown edits were mostly the fence alone, added
-    after the window. Cut there, the rewrite is what came before, and decoding stops at once."""
+    it, and the fence alone added after the window was a third of its shown edits on the click
+    replay (27 → 18 with this rule). Cut there, the rewrite is what came before, and decoding
+    stops at once."""
     fences_end = fences_end and not (current.startswith(FENCE) or f"\n{FENCE}" in current)
 
     def stop(text: str) -> int | None:
