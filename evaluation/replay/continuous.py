@@ -474,7 +474,8 @@ def _report(
     runner: CachedRunner,
     started: float,
 ) -> dict[str, Any]:
-    runs = [r["training"] for r in rounds if "training" in r]
+    checks = [r["training"] for r in rounds if "training" in r]  # one after each round but the last
+    runs = [check for check in checks if check.get("ran")]
     delays = [r["event_to_serving_s"] for r in runs if r.get("event_to_serving_s") is not None]
     return {
         "command": "tabloop eval replay " + " ".join(argv),
@@ -496,6 +497,7 @@ def _report(
         "model_cache": {"hits": runner.hits, "misses": runner.misses},
         "summary": {
             **summarize(plays),
+            "training_checks": len(checks),
             "runs": len(runs),
             "promoted": sum(r.get("outcome") == "promoted" for r in runs),
             "event_to_serving_s": delays,

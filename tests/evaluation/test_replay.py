@@ -297,7 +297,7 @@ def test_the_continuous_loop_reveals_the_code_base_and_trains_between_rounds(
         "eval_cursors": 4,
     }
     summary = report["summary"]
-    assert summary["runs"] == 1
+    assert summary["training_checks"] == summary["runs"] == 1
     assert len(summary["reward_gain_per_position_by_round"]) == 2
     pooled = summary["rounds_after_the_first_vs_base_always_show"]
     assert pooled["baseline"]["requests"] == pooled["loop"]["requests"] == 10
