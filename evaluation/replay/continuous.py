@@ -463,6 +463,22 @@ def summarize(plays: list[Play]) -> dict[str, Any]:
     return summary
 
 
+def training_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the loop's training did over `rounds`: the looks at whether a run was due (one after
+    each round but the last), the runs that ran, those promoted, and each promoted version's
+    delay from its round's last event to its first serving."""
+    checks = [r["training"] for r in rounds if "training" in r]
+    runs = [check for check in checks if check.get("ran")]
+    delays = [r["event_to_serving_s"] for r in runs if r.get("event_to_serving_s") is not None]
+    return {
+        "training_checks": len(checks),
+        "runs": len(runs),
+        "promoted": sum(r.get("outcome") == "promoted" for r in runs),
+        "event_to_serving_s": delays,
+        "event_to_serving_max_s": max(delays) if delays else None,
+    }
+
+
 def _report(
     args: argparse.Namespace,
     argv: list[str],
@@ -474,9 +490,6 @@ def _report(
     runner: CachedRunner,
     started: float,
 ) -> dict[str, Any]:
-    checks = [r["training"] for r in rounds if "training" in r]  # one after each round but the last
-    runs = [check for check in checks if check.get("ran")]
-    delays = [r["event_to_serving_s"] for r in runs if r.get("event_to_serving_s") is not None]
     return {
         "command": "tabloop eval replay " + " ".join(argv),
         "code_base": str(args.train),
@@ -497,11 +510,7 @@ def _report(
         "model_cache": {"hits": runner.hits, "misses": runner.misses},
         "summary": {
             **summarize(plays),
-            "training_checks": len(checks),
-            "runs": len(runs),
-            "promoted": sum(r.get("outcome") == "promoted" for r in runs),
-            "event_to_serving_s": delays,
-            "event_to_serving_max_s": max(delays) if delays else None,
+            **training_summary(rounds),
         },
         "rounds": rounds,
         "wall_s": round(time.time() - started, 1),

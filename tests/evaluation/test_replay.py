@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from evaluation.replay import build_parser, run
+from evaluation.replay.continuous import training_summary
 from evaluation.simulation import hole_length, sample_positions, simulated_user
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -301,6 +302,27 @@ def test_the_continuous_loop_reveals_the_code_base_and_trains_between_rounds(
     assert len(summary["reward_gain_per_position_by_round"]) == 2
     pooled = summary["rounds_after_the_first_vs_base_always_show"]
     assert pooled["baseline"]["requests"] == pooled["loop"]["requests"] == 10
+
+
+def test_the_summary_counts_only_runs_that_ran() -> None:
+    """A look that found the loop waiting (for a canary's verdict, say) is not a run."""
+    waited = {"ran": False, "waiting_for": "the verdict on the canary v0001"}
+    promoted = {"ran": True, "outcome": "promoted", "event_to_serving_s": 2476.2}
+    refused = {"ran": True, "outcome": "not promoted"}
+    rounds = [
+        {"round": 1, "training": promoted},
+        {"round": 2, "training": waited},
+        {"round": 3, "training": refused},
+        {"round": 4},  # the last round: no look after it
+    ]
+    assert training_summary(rounds) == {
+        "training_checks": 3,
+        "runs": 2,
+        "promoted": 1,
+        "event_to_serving_s": [2476.2],
+        "event_to_serving_max_s": 2476.2,
+    }
+    assert training_summary([{"round": 1}])["event_to_serving_max_s"] is None
 
 
 def _is_training_run(process: psutil.Process) -> bool:
