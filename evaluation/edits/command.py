@@ -114,8 +114,10 @@ def _paired(
     theirs: dict[str, Any],
     results: dict[str, list[PredictionResult]],
 ) -> dict[str, Any]:
-    """The adapted run against the base one on the same points: the ratio of their exact
-    matches on edit points, and where their outcomes differ (`adapted<-base`)."""
+    """The adapted run against the base one on the same points: the ratios of their exact
+    matches on edit points and on all points, the highest all-points ratio any model could
+    reach against this base (every point right: 1 / the base's share), and where their
+    outcomes differ (`adapted<-base`)."""
     changed: dict[str, int] = {}
     for point, a, b in zip(points, results["adapted"], results["base"], strict=True):
         first, second = outcome(point, a), outcome(point, b)
@@ -123,12 +125,17 @@ def _paired(
             key = f"{first}<-{second}"
             changed[key] = changed.get(key, 0) + 1
     return {
-        "exact_match_ratio": round(ours["exact_match_on_edits"] / theirs["exact_match_on_edits"], 3)
-        if ours["exact_match_on_edits"] and theirs["exact_match_on_edits"]
-        else None,
+        "exact_match_ratio": _ratio(ours["exact_match_on_edits"], theirs["exact_match_on_edits"]),
+        "exact_match_ratio_all_points": _ratio(ours["exact_match"], theirs["exact_match"]),
+        "exact_match_ratio_all_points_ceiling": _ratio(1.0, theirs["exact_match"]),
         "points_differing": sum(changed.values()),
         "outcome_changes": dict(sorted(changed.items())),
     }
+
+
+def _ratio(ours: float, theirs: float) -> float | None:
+    """ours / theirs to three places; None where either is 0 (no ratio to speak of)."""
+    return round(ours / theirs, 3) if ours and theirs else None
 
 
 def run_edits(args: argparse.Namespace) -> dict[str, Any]:

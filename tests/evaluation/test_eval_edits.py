@@ -105,7 +105,20 @@ def test_train_on_older_commits_and_judge_on_newer(
     assert (trained_on["range"], trained_on["commit_count"]) == (trained["trained_on"]["range"], 5)
     assert "commits_list" not in trained_on
     assert "warning" not in report["adapted"]
-    assert set(report["paired"]) == {"exact_match_ratio", "points_differing", "outcome_changes"}
+    paired = report["paired"]
+    assert set(paired) == {
+        "exact_match_ratio",
+        "exact_match_ratio_all_points",
+        "exact_match_ratio_all_points_ceiling",
+        "points_differing",
+        "outcome_changes",
+    }
+    ours, theirs = report["adapted"]["exact_match"], report["base"]["exact_match"]
+    if ours and theirs:
+        assert paired["exact_match_ratio_all_points"] == round(ours / theirs, 3)
+        assert paired["exact_match_ratio_all_points_ceiling"] == round(1 / theirs, 3)
+    else:
+        assert paired["exact_match_ratio_all_points"] is None
     # The screen at its default: what it answered alone, and the model at every point too.
     for name in ("adapted", "base"):
         run_report = report[name]
