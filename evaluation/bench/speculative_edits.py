@@ -21,10 +21,10 @@ configuration loaded (engine, weights, threads, draft lengths). The torch runner
 draft in the prompt's last pass (`draft_tokens_in_prompt_pass`), so its decode time leaves part
 of the decoding out: its decode figures are null and the whole request is the comparison.
 
-`--engine torch-bfloat16` is the runner next edits get beside a fast engine on a CPU with AMX
-(`completion.next_edit.runner`: torch in bfloat16 on every core, its own prefill and draft
-sizes, its linear layers' weights packed for oneDNN); `torch-bfloat16-unpacked` is the same
-runner with the weights as loaded (`completion.runners.packed`'s baseline).
+`--engine torch-bfloat16` is the runner next edits get beside a fast engine on a CPU with AMX or
+AVX-512 BF16 (`completion.next_edit.runner`: torch in bfloat16 on every core, its own prefill
+and draft sizes, its linear layers' weights packed for oneDNN); `torch-bfloat16-unpacked` is the
+same runner with the weights as loaded (`completion.runners.packed`'s baseline).
 `--baseline-engine E` loads a second engine and runs every prompt on it too, right after the
 first engine's runs of that prompt (the order alternating), so `vs_baseline` puts the two
 engines' drafted requests side by side on equal terms: same prompts, same run, the same threads

@@ -24,7 +24,8 @@ from tests.support import adapters as damage
 from tests.support.adapters import strong_adapter
 
 AMX = ["avx512f", "avx512_bf16", "amx_bf16", "amx_int8"]
-NO_AMX = ["avx2", "avx512f", "avx512_bf16"]
+AVX512_BF16 = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16"]  # AMD EPYC (Zen 4), no AMX
+NO_BF16 = ["avx2", "fma", "avx512f", "avx512_vnni"]  # 8-bit dot products, no bfloat16 ones
 
 
 @pytest.mark.parametrize(
@@ -32,14 +33,16 @@ NO_AMX = ["avx2", "avx512f", "avx512_bf16"]
     [
         ("auto", {}, AMX, "torch-bfloat16"),
         ("auto", {"engine": "ctranslate2"}, AMX, "torch-bfloat16"),
-        ("auto", {}, NO_AMX, "completion"),
+        ("auto", {}, AVX512_BF16, "torch-bfloat16"),
+        ("auto", {}, NO_BF16, "completion"),
+        ("auto", {}, ["avx2", "fma"], "completion"),
         ("auto", {"engine": "torch"}, AMX, "completion"),
         ("auto", {"runner": "http"}, AMX, "completion"),
         ("completion", {}, AMX, "completion"),
-        ("torch-bfloat16", {}, NO_AMX, "torch-bfloat16"),
+        ("torch-bfloat16", {}, NO_BF16, "torch-bfloat16"),
     ],
 )
-def test_auto_takes_torch_bfloat16_beside_a_fast_engine_on_amx_only(
+def test_auto_takes_torch_bfloat16_beside_a_fast_engine_where_bfloat16_is_native(
     engine: str, completion: dict[str, Any], flags: list[str], expected: str
 ) -> None:
     settings = NextEditSettings.model_validate({"engine": engine})
