@@ -5,6 +5,7 @@ default engine's int8 arithmetic several times faster than one with AVX2 alone).
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,15 @@ def cpu_description() -> dict[str, Any]:
     return {"model": model, "cores": os.cpu_count(), "flags": [f for f in _WANTED if f in flags]}
 
 
-def native_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively (AVX-512 BF16 or AMX), unless
-    `$TABLOOP_NATIVE_BFLOAT16` says otherwise. Where it does, training in bfloat16 is 2.6 times
-    as fast as in float32 and holds half the memory; where it does not, it is 3.4 times slower
-    (`tabloop bench train`, docs/learning.md)."""
-    forced = os.environ.get(BFLOAT16_VARIABLE, "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    flags = cpu_description()["flags"]
+def native_bfloat16(flags: Collection[str] | None = None) -> bool:
+    """Whether a CPU with `flags` multiplies bfloat16 matrices natively (AVX-512 BF16 or AMX);
+    without `flags`, this CPU, unless `$TABLOOP_NATIVE_BFLOAT16` says otherwise. Where it does,
+    training in bfloat16 is 2.6 times as fast as in float32 and holds half the memory; where it
+    does not, it is 3.4 times slower (`tabloop bench train`, docs/learning.md), and next edits
+    get a bfloat16 runner of their own (docs/next-edit.md)."""
+    if flags is None:
+        forced = os.environ.get(BFLOAT16_VARIABLE, "").strip()
+        if forced in ("0", "1"):
+            return forced == "1"
+        flags = cpu_description()["flags"]
     return any(flag in flags for flag in BFLOAT16_FLAGS)

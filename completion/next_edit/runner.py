@@ -18,7 +18,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from common.machine import BFLOAT16_FLAGS, cpu_description
+from common.machine import native_bfloat16
 
 if TYPE_CHECKING:
     from completion.next_edit.settings import NextEditSettings
@@ -34,20 +34,21 @@ def next_edit_engine(
     completion: CompletionSettings,
     flags: Collection[str] | None = None,
 ) -> NextEditEngine:
-    """What `nextEdit.engine` resolves to on this CPU (`flags`: its flags, read when None)."""
+    """What `nextEdit.engine` resolves to on a CPU with `flags` (None: this CPU, as
+    `common.machine.native_bfloat16` sees it, `$TABLOOP_NATIVE_BFLOAT16` included)."""
     if next_edit.engine != "auto":
         return next_edit.engine
     if completion.runner != "local" or completion.engine == "torch":
         return "completion"  # a server's model, or torch already
-    flags = _cpu_flags() if flags is None else flags
-    native = any(flag in flags for flag in BFLOAT16_FLAGS)  # AVX-512 BF16 or AMX
+    native = _native_here() if flags is None else native_bfloat16(flags)
     return "torch-bfloat16" if native else "completion"
 
 
 @functools.cache
-def _cpu_flags() -> tuple[str, ...]:
-    """This CPU's flags, read once: the server asks at every request, on its event loop."""
-    return tuple(cpu_description()["flags"])
+def _native_here() -> bool:
+    """Whether this CPU multiplies bfloat16 natively, read once: the server asks at every
+    request, on its event loop."""
+    return native_bfloat16()
 
 
 def load_next_edit_runner(

@@ -22,6 +22,8 @@ def test_native_bfloat16_follows_the_cpu_flags_unless_overridden(
     assert native_bfloat16()
     monkeypatch.setenv(BFLOAT16_VARIABLE, "0")
     assert not native_bfloat16()
+    # Another CPU's flags are judged as they are, whatever this machine or the override says.
+    assert native_bfloat16(["avx2", "amx_bf16"]) and not native_bfloat16(["avx2", "avx512_vnni"])
 
 
 def test_training_precision_is_decided_when_the_settings_are_made(

@@ -114,11 +114,11 @@ def test_train_on_older_commits_and_judge_on_newer(
         "outcome_changes",
     }
     ours, theirs = report["adapted"]["exact_match"], report["base"]["exact_match"]
-    if ours and theirs:
-        assert paired["exact_match_ratio_all_points"] == round(ours / theirs, 3)
-        assert paired["exact_match_ratio_all_points_ceiling"] == round(1 / theirs, 3)
-    else:
-        assert paired["exact_match_ratio_all_points"] is None
+    ratio = round(ours / theirs, 3) if ours and theirs else None
+    assert paired["exact_match_ratio_all_points"] == ratio
+    assert paired["exact_match_ratio_all_points_ceiling"] == (
+        round(1 / theirs, 3) if theirs else None
+    )
     # The screen at its default: what it answered alone, and the model at every point too.
     for name in ("adapted", "base"):
         run_report = report[name]

@@ -8,9 +8,15 @@ from typing import Any
 import pytest
 import torch
 
+from common.machine import BFLOAT16_VARIABLE
 from completion.adapters import AdapterError
 from completion.next_edit import NextEditSettings
-from completion.next_edit.runner import follow_adapter, load_next_edit_runner, next_edit_engine
+from completion.next_edit.runner import (
+    _native_here,
+    follow_adapter,
+    load_next_edit_runner,
+    next_edit_engine,
+)
 from completion.runners.loading import load_model
 from completion.runners.packed import PackedLinear, packing_works
 from completion.runners.torch_runner import (
@@ -48,6 +54,19 @@ def test_auto_takes_torch_bfloat16_beside_a_fast_engine_where_bfloat16_is_native
     settings = NextEditSettings.model_validate({"engine": engine})
     found = next_edit_engine(settings, CompletionSettings.model_validate(completion), flags)
     assert found == expected
+
+
+def test_auto_on_this_cpu_follows_the_native_bfloat16_override(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tests run with `$TABLOOP_NATIVE_BFLOAT16` at 0, so they pick the same runner on any
+    CPU; a user can force either answer the same way."""
+    settings, completion = NextEditSettings(), CompletionSettings()
+    for forced, expected in (("1", "torch-bfloat16"), ("0", "completion")):
+        monkeypatch.setenv(BFLOAT16_VARIABLE, forced)
+        _native_here.cache_clear()
+        assert next_edit_engine(settings, completion) == expected
+    _native_here.cache_clear()
 
 
 def test_an_unknown_engine_is_refused() -> None:
