@@ -1,7 +1,8 @@
 """`tabloop eval edits`: next-edit predictions judged on a repository's replayed commit history.
 
     tabloop eval edits --repo DIR [--commits RANGE | --last N] --n N [--seed S]
-                       [--adapter PATH [--compare | --baseline-adapter PATH]] --json
+                       [--adapter PATH [--compare | --baseline-adapter PATH]]
+                       [--answers FILE] --json
 
 The commits (`--commits A..B`, or the newest `--last` non-merge commits touching Python files)
 are replayed as edits (`training.edit_replay`), with the windows the predictor itself would
@@ -14,7 +15,8 @@ threads, model, adapter, the next-edit settings), the commit range (and, for an 
 by `tabloop train edits`, the range it was trained on, which must be older), the replay's
 counts, and the figures of `evaluation.edits.metrics` per run. With `--compare` (or
 `--baseline-adapter`) the same points are predicted by the base model (or that adapter) too, and
-`paired` gives the differences.
+`paired` gives the differences. `--answers FILE` also writes what was due and what each run
+answered at every point (`evaluation.edits.answers`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from completion.next_edit.runner import load_next_edit_runner, next_edit_engine
 from completion.next_edit.screen import BUNDLED, load_screen
 from completion.runners.base import ModelRunner
 from completion.settings import CompletionSettings
+from evaluation.edits.answers import write_answers
 from evaluation.edits.metrics import PredictionResult, outcome, score
 from evaluation.edits.predicting import predict_points
 from lsp_server import config
@@ -151,6 +154,8 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("tabloop eval edits: --compare (the base model) or --baseline-adapter")
     if (args.compare or args.baseline_adapter) and not args.adapter:
         raise SystemExit("tabloop eval edits: a comparison needs --adapter")
+    if args.answers and Path(args.answers).is_dir():
+        raise SystemExit(f"tabloop eval edits: --answers {args.answers} is a directory")
     for adapter in (args.adapter, args.baseline_adapter):
         if adapter and not Path(adapter).is_dir():
             raise SystemExit(f"tabloop eval edits: adapter {adapter} is not a directory")
@@ -237,6 +242,15 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
                 report["base"]["unscreened"],
                 {"adapted": results["adapted_unscreened"], "base": results["base_unscreened"]},
             )
+    if args.answers:
+        answers = Path(args.answers).resolve()
+        try:  # the figures are printed even when their answers cannot be kept
+            report["answers"] = {
+                "file": str(answers),
+                "points": write_answers(answers, points, results),
+            }
+        except OSError as exc:
+            report["answers"] = {"file": str(answers), "error": f"{type(exc).__name__}: {exc}"}
     for name, _ in runs:
         trained = report[name]["configuration"].get("adapter_trained_on")
         # Its commits are many: checked here, and only counted in the report.
@@ -275,6 +289,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="where the screen answers alone, ask the model too and report both (default: on)",
+    )
+    parser.add_argument(
+        "--answers",
+        metavar="FILE",
+        help="also write each point's due edit and every run's answer there (JSON Lines)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     args = parser.parse_args(argv)

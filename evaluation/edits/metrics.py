@@ -104,6 +104,7 @@ class PredictionResult:
     latency_ms: float
     model_ran: bool
     error: str | None = None
+    reason: str = ""  # the predictor's reason (`error` for a failure)
 
 
 def outcome(point: EditPoint, result: PredictionResult) -> str:

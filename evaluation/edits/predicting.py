@@ -64,10 +64,14 @@ def _ask(
         )
     except Exception as exc:  # one point's failure is a figure of the run
         elapsed = (time.perf_counter() - started) * 1000
-        return PredictionResult(text, elapsed, False, f"{type(exc).__name__}: {exc}"), None, "error"
+        error = f"{type(exc).__name__}: {exc}"
+        return PredictionResult(text, elapsed, False, error, "error"), None, "error"
     elapsed = (time.perf_counter() - started) * 1000
     result = PredictionResult(
-        predicted_text(text, prediction), elapsed, prediction.timings.reached_model
+        predicted_text(text, prediction),
+        elapsed,
+        prediction.timings.reached_model,
+        reason=prediction.reason,
     )
     return result, prediction, prediction.reason
 

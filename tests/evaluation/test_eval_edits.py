@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from completion.next_edit import NextEditPredictor, NextEditSettings
 from completion.next_edit.prompt import FILE_SEP
 from completion.next_edit.screen import BUNDLED, load_screen
+from evaluation.edits.answers import answer_record
 from evaluation.edits.metrics import PredictionResult, score
 from evaluation.edits.predicting import PredictionRun, predict_points
 from tabloop.cli import main
@@ -80,7 +82,8 @@ def test_train_on_older_commits_and_judge_on_newer(
     report = run(
         capsys,
         *("eval", "edits", "--repo", str(root), "--commits", newer, "--n", "4", "--seed", "1"),
-        *("--adapter", str(adapter), "--compare", "--json"),
+        *("--adapter", str(adapter), "--compare", "--answers", str(tmp_path / "answers.jsonl")),
+        "--json",
     )
     assert report["commits"]["range"] == f"{ids[6][:12]}^..{ids[8][:12]}"
     assert report["commits"]["count"] == 3
@@ -133,6 +136,27 @@ def test_train_on_older_commits_and_judge_on_newer(
         assert unscreened["latency"]["model_ran"]["n"] == 4
     assert set(report["paired_unscreened"]) == set(report["paired"])
 
+    # Every point's answers, one record a point, adding up to the report's figures.
+    assert report["answers"] == {"file": str(tmp_path / "answers.jsonl"), "points": 4}
+    records = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    for name in ("adapted", "base"):
+        runs = ((name, report[name]), (f"{name}_unscreened", report[name]["unscreened"]))
+        for run_name, figures in runs:
+            answers = [record["runs"][run_name] for record in records]
+            assert Counter(answer["outcome"] for answer in answers) == Counter(figures["outcomes"])
+            assert Counter(answer["reason"] for answer in answers) == Counter(figures["reasons"])
+    for record in records:
+        assert bool(record["expected"]) == (record["kind"] == "edit")
+        if record["kind"] == "edit":  # this history's edits replace one line each
+            assert [line[0] for line in record["expected"]] == ["@", "-", "+"]
+        for answer in record["runs"].values():
+            no_change = answer["outcome"] in ("false_no_op", "correct_no_op")
+            assert (answer["predicted"] == []) == no_change
+            assert (answer["predicted"] == record["expected"]) == (
+                answer["outcome"] in ("exact", "correct_no_op")
+            )
+
     # Without the screen the model answers every point, and nothing is asked twice.
     plain_run = run(
         capsys,
@@ -165,6 +189,8 @@ def test_bad_arguments_are_clear_errors(repo: tuple[Path, list[str]], tmp_path: 
         main(["eval", "edits", "--repo", str(root), "--commits", "bad-range..HEAD"])
     with pytest.raises(SystemExit):
         main(["eval", "edits", "--repo", str(root), "--screen-below", "2"])
+    with pytest.raises(SystemExit, match=r"--answers .* is a directory"):
+        main(["eval", "edits", "--repo", str(root), "--answers", str(tmp_path)])
     with pytest.raises(SystemExit, match="no commits touching Python"):
         main(["train", "edit-screen", "--repo", str(root), "--commits", "HEAD..HEAD"])
 
@@ -248,6 +274,10 @@ def test_a_model_that_writes_the_next_edit_gets_full_marks(
         model = ScriptedModel(rules={"": back + FILE_SEP})
         undoing.append(predict_points(NextEditPredictor(model, settings), [point]))
     found = score(points, right)
+    for point, result in zip(points, right, strict=True):
+        record = answer_record(point, {"scripted": result})["runs"]["scripted"]
+        assert record["outcome"] in ("exact", "correct_no_op")
+        assert record["predicted"] == answer_record(point, {})["expected"]
     due = sum(1 for p in points if p.expects_change)
     assert found["outcomes"] == {"exact": due, "correct_no_op": len(points) - due}
     assert (found["exact_match"], found["no_op_accuracy"], found["delta_chrf"]) == (1.0, 1.0, 100.0)
