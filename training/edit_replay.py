@@ -27,8 +27,8 @@ import random
 import re
 import subprocess
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Literal, Protocol
@@ -45,6 +45,7 @@ MAX_HISTORY = 8
 PROMPT_EDITS = 3
 """Recent edits a next-edit prompt shows (Sweep's 3): a huge hunk among them spoils a point."""
 DEFAULT_COMMITS = 100
+ALL_SUBSETS_UP_TO = 6  # upcoming hunks (`EditPoint.is_upcoming`): 63 combinations at most
 GENERATED_NAMES = re.compile(r"(_pb2(_grpc)?\.py|\.pb\.py|_version\.py)$")
 GENERATED_MARK = re.compile(r"generated|do not edit", re.IGNORECASE)
 
@@ -216,6 +217,48 @@ class EditPoint:
     def key(self) -> str:
         """A stable name of the point (commit, path, hunks done)."""
         return f"{self.commit[:12]}:{self.path}:{self.done}"
+
+    def upcoming_hunks(self) -> list[Hunk]:
+        """The file's hunks still to come in this commit that lie inside the window, in the
+        coordinates of the text now (their `old_*` lines are lines of `text`): the edits the
+        user goes on to make here, the next one first when it is inside."""
+        shift = self.change.shift_after(self.done)
+        start, end = self.window
+        found = []
+        for hunk in self.change.hunks[self.done :]:
+            first, last = hunk.old_start + shift, hunk.old_end + shift
+            if start <= first < end and last <= end:  # as `file_points` counts "inside"
+                found.append(replace(hunk, old_start=first, old_end=last))
+        return found
+
+    def is_upcoming(self, predicted: str) -> bool:
+        """Whether `predicted` (the whole file) is the text now with some of the upcoming hunks
+        made and nothing else: an edit the user makes later in this commit, shown early, or
+        several at once. With up to `ALL_SUBSETS_UP_TO` upcoming hunks every combination is
+        tried; with more, the first k for every k, and each alone."""
+        if predicted == self.text:
+            return False
+        hunks = self.upcoming_hunks()
+        if len(hunks) <= ALL_SUBSETS_UP_TO:
+            subsets: Iterable[Sequence[Hunk]] = (
+                [hunk for bit, hunk in enumerate(hunks) if mask >> bit & 1]
+                for mask in range(1, 1 << len(hunks))
+            )
+        else:
+            subsets = [*(hunks[:k] for k in range(1, len(hunks) + 1)), *([h] for h in hunks)]
+        lines = lines_of(self.text)
+        return any(_made(lines, subset) == predicted for subset in subsets)
+
+
+def _made(lines: Sequence[str], hunks: Sequence[Hunk]) -> str:
+    """`lines` with `hunks` (sorted, in their coordinates) made."""
+    out: list[str] = []
+    at = 0
+    for hunk in hunks:
+        out += lines[at : hunk.old_start]
+        out += hunk.new
+        at = hunk.old_end
+    return "".join(out + list(lines[at:]))
 
 
 def cursor_after(change: FileChange, k: int) -> tuple[int, int]:

@@ -9,14 +9,17 @@ writes one JSON object per point, in replay order (JSON Lines):
      "kind": "edit" | "no_change_after_last" | "no_change_outside_window",
      "cursor": [line, character], "window": [start, end],
      "expected": [diff lines],
-     "runs": {"adapted": {"outcome": ..., "reason": ..., "model_ran": ..., "latency_ms": ...,
-                          "predicted": [diff lines], "error": ...}, "base": {...}, ...}}
+     "runs": {"adapted": {"outcome": ..., "upcoming": ..., "reason": ..., "model_ran": ...,
+                          "latency_ms": ..., "predicted": [diff lines], "error": ...},
+              "base": {...}, ...}}
 
-A diff is the lines the answer changes in the file as the user has it (`line_diff`): `@@` hunk
-headers with 1-based line numbers, then `-` and `+` lines, no context; `[]` for no change. Lines
-are 0-based elsewhere, as in the protocol (`cursor`; `window` is lines [start, end)). The file
-holds the point's changes only, never whole files, but those are the repository's code: it is
-written where asked and nowhere else.
+`upcoming` says whether an answer at an edit point made some of the edits the user goes on to
+make in the window and nothing else (the next one, a later one, or several; the metric
+`upcoming_match_on_edits`). A diff is the lines the answer changes in the file as the user has
+it (`line_diff`): `@@` hunk headers with 1-based line numbers, then `-` and `+` lines, no
+context; `[]` for no change. Lines are 0-based elsewhere, as in the protocol (`cursor`; `window`
+is lines [start, end)). The file holds the point's changes only, never whole files, but those
+are the repository's code: it is written where asked and nowhere else.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def answer_record(point: EditPoint, results: Mapping[str, PredictionResult]) -> 
         "runs": {
             name: {
                 "outcome": outcome(point, result),
+                "upcoming": point.expects_change and point.is_upcoming(result.predicted),
                 "reason": result.reason,
                 "model_ran": result.model_ran,
                 "latency_ms": round(result.latency_ms, 1),

@@ -2,6 +2,10 @@
 
 - `exact_match`: the predicted file is the target exactly (the window is right and nothing outside
   it moved); also on the points where an edit was due (`exact_match_on_edits`).
+- `upcoming_match_on_edits`: of the points where an edit was due, the share answered with some
+  of the edits the user goes on to make inside the window in the same commit and nothing else
+  (`training.edit_replay.EditPoint.is_upcoming`): the next edit (an exact match), a later one
+  shown before it, or several at once. `upcoming_not_next` counts those that are not exact.
 - `delta_chrf`: chrF (Popović 2015) of the *changes*, not of the texts, as Zed's edit-prediction
   evaluation defines it: for each character n-gram order 1..6, the n-gram counts of the text
   before are subtracted from those of the expected text and from those of the predicted text;
@@ -147,12 +151,15 @@ def score(points: Sequence[EditPoint], results: Sequence[PredictionResult]) -> d
     chrf = [delta_chrf(*changed_lines(p.text, p.target, r.predicted)) for p, r in answered]
     chrf_due = [delta_chrf(*changed_lines(p.text, p.target, r.predicted)) for p, r in due]
     reversals = sum(1 for p, r in edits if undoes(p.text, r.predicted, p.history))
+    upcoming = [r.predicted == p.target or p.is_upcoming(r.predicted) for p, r in due]
     return {
         "n": len(rows),
         "edits_due": sum(1 for p, _ in rows if p.expects_change),
         "outcomes": dict(sorted(outcomes.items())),
         "exact_match": _share(outcomes["exact"] + outcomes["correct_no_op"], len(rows)),
         "exact_match_on_edits": _share(outcomes["exact"], len(due)),
+        "upcoming_match_on_edits": _share(sum(upcoming), len(due)),
+        "upcoming_not_next": sum(upcoming) - outcomes["exact"],
         "delta_chrf": round(statistics.fmean(chrf), 2) if chrf else None,
         "delta_chrf_on_edits": round(statistics.fmean(chrf_due), 2) if chrf_due else None,
         "predicted_edits": len(edits),

@@ -127,3 +127,29 @@ def test_errors_are_counted_and_left_out_of_the_figures() -> None:
     assert found["outcomes"] == {"exact": 1, "error": 1}
     assert found["no_op_accuracy"] is None  # its only point failed
     assert found["latency"]["all"]["n"] == 1
+
+
+def test_an_edit_the_user_makes_later_in_the_window_is_upcoming_not_exact() -> None:
+    # Three hunks: the rename of f1, then its uses in f2 (line 5) and f4 (line 9).
+    after = AFTER.replace("return x + 4", "return g1(x) + 4")
+    change = FileChange("c0ffee", "m.py", BEFORE, after)
+    done = (ReplayedEdit(change, 0),)
+    due = EditPoint(change, 1, done, "edit", (0, 12))
+    narrow = EditPoint(change, 1, done, "edit", (0, 8))  # the last hunk lies below this window
+    now = due.text
+    second = now.replace("return x + 2", "return g1(x) + 2")  # the next edit: exact
+    third = now.replace("return x + 4", "return g1(x) + 4")  # a later one, shown first
+    both = after  # every edit left, at once
+    wrong = second.replace("return x + 3", "return g1(x) + 3")  # one edit due, one never made
+    assert [len(p.upcoming_hunks()) for p in (due, narrow)] == [2, 1]
+    assert [due.is_upcoming(text) for text in (second, third, both, wrong, now)] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert [narrow.is_upcoming(text) for text in (second, third, both)] == [True, False, False]
+    found = score([due] * 5, [result(text) for text in (second, third, both, wrong, now)])
+    assert found["outcomes"] == {"exact": 1, "wrong_edit": 3, "false_no_op": 1}
+    assert (found["upcoming_match_on_edits"], found["upcoming_not_next"]) == (0.6, 2)

@@ -146,11 +146,17 @@ def test_train_on_older_commits_and_judge_on_newer(
             answers = [record["runs"][run_name] for record in records]
             assert Counter(answer["outcome"] for answer in answers) == Counter(figures["outcomes"])
             assert Counter(answer["reason"] for answer in answers) == Counter(figures["reasons"])
+            upcoming = sum(answer["upcoming"] for answer in answers)
+            assert upcoming - figures["outcomes"].get("exact", 0) == figures["upcoming_not_next"]
     for record in records:
         assert bool(record["expected"]) == (record["kind"] == "edit")
         if record["kind"] == "edit":  # this history's edits replace one line each
             assert [line[0] for line in record["expected"]] == ["@", "-", "+"]
         for answer in record["runs"].values():
+            if answer["outcome"] == "exact":
+                assert answer["upcoming"]
+            if record["kind"] != "edit" or answer["outcome"] == "false_no_op":
+                assert not answer["upcoming"]
             no_change = answer["outcome"] in ("false_no_op", "correct_no_op")
             assert (answer["predicted"] == []) == no_change
             assert (answer["predicted"] == record["expected"]) == (
