@@ -220,8 +220,9 @@ class EditPoint:
 
     def upcoming_hunks(self) -> list[Hunk]:
         """The file's hunks still to come in this commit that lie inside the window, in the
-        coordinates of the text now (their `old_*` lines are lines of `text`): the edits the
-        user goes on to make here, the next one first when it is inside."""
+        coordinates of the text now (their `old_*` lines are lines of `text`; `new_*` stay
+        those of the file after the commit): the edits the user goes on to make here, the next
+        one first when it is inside."""
         shift = self.change.shift_after(self.done)
         start, end = self.window
         found = []
