@@ -283,6 +283,7 @@ def test_a_model_that_writes_the_next_edit_gets_full_marks(
     for point, result in zip(points, right, strict=True):
         record = answer_record(point, {"scripted": result})["runs"]["scripted"]
         assert record["outcome"] in ("exact", "correct_no_op")
+        assert record["upcoming"] == point.expects_change  # the next edit is an upcoming one
         assert record["predicted"] == answer_record(point, {})["expected"]
     due = sum(1 for p in points if p.expects_change)
     assert found["outcomes"] == {"exact": due, "correct_no_op": len(points) - due}
