@@ -110,10 +110,17 @@ def _eval_edits(argv: list[str]) -> int:
     return main(argv)
 
 
+def _eval_edit_screen(argv: list[str]) -> int:
+    from tabloop.edits_cli import eval_screen_main
+
+    return eval_screen_main(argv)
+
+
 EVALUATIONS: dict[str, Command] = {
     "holes": _eval_holes,
     "replay": _eval_replay,
     "edits": _eval_edits,
+    "edit-screen": _eval_edit_screen,
 }
 
 

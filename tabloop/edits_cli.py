@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -151,22 +152,13 @@ def train_screen_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.commits and len(args.repo) > 1:
         parser.error("--commits names one repository's range")
-    from completion.runners.loading import ensure_plain_copy, resolve_source
     from training.edit_screen import fit_screen, judge_screen, screen_rows
 
     first = Path(args.repo[0]).resolve()
     settings = config.resolve(first).settings
     next_edit = settings.next_edit
     below = next_edit.screen_below if args.below is None else args.below
-    cache_dir = settings.cache_path()
-    from transformers import AutoTokenizer
-
-    plain = ensure_plain_copy(resolve_source(settings.completion.model, cache_dir), cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(str(plain))
-
-    def count_tokens(text: str) -> int:
-        return len(tokenizer.encode(text, add_special_tokens=False))
-
+    count_tokens = _token_counter(settings)
     trained, judged = [], []
     try:
         for name in args.repo:
@@ -201,5 +193,79 @@ def train_screen_main(argv: list[str]) -> int:
         "trained": [judge_screen(screen, rows, below) | rows.described for rows in trained],
         "judged": [judge_screen(screen, rows, below) | rows.described for rows in judged],
     }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _token_counter(settings: Any) -> Callable[[str], int]:
+    """The completion model's tokenizer as the predictor counts a window's tokens."""
+    from transformers import AutoTokenizer
+
+    from completion.runners.loading import ensure_plain_copy, resolve_source
+
+    cache_dir = settings.cache_path()
+    plain = ensure_plain_copy(resolve_source(settings.completion.model, cache_dir), cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(plain))
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    return count_tokens
+
+
+def eval_screen_main(argv: list[str]) -> int:
+    """Entry point of `tabloop eval edit-screen`: whether a screen refitted on a workspace's own
+    history as it grows would beat the bundled one there (`training.edit_screen.replay_refits`);
+    no model runs.
+
+        tabloop eval edit-screen --repo DIR [--commits RANGE | --last N] [--below P]
+                                 [--screen FILE] --json
+
+    The points of the commits (by default the newest 400 touching Python), oldest first, stand
+    for the workspace's examples in the order its user made them. Each point is judged by the
+    screen in use before it, for each way of refitting (`training.edit_screen.REFITS`), against
+    the start screen kept throughout, on the same points.
+    """
+    parser = argparse.ArgumentParser(
+        prog="tabloop eval edit-screen", description=eval_screen_main.__doc__
+    )
+    parser.add_argument("--repo", required=True, help="a git repository")
+    parser.add_argument("--commits", help="commit range A..B to replay")
+    parser.add_argument("--last", type=int, default=400, help="without --commits: this many")
+    parser.add_argument(
+        "--below", type=float, help="the screen's threshold (default: nextEdit.screenBelow)"
+    )
+    parser.add_argument("--screen", default="", help="start from this screen, not the bundled")
+    parser.add_argument("--json", action="store_true", help="print JSON (the default)")
+    args = parser.parse_args(argv)
+    from completion.next_edit.screen import ScreenError, load_screen
+    from training.edit_screen import REFITS, replay_refits, screen_rows
+
+    repo = Path(args.repo).resolve()
+    settings = config.resolve(repo).settings
+    next_edit = settings.next_edit
+    below = next_edit.screen_below if args.below is None else args.below
+    try:
+        start = load_screen(args.screen)
+        history = GitHistory(repo)
+        commits = history.commits(args.commits, 0 if args.commits else args.last, (".py",))
+        if not commits:
+            raise ReplayError(f"{repo}: no commits touching Python files")
+        rows = screen_rows(history, commits, _token_counter(settings), next_edit)
+    except (ReplayError, ScreenError, ValueError) as exc:
+        raise SystemExit(f"tabloop eval edit-screen: {exc}") from None
+    trained_on = [str(h.get("repo")) for h in start.trained_on.get("histories", [])]
+    report: dict[str, Any] = {
+        "command": "tabloop eval edit-screen " + " ".join(argv),
+        "model": settings.completion.model,
+        "next_edit": next_edit.model_dump(),
+        "below": below,
+        "start_screen": args.screen or "bundled",
+        "start_screen_trained_on": trained_on,
+        "history": rows.described,
+        "runs": [replay_refits(rows, start, below, kind) for kind in REFITS],
+    }
+    if any(Path(name).name == repo.name for name in trained_on):
+        report["warning"] = "the start screen was fitted on a repository of this name"
     print(json.dumps(report, indent=2))
     return 0

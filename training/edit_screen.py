@@ -124,23 +124,142 @@ def probabilities(screen: EditScreen, rows: ScreenRows) -> np.ndarray:
 def judge_screen(screen: EditScreen, rows: ScreenRows, below: float) -> dict[str, Any]:
     """How the screen does on `rows` at the threshold `below`: the ROC AUC and what it answers
     alone (its "no change" without the model)."""
+    return judge_chances(probabilities(screen, rows), rows.labels, below)
+
+
+def judge_chances(found: np.ndarray, labels: np.ndarray, below: float) -> dict[str, Any]:
+    """`judge_screen` for a screen's chances `found` at points with `labels`, and the log loss."""
+    from sklearn.metrics import log_loss as sklearn_log_loss
     from sklearn.metrics import roc_auc_score
 
-    found = probabilities(screen, rows)
-    labels = rows.labels
     alone = found < below
     edits, others = labels == 1, labels == 0
     return {
-        "points": len(rows),
+        "points": len(labels),
         "edit_points": int(edits.sum()),
         "auc": round(float(roc_auc_score(labels, found)), 4)
         if edits.any() and others.any()
         else None,
-        "answered_alone": round(float(alone.mean()), 4) if len(rows) else None,
+        "log_loss": round(float(sklearn_log_loss(labels, found, labels=[0, 1])), 4)
+        if len(labels)
+        else None,
+        "answered_alone": round(float(alone.mean()), 4) if len(labels) else None,
         "no_change_points_answered_alone": round(float(alone[others].mean()), 4)
         if others.any()
         else None,
         "edit_points_kept_from_model": round(float(alone[edits].mean()), 4)
         if edits.any()
         else None,
+    }
+
+
+# -- would a workspace's own history make a better screen? --------------------------------------
+
+REFIT_MIN_ROWS = 200
+"""Points a workspace needs before a screen is refitted on them."""
+REFIT_MIN_EACH = 40
+"""Of those, the fewest with an edit inside the window, and the fewest without."""
+REFIT_HELD_OUT = 0.25
+"""The newest share of them, on which the refitted screen and the one in use are judged."""
+REFIT_EVERY = 100
+"""New points since the last refit that make the next one due."""
+REFITS = ("refit", "recalibrate")
+"""`refit`: a new screen fitted on the workspace's points alone; `recalibrate`: the screen in use
+with its logit rescaled and shifted (two numbers fitted there), which keeps what it learned
+elsewhere and corrects its chances for the workspace's rate of edits."""
+
+
+@dataclass(frozen=True)
+class Refit:
+    """A refit on a workspace's points: the new screen when it judged better on the newest of
+    them than the screen in use (else None), and the report of what was done."""
+
+    screen: EditScreen | None
+    report: dict[str, Any]
+
+
+def logits(screen: EditScreen, features: np.ndarray) -> np.ndarray:
+    """The screen's logit at each row of `features` (`probability` before the sigmoid)."""
+    weights, mean, scale = (np.array(v) for v in (screen.weights, screen.mean, screen.scale))
+    return screen.bias + ((features - mean) / scale) @ weights
+
+
+def recalibrate(screen: EditScreen, rows: ScreenRows) -> EditScreen:
+    """`screen` with its logit rescaled and shifted to fit `rows` (Platt scaling): still a
+    linear screen over the same inputs."""
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression(C=1e4, max_iter=1000)
+    model.fit(logits(screen, rows.features)[:, None], rows.labels)
+    a, c = float(model.coef_[0][0]), float(model.intercept_[0])
+    return EditScreen(
+        tuple(a * w for w in screen.weights),
+        a * screen.bias + c,
+        screen.mean,
+        screen.scale,
+        {"recalibrated": dict(screen.trained_on), "on": rows.described, "a": a, "c": c},
+    )
+
+
+def refit_on(rows: ScreenRows, in_use: EditScreen, below: float, kind: str) -> Refit:
+    """Refit the screen on a workspace's points (`rows`, oldest first) as `kind` says (`REFITS`):
+    on all but the newest `REFIT_HELD_OUT` of them, judged with `in_use` on those newest ones;
+    the new screen is kept when its log loss there (a proper score: chances that are right,
+    which is what the threshold is applied to) is lower."""
+    edits = int(rows.labels.sum())
+    report: dict[str, Any] = {"examples": len(rows), "edit_examples": edits}
+    if len(rows) < REFIT_MIN_ROWS or min(edits, len(rows) - edits) < REFIT_MIN_EACH:
+        return Refit(None, report | {"refitted": False, "reason": "too_few_examples"})
+    split = len(rows) - round(len(rows) * REFIT_HELD_OUT)
+    fitted = ScreenRows(rows.features[:split], rows.labels[:split], {"points": split})
+    judged = ScreenRows(rows.features[split:], rows.labels[split:], {})
+    if len(set(judged.labels.tolist())) < 2 or len(set(fitted.labels.tolist())) < 2:
+        return Refit(None, report | {"refitted": False, "reason": "one_sided_split"})
+    new = fit_screen([fitted]) if kind == "refit" else recalibrate(in_use, fitted)
+    scores = {
+        name: judge_screen(screen, judged, below)
+        for name, screen in (("in_use", in_use), ("refitted", new))
+    }
+    better = scores["refitted"]["log_loss"] < scores["in_use"]["log_loss"]
+    report |= {"refitted": True, "adopted": better, "fitted_on": split, "judged_on": len(judged)}
+    return Refit(new if better else None, report | scores)
+
+
+def replay_refits(rows: ScreenRows, start: EditScreen, below: float, kind: str) -> dict[str, Any]:
+    """A screen refitted on a workspace's points as they come (`rows`, in the order the
+    workspace made them) against `start` kept throughout. Each point is scored by the screen in
+    use just before it: `start` until a refit (`refit_on`, due every `REFIT_EVERY` points, on
+    all those before the point) judges better. Both are judged on the points after the first
+    refit could run (`REFIT_MIN_ROWS`), which neither was fitted on."""
+    in_use = start
+    fixed, learned = probabilities(start, rows), np.zeros(len(rows))
+    refits: list[dict[str, Any]] = []
+    last = 0
+    for index in range(len(rows)):
+        if index - last >= REFIT_EVERY:
+            last = index
+            seen = ScreenRows(rows.features[:index], rows.labels[:index], {"points": index})
+            found = refit_on(seen, in_use, below, kind)
+            refits.append({"at": index} | _refit_summary(found.report))
+            if found.screen is not None:
+                in_use = found.screen
+        learned[index] = in_use.probability(dict(zip(FEATURES, rows.features[index], strict=True)))
+    later = slice(REFIT_MIN_ROWS, None)
+    return {
+        "kind": kind,
+        "start": judge_chances(fixed[later], rows.labels[later], below),
+        "refitted": judge_chances(learned[later], rows.labels[later], below),
+        "refits": len(refits),
+        "adopted": sum(bool(refit.get("adopted")) for refit in refits),
+        "each_refit": refits,
+    }
+
+
+def _refit_summary(report: dict[str, Any]) -> dict[str, Any]:
+    if not report.get("refitted"):
+        return {"adopted": False, "reason": report.get("reason")}
+    return {
+        "adopted": report["adopted"],
+        "log_loss_in_use": report["in_use"]["log_loss"],
+        "log_loss_refitted": report["refitted"]["log_loss"],
     }

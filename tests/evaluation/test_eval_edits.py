@@ -199,6 +199,10 @@ def test_bad_arguments_are_clear_errors(repo: tuple[Path, list[str]], tmp_path: 
         main(["eval", "edits", "--repo", str(root), "--answers", str(tmp_path)])
     with pytest.raises(SystemExit, match="no commits touching Python"):
         main(["train", "edit-screen", "--repo", str(root), "--commits", "HEAD..HEAD"])
+    with pytest.raises(SystemExit, match="no commits touching Python"):
+        main(["eval", "edit-screen", "--repo", str(root), "--commits", "HEAD..HEAD"])
+    with pytest.raises(SystemExit, match="cannot read the screen"):
+        main(["eval", "edit-screen", "--repo", str(root), "--screen", str(tmp_path / "none")])
 
 
 def test_a_screen_trained_on_older_commits_is_judged_on_newer_ones_and_served(
@@ -289,3 +293,22 @@ def test_a_model_that_writes_the_next_edit_gets_full_marks(
     assert found["outcomes"] == {"exact": due, "correct_no_op": len(points) - due}
     assert (found["exact_match"], found["no_op_accuracy"], found["delta_chrf"]) == (1.0, 1.0, 100.0)
     assert sum(run.reasons["undo"] for run in undoing) == len(points)
+
+
+def test_a_screen_refitted_on_the_workspace_history_is_replayed_against_the_bundled(
+    repo: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _ = repo
+    report = run(capsys, "eval", "edit-screen", "--repo", str(root), "--below", "0.3", "--json")
+    assert report["start_screen"] == "bundled" and report["below"] == 0.3
+    assert report["start_screen_trained_on"] == [
+        h["repo"] for h in load_screen("").trained_on["histories"]
+    ]
+    # The first commit adds the file; each of the eight after it changes two lines: a point with
+    # an edit due, and one with none after the last.
+    assert (report["history"]["points"], report["history"]["edit_points"]) == (16, 8)
+    assert [run_["kind"] for run_ in report["runs"]] == ["refit", "recalibrate"]
+    for run_ in report["runs"]:
+        # Too few points for a refit: nothing is judged after the first refit could run.
+        assert run_["refits"] == 0 and run_["adopted"] == 0
+        assert run_["start"]["points"] == run_["refitted"]["points"] == 0
