@@ -206,6 +206,8 @@ def refit_on(rows: ScreenRows, in_use: EditScreen, below: float, kind: str) -> R
     on all but the newest `REFIT_HELD_OUT` of them, judged with `in_use` on those newest ones;
     the new screen is kept when its log loss there (a proper score: chances that are right,
     which is what the threshold is applied to) is lower."""
+    if kind not in REFITS:
+        raise ValueError(f"not a way of refitting: {kind!r} (one of {', '.join(REFITS)})")
     edits = int(rows.labels.sum())
     report: dict[str, Any] = {"examples": len(rows), "edit_examples": edits}
     if len(rows) < REFIT_MIN_ROWS or min(edits, len(rows) - edits) < REFIT_MIN_EACH:

@@ -49,6 +49,8 @@ def test_too_few_points_are_not_refitted() -> None:
     assert found.screen is None
     assert found.report["reason"] == "too_few_examples"
     assert found.report["examples"] == REFIT_MIN_ROWS - 1
+    with pytest.raises(ValueError, match="not a way of refitting"):
+        refit_on(rows_from(FIRST, 10, 0), FIRST, 0.4, "retrain")
 
 
 def test_a_refit_is_kept_only_where_it_predicts_the_newest_points_better() -> None:
