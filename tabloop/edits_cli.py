@@ -197,7 +197,7 @@ def train_screen_main(argv: list[str]) -> int:
     return 0
 
 
-def _token_counter(settings: Any) -> Callable[[str], int]:
+def _token_counter(settings: config.Settings) -> Callable[[str], int]:
     """The completion model's tokenizer as the predictor counts a window's tokens."""
     from transformers import AutoTokenizer
 
