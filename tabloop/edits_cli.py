@@ -1,14 +1,17 @@
 """`tabloop train edits`: a next-edit adapter trained on a repository's older commits.
 
     tabloop train edits --repo DIR [--commits RANGE | --before REV --last N]
-                        [--budget 20m | --samples N | --tokens N] [--out DIR] [--json]
+                        [--budget 20m | --samples N | --tokens N] [--completion-share S]
+                        [--out DIR] [--json]
 
 The commits are replayed as edits and turned into next-edit examples (`training.edit_training`);
 the adapter trainer trains on them under the budget and writes `OUT/adapter` (a killed run
 resumes in OUT when the same command runs again; `--fresh` starts over). Judge it on newer
 commits: `tabloop eval edits --repo DIR --commits NEWER --adapter OUT/adapter --compare`.
 Without `--commits`, the `--last` commits below `--before` (default: the newest
-`tabloop eval edits` leaves out by default, so the two never overlap) are trained on.
+`tabloop eval edits` leaves out by default, so the two never overlap) are trained on. With
+`--completion-share S` that share of the examples are completions of the repository's files at
+the newest commit trained on, and the adapter learns both tasks, as the loop's one adapter does.
 """
 
 from __future__ import annotations
@@ -53,10 +56,15 @@ def train_edits_main(argv: list[str]) -> int:
         "--last", type=int, default=400, help="without --commits: this many commits (0: all)"
     )
     parser.add_argument("--out", help="run directory (default: under the cache directory)")
-    # A prompt holds up to three recent edits and the window three times (about 1,300 tokens
-    # at the default nextEdit budgets); the trainer keeps three quarters of this for it.
-    trainer_flags(parser, max_prompt_tokens=1800)
+    trainer_flags(parser)
     parser.add_argument("--no-change-share", type=float, default=0.3)
+    parser.add_argument(
+        "--completion-share",
+        type=float,
+        default=0.0,
+        help="share of completions of the files at the newest commit trained on (both tasks in "
+        "one adapter, as the loop trains it; 1: completions only)",
+    )
     parser.add_argument("--fresh", action="store_true", help="discard an unfinished run")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--json", action="store_true", help="print JSON")
@@ -93,6 +101,7 @@ def train_edits_main(argv: list[str]) -> int:
             settings=train_settings,
             next_edit=next_edit,
             no_change_share=args.no_change_share,
+            completion_share=args.completion_share,
             on_progress=bar,
             device=args.device,
         )

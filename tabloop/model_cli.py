@@ -207,8 +207,10 @@ def _objective_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def trainer_flags(parser: argparse.ArgumentParser, *, max_prompt_tokens: int) -> None:
+def trainer_flags(parser: argparse.ArgumentParser) -> None:
     """The budget, the base model and the trainer's settings (`train model`, `train edits`)."""
+    from training.workspace import EDIT_PROMPT_TOKENS
+
     parser.add_argument("--budget", help="wall-clock budget, e.g. 20m (the default), 1h, 90s")
     parser.add_argument("--samples", type=int, help="budget in training examples")
     parser.add_argument("--tokens", type=int, help="budget in tokens (prompt and target)")
@@ -218,7 +220,15 @@ def trainer_flags(parser: argparse.ArgumentParser, *, max_prompt_tokens: int) ->
     parser.add_argument("--effective-batch", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=0, help="0: sized from free memory")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps")
-    parser.add_argument("--max-prompt-tokens", type=int, default=max_prompt_tokens)
+    parser.add_argument(
+        "--max-prompt-tokens", type=int, default=384, help="a completion example's prompt"
+    )
+    parser.add_argument(
+        "--max-edit-prompt-tokens",
+        type=int,
+        default=0,
+        help=f"a next-edit example's prompt (0: {EDIT_PROMPT_TOKENS} where the run reads them)",
+    )
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank")
     _objective_flags(parser)
 
@@ -234,6 +244,7 @@ def train_settings_of(args: argparse.Namespace) -> TrainSettings:
         micro_batch=args.micro_batch,
         checkpoint_every=args.checkpoint_every,
         max_prompt_tokens=args.max_prompt_tokens,
+        max_edit_prompt_tokens=args.max_edit_prompt_tokens,
         lora=LoraShape(rank=args.rank, alpha=2 * args.rank),
         base_dtype=args.base_dtype,
         autocast=args.autocast,
@@ -255,7 +266,7 @@ def train_model_main(argv: list[str]) -> int:
         "local feedback, evaluate it on held-out files, and add it to the adapter registry.",
     )
     _scope(parser)
-    trainer_flags(parser, max_prompt_tokens=384)
+    trainer_flags(parser)
     parser.add_argument("--eval-n", type=int, default=50, help="held-out cursors; 0 skips")
     parser.add_argument(
         "--replay-share",

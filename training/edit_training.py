@@ -7,15 +7,26 @@ verbatim template, its budget, checkpoints and resume unchanged. The adapter dir
 says what it was trained on (`edit_training.json`: the repository, the commit range and every
 commit in it, the counts), so `tabloop eval edits --adapter` reports it and warns when the
 commits judged overlap it (train on older commits, judge on newer ones).
+
+With a `completion_share` the adapter learns both tasks, as the loop's adapter does: that share
+of its examples are completions of the repository's files as they were at the newest commit
+trained on (a `git archive` of it in the run directory; its held-out files, the hash split of
+`tabloop train model`, are left for judging), the rest next edits. At 1 it is a completion
+adapter of the same files, for comparison.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import io
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from completion.fim import template_for
 from completion.next_edit import NextEditSettings
 from training.budget import Budget
 from training.edit_examples import (
@@ -26,9 +37,13 @@ from training.edit_examples import (
     token_windows,
     write_edit_training,
 )
-from training.edit_replay import GitHistory, ReplaySettings, replay_commits
-from training.trainer import Progress, Trainer, TrainResult, TrainSettings
+from training.edit_replay import GitHistory, ReplayError, ReplaySettings, replay_commits
+from training.examples import FimExample, split_files, stream_code_examples, workspace_files
+from training.trainer import Progress, Trainer, TrainResult, TrainSettings, mixed_stream
 from training.workspace import load_trainable
+
+SNAPSHOT = "snapshot"
+"""Under the run directory: the repository's files at the newest commit trained on."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,8 @@ class EditTraining:
     replay: dict[str, Any]
     examples: dict[str, int]
     no_change_share: float
+    completion_share: float = 0.0
+    completions: dict[str, Any] | None = None
 
     def record(self) -> dict[str, Any]:
         found = asdict(self)
@@ -61,16 +78,34 @@ def train_edits(
     settings: TrainSettings,
     next_edit: NextEditSettings | None = None,
     no_change_share: float = NO_CHANGE_SHARE,
+    completion_share: float = 0.0,
     on_progress: Callable[[Progress], None] | None = None,
     device: str | None = None,
 ) -> tuple[TrainResult, EditTraining]:
     """Train in `work_dir` (resuming there) on the commits `commits` of `repo` (a range `A..B`,
-    or the newest `last` non-merge commits touching Python files below the revision it names)."""
+    or the newest `last` non-merge commits touching Python files below the revision it names),
+    `completion_share` of the examples completions of the files at the newest of them."""
+    if not 0.0 <= completion_share <= 1.0:
+        raise ValueError(f"completion_share must be in [0, 1], not {completion_share}")
     next_edit = next_edit or NextEditSettings()
     history = GitHistory(repo)
     chosen = history.commits(commits, last, (".py",))
     if not chosen:
         raise ValueError(f"{repo}: no commits touching Python files in {commits or 'HEAD'}")
+    completions: dict[str, Any] | None = None
+    code_files: list[str] = []
+    if completion_share > 0:
+        snapshot = work_dir / SNAPSHOT
+        export_snapshot(history, chosen[-1], snapshot)
+        code_files, held_out = split_files(workspace_files(snapshot))
+        if not code_files:
+            raise ValueError(f"{repo}: no code files to complete at {chosen[-1][:12]}")
+        completions = {
+            "snapshot": str(snapshot),
+            "commit": chosen[-1],
+            "train_files": len(code_files),
+            "held_out_files": held_out,
+        }
     trainable = load_trainable(model, cache_dir, settings)
     tokenizer = trainable.tokenizer
 
@@ -89,22 +124,34 @@ def train_edits(
         points,
         count_tokens,
         next_edit,
-        max_prompt_tokens=settings.max_prompt_tokens * 3 // 4,
+        max_prompt_tokens=settings.edit_prompt_tokens,
         no_change_share=no_change_share,
         seed=settings.seed,
     )
     if not examples:
         raise ValueError(f"{repo}: no training examples in {history.describe_range(chosen)}")
+    # A next-edit example is read verbatim whatever the template; completions take the model's.
+    template = template_for(trainable.family) if completion_share > 0 else EDIT_TEMPLATE
     trainer = Trainer(
         trainable.model,
         tokenizer,
-        EDIT_TEMPLATE,
+        template,
         trainable.base_model_id,
         settings,
         work_dir,
         device=device,
     )
-    result = trainer.run(lambda: stream_edit_examples(examples, settings.seed), budget, on_progress)
+
+    def stream() -> Iterator[FimExample]:
+        edits = stream_edit_examples(examples, settings.seed)
+        if completion_share == 0:
+            return edits
+        code = stream_code_examples(work_dir / SNAPSHOT, code_files, settings.seed)
+        if completion_share == 1:
+            return code
+        return mixed_stream(edits, code, completion_share)
+
+    result = trainer.run(stream, budget, on_progress)
     trained = EditTraining(
         str(repo.resolve()),
         history.describe_range(chosen),
@@ -112,6 +159,28 @@ def train_edits(
         counts.summary(),
         made.summary(),
         no_change_share,
+        completion_share,
+        completions,
     )
     write_edit_training(Path(result.adapter), trained.record())
     return result, trained
+
+
+def export_snapshot(history: GitHistory, commit: str, directory: Path) -> None:
+    """The repository's files at `commit` in `directory` (kept when it is already that commit's:
+    a resumed run reads the same files)."""
+    marker = directory / ".commit"
+    if marker.is_file() and marker.read_text(encoding="ascii").strip() == commit:
+        return
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(history.repo), "archive", "--format=tar", commit],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise ReplayError(f"git archive {commit[:12]}: {archive.stderr.decode(errors='replace')}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(directory, filter="data")
+    marker.write_text(commit + "\n", encoding="ascii")

@@ -139,6 +139,11 @@ class TrainSettings:
     # copied from the window as it is) in the example's mean log-likelihood; the copied ones
     # weigh 1. A window is mostly copied, so at 1 the edit itself is a few tokens in hundreds.
     edit_token_weight: float = 1.0
+    # Next-edit examples: the most tokens of the prompt, read verbatim (it has no suffix). 0: as
+    # a completion's prefix, three quarters of `max_prompt_tokens`, which leaves out nearly every
+    # real next-edit prompt (about 650 tokens at the median); `edit_train_settings` sets it for
+    # a run that reads them.
+    max_edit_prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.base_dtype == "auto" or self.autocast is None:
@@ -163,6 +168,10 @@ class TrainSettings:
             )
         if not self.edit_token_weight > 0:
             raise ValueError(f"edit_token_weight must be above 0, not {self.edit_token_weight}")
+        if self.max_edit_prompt_tokens < 0:
+            raise ValueError(
+                f"max_edit_prompt_tokens must be at least 0, not {self.max_edit_prompt_tokens}"
+            )
 
     def identity(self) -> str:
         """What a checkpoint must have been made with to be resumed: what decides the maths of a
@@ -177,7 +186,19 @@ class TrainSettings:
         fields.pop("checkpointing_every")
         if fields["edit_token_weight"] == 1.0:  # as checkpoints made before the setting
             fields.pop("edit_token_weight")
+        if fields["max_edit_prompt_tokens"] == 0:  # likewise
+            fields.pop("max_edit_prompt_tokens")
         return json.dumps(fields, sort_keys=True)
+
+    @property
+    def edit_prompt_tokens(self) -> int:
+        """The most tokens of a next-edit example's prompt."""
+        return self.max_edit_prompt_tokens or self.max_prompt_tokens * 3 // 4
+
+    @property
+    def longest_prompt_tokens(self) -> int:
+        """The most tokens of any example's prompt (what a batch is sized for)."""
+        return max(self.max_prompt_tokens, self.max_edit_prompt_tokens)
 
     @property
     def weights_dtype(self) -> BaseDtype:
@@ -259,15 +280,17 @@ def encode(
     max_prompt_tokens: int,
     max_middle_tokens: int,
     edit_token_weight: float = 1.0,
+    edit_prompt_tokens: int = 0,
 ) -> _Encoded | None:
     """Token ids of the FIM prompt followed by the middle (and end of text when it fits). A
-    next-edit example's prompt is its prefix as it is (`EDIT_TEMPLATE`), whatever `template`;
-    with an `edit_token_weight` other than 1, the tokens of its middle that its draft does not
-    have weigh that much."""
-    if example.kind == EDIT_KIND:
-        template = EDIT_TEMPLATE
+    next-edit example's prompt is its prefix as it is (`EDIT_TEMPLATE`), whatever `template`,
+    its last `edit_prompt_tokens` (0: as a completion's prefix); with an `edit_token_weight`
+    other than 1, the tokens of its middle that its draft does not have weigh that much."""
     prefix_budget = max_prompt_tokens * 3 // 4
     suffix_budget = max_prompt_tokens - prefix_budget
+    if example.kind == EDIT_KIND:
+        template = EDIT_TEMPLATE
+        prefix_budget = edit_prompt_tokens or prefix_budget
     # Characters are cut first (a token is at least one character) so that a long file is never
     # tokenised whole for one example.
     prefix_ids = tokenizer.encode(example.prefix[-prefix_budget * 8 :], add_special_tokens=False)
@@ -455,7 +478,7 @@ class Trainer:
         # Each process's share of a step (the first processes take one more when it does not
         # divide).
         self.share = math.ceil(settings.effective_batch / self.processes)
-        sequence = settings.max_prompt_tokens + settings.max_middle_tokens + 8
+        sequence = settings.longest_prompt_tokens + settings.max_middle_tokens + 8
         sized = settings.micro_batch or size_micro_batch(
             self.share,
             self.device,
@@ -783,6 +806,7 @@ class Trainer:
                 self.settings.max_prompt_tokens,
                 self.settings.max_middle_tokens,
                 self.settings.edit_token_weight,
+                self.settings.edit_prompt_tokens,
             )
             if encoded is not None:
                 step.positions.append(index)

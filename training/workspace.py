@@ -235,10 +235,22 @@ def example_stream(
     return make
 
 
+EDIT_PROMPT_TOKENS = 1350
+"""The most tokens of a next-edit example's prompt, read verbatim. At the default `nextEdit`
+budgets a prompt holds up to 512 tokens of recent edits and the window twice (up to 288 tokens
+each) with paths and markers; the longest of the replayed histories' examples (requests, click)
+had 1,058 (`docs/next-edit.md`)."""
+
+
 def edit_train_settings(settings: TrainSettings, next_edit: NextEditSettings) -> TrainSettings:
-    """`settings` with room for a whole rewritten window (and its end marker) as the middle."""
+    """`settings` with room for a whole rewritten window (and its end marker) as the middle and
+    a whole next-edit prompt before it."""
     middle = next_edit.window_tokens + next_edit.margin_tokens + 2
-    return replace(settings, max_middle_tokens=max(settings.max_middle_tokens, middle))
+    return replace(
+        settings,
+        max_middle_tokens=max(settings.max_middle_tokens, middle),
+        max_edit_prompt_tokens=settings.max_edit_prompt_tokens or EDIT_PROMPT_TOKENS,
+    )
 
 
 def live_edit_examples(
@@ -248,8 +260,8 @@ def live_edit_examples(
     settings: TrainSettings,
 ) -> tuple[list[EditExample], dict[str, int]]:
     """The store's examples up to `upto`, newest first, less the newest held out for judging
-    (`EDIT_HELD_OUT_EVERY`), those whose prompt the trainer would cut (over three quarters of
-    its prompt budget, as `tabloop train edits` drops them) and the no-change examples over
+    (`EDIT_HELD_OUT_EVERY`), those whose prompt the trainer would cut (over `settings`'
+    `edit_prompt_tokens`, as `tabloop train edits` drops them) and the no-change examples over
     `NO_CHANGE_SHARE`; with what became of them, and the ids that say which were held out
     (`upto_id`, and `trained_through_id`: the newest id trained on)."""
     if store is None or upto <= 0:
@@ -257,7 +269,7 @@ def live_edit_examples(
     stored = store.examples(upto)
     held = min(len(stored) // EDIT_HELD_OUT_EVERY, EDIT_HELD_OUT_MAX)
     found = stored[held:]
-    budget = settings.max_prompt_tokens * 3 // 4
+    budget = settings.edit_prompt_tokens
     fitting = [example for example in found if count_tokens(example.prompt) <= budget]
     kept, dropped = capped_no_change(fitting, NO_CHANGE_SHARE, settings.seed)
     no_change = sum(example.no_change for example in kept)
@@ -319,14 +331,16 @@ def train_workspace(
         result.warm_start = trainable.warm_start.summary()
         return result, held_out
     tokenizer = trainable.tokenizer
+    # A next-edit prompt is longer than a completion's, and a rewritten window a longer middle.
+    with_edits = edit_train_settings(settings, NextEditSettings())
     live, counts = live_edit_examples(
         edits,
         plan.edits_upto,
         lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
-        settings,
+        with_edits,
     )
-    if live:  # a rewritten window is a longer middle than a completion's
-        settings = edit_train_settings(settings, NextEditSettings())
+    if live:
+        settings = with_edits
     trainer = trainable.trainer(settings, work_dir, device)
     stream = example_stream(root, train_files, settings.seed, feedback, chosen, rewards, live)
     result = trainer.run(stream, budget, on_progress)

@@ -183,6 +183,30 @@ def test_train_on_older_commits_and_judge_on_newer(
     assert overlapping["adapted"]["warning"] == "the adapter was trained on commits of this range"
 
 
+def test_one_adapter_learns_completions_of_the_files_at_the_newest_commit_trained_on_too(
+    repo: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, ids = repo
+    (root / "m.py").write_text("# the working tree, never trained on\n", encoding="utf-8")
+    trained = run(
+        capsys,
+        *("train", "edits", "--repo", str(root), "--commits", f"{ids[0]}..{ids[5]}"),
+        *("--samples", "4", "--effective-batch", "2", "--micro-batch", "1"),
+        *("--completion-share", "0.5", "--out", str(tmp_path / "run"), "--json"),
+    )
+    on = trained["trained_on"]
+    assert on["completion_share"] == 0.5
+    snapshot = Path(on["completions"]["snapshot"])
+    assert on["completions"]["commit"] == ids[5]
+    assert (snapshot / "m.py").read_text(encoding="utf-8") == module(5)
+    # The one file is on the training side of the hash split.
+    assert (on["completions"]["train_files"], on["completions"]["held_out_files"]) == (1, [])
+    assert trained["training"]["samples"] == 4
+    assert trained["training"]["settings"]["max_prompt_tokens"] == 384  # a completion's
+    record = json.loads((Path(trained["adapter"]) / "edit_training.json").read_text())
+    assert record["completion_share"] == 0.5
+
+
 def test_bad_arguments_are_clear_errors(repo: tuple[Path, list[str]], tmp_path: Path) -> None:
     root, _ = repo
     with pytest.raises(SystemExit, match="not a git repository"):
@@ -197,6 +221,8 @@ def test_bad_arguments_are_clear_errors(repo: tuple[Path, list[str]], tmp_path: 
         main(["eval", "edits", "--repo", str(root), "--screen-below", "2"])
     with pytest.raises(SystemExit, match=r"--answers .* is a directory"):
         main(["eval", "edits", "--repo", str(root), "--answers", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"completion_share must be in \[0, 1\]"):
+        main(["train", "edits", "--repo", str(root), "--completion-share", "1.5"])
     with pytest.raises(SystemExit, match="no commits touching Python"):
         main(["train", "edit-screen", "--repo", str(root), "--commits", "HEAD..HEAD"])
     with pytest.raises(SystemExit, match="no commits touching Python"):

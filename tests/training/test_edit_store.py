@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from completion.fim import template_for
+from completion.next_edit import NextEditSettings
 from completion.next_edit.prompt import FILE_SEP
 from training.edit_examples import EDIT_KIND, EditExample
 from training.edit_store import EditExampleStore
@@ -18,7 +19,13 @@ from training.examples import FimExample
 from training.feedback import FEEDBACK_FILE
 from training.trainer import TrainSettings, encode
 from training.window import TrainingWindow
-from training.workspace import EDIT_SHARE, example_stream, live_edit_examples
+from training.workspace import (
+    EDIT_PROMPT_TOKENS,
+    EDIT_SHARE,
+    edit_train_settings,
+    example_stream,
+    live_edit_examples,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,6 +127,41 @@ def test_an_edit_examples_prompt_is_read_verbatim(tiny_model_path: Path) -> None
     )
 
 
+def test_a_next_edit_prompt_has_its_own_budget_beside_a_completions(
+    tmp_path: Path, tiny_model_path: Path
+) -> None:
+    """A real next-edit prompt (about 650 tokens at the median) is longer than a completion's
+    (384): the loop keeps it whole, where three quarters of a completion's budget cut it."""
+    from transformers import AutoTokenizer
+
+    defaults = TrainSettings()
+    with_edits = edit_train_settings(defaults, NextEditSettings())
+    assert with_edits.max_prompt_tokens == defaults.max_prompt_tokens  # completions unchanged
+    assert with_edits.edit_prompt_tokens == EDIT_PROMPT_TOKENS
+    assert defaults.edit_prompt_tokens == defaults.max_prompt_tokens * 3 // 4
+    store = EditExampleStore(tmp_path / "store.sqlite", workspace=tmp_path)
+    store.record(_example(0, prompt_words=650))
+    store.record(_example(1, prompt_words=EDIT_PROMPT_TOKENS + 1))
+
+    def words(text: str) -> int:
+        return len(text.split()) - 1  # the marker line is one word
+
+    kept, counts = live_edit_examples(store, store.last_id(), words, with_edits)
+    assert [e.path for e in kept] == ["f0.py"] and counts["dropped_prompt_too_long"] == 1
+    _, cut = live_edit_examples(store, store.last_id(), words, defaults)
+    assert cut["dropped_prompt_too_long"] == 2
+    store.close()
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
+    example = _example(2, prompt_words=400).fim()
+    prompt = tokenizer.encode(example.prefix, add_special_tokens=False)
+    assert with_edits.max_prompt_tokens < len(prompt) < with_edits.edit_prompt_tokens
+    budgets = (with_edits.max_prompt_tokens, with_edits.max_middle_tokens)
+    whole = encode(example, tokenizer, template_for("qwen"), *budgets, 1.0, EDIT_PROMPT_TOKENS)
+    assert whole is not None and whole.ids[: whole.prompt_len] == prompt
+    cut_short = encode(example, tokenizer, template_for("qwen"), *budgets)
+    assert cut_short is not None and cut_short.prompt_len == defaults.max_prompt_tokens * 3 // 4
+
+
 def test_the_tokens_an_edit_writes_weigh_more_than_those_it_copies(tiny_model_path: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -175,5 +217,6 @@ def test_train_model_reads_the_workspaces_edit_examples(
     }
     # The version is judged on the next edit it held out (the newest), against the base model.
     assert report["evaluation"]["next_edits"]["n"] == 1
-    # Room for a whole rewritten window as the middle.
+    # Room for a whole rewritten window as the middle, and for a whole next-edit prompt.
     assert report["training"]["settings"]["max_middle_tokens"] >= 256
+    assert report["training"]["settings"]["max_edit_prompt_tokens"] == EDIT_PROMPT_TOKENS
