@@ -110,6 +110,12 @@ def _eval_edits(argv: list[str]) -> int:
     return main(argv)
 
 
+def _eval_adapter(argv: list[str]) -> int:
+    from evaluation.adapter_files import main
+
+    return main(argv)
+
+
 def _eval_edit_screen(argv: list[str]) -> int:
     from tabloop.edits_cli import eval_screen_main
 
@@ -118,6 +124,7 @@ def _eval_edit_screen(argv: list[str]) -> int:
 
 EVALUATIONS: dict[str, Command] = {
     "holes": _eval_holes,
+    "adapter": _eval_adapter,
     "replay": _eval_replay,
     "edits": _eval_edits,
     "edit-screen": _eval_edit_screen,
