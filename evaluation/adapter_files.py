@@ -27,6 +27,12 @@ from training.evaluate import compare, held_out_cursors, judging_runner
 from training.examples import split_files, workspace_files
 
 
+def torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tabloop eval adapter", description=__doc__)
     parser.add_argument("--corpus", required=True, help="directory of source files")
@@ -65,6 +71,8 @@ def main(argv: list[str]) -> int:
     runner = judging_runner(completion, settings.cache_path())
     try:
         base_model_id = runner.model_id
+        describe = getattr(runner, "describe", None)  # the fast engines: threads, weights
+        loaded = describe() if describe is not None else {"threads": torch_threads()}
         judged = compare(runner, completion, baseline, adapter, cursors)
     finally:
         runner.close()
@@ -77,6 +85,7 @@ def main(argv: list[str]) -> int:
             "engine": judged.pop("engine"),
             "dtype": completion.dtype,
             "threads": completion.threads,
+            "loaded": {key: value for key, value in loaded.items() if key != "adapter"},
             "adapter": str(adapter),
             "baseline": str(baseline) if baseline else "base model",
         },

@@ -51,6 +51,7 @@ def test_an_adapter_is_judged_on_the_held_out_files_against_the_base_or_another(
     assert against_base["held_out_files"] == held_out
     configuration = against_base["configuration"]
     assert configuration["engine"] == "torch"
+    assert configuration["loaded"]["threads"] >= 1
     assert configuration["baseline"] == "base model"
     assert configuration["model_id"].startswith("tiny-model-v1@")
     judged = against_base["judged"]
