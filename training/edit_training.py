@@ -17,7 +17,6 @@ adapter of the same files, for comparison.
 
 from __future__ import annotations
 
-import io
 import shutil
 import subprocess
 import tarfile
@@ -174,13 +173,21 @@ def export_snapshot(history: GitHistory, commit: str, directory: Path) -> None:
         return
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
-    archive = subprocess.run(
+    # Streamed from git into the directory: a large repository is never held in memory whole.
+    with subprocess.Popen(
         ["git", "-C", str(history.repo), "archive", "--format=tar", commit],
-        capture_output=True,
-        check=False,
-    )
-    if archive.returncode != 0:
-        raise ReplayError(f"git archive {commit[:12]}: {archive.stderr.decode(errors='replace')}")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(directory, filter="data")
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as archive:
+        assert archive.stdout is not None and archive.stderr is not None
+        try:
+            with tarfile.open(fileobj=archive.stdout, mode="r|") as tar:
+                tar.extractall(directory, filter="data")
+        except tarfile.TarError as exc:
+            failed: str | Exception = exc
+        else:
+            failed = ""
+        errors = archive.stderr.read().decode(errors="replace").strip()
+        if archive.wait() != 0 or failed:
+            raise ReplayError(f"git archive {commit[:12]}: {errors or failed}")
     marker.write_text(commit + "\n", encoding="ascii")

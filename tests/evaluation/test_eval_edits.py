@@ -21,7 +21,8 @@ from tabloop.cli import main
 from tests.support.git_repo import make_repo
 from tests.support.scripted_model import ScriptedModel
 from training.edit_examples import edit_example, history_at, token_windows
-from training.edit_replay import GitHistory, ReplaySettings, replay_commits
+from training.edit_replay import GitHistory, ReplayError, ReplaySettings, replay_commits
+from training.edit_training import export_snapshot
 
 # Each commit renames one function where it is defined and, two lines below, where it is used:
 # every commit makes an edit point, and a no-change point after its last hunk.
@@ -205,6 +206,8 @@ def test_one_adapter_learns_completions_of_the_files_at_the_newest_commit_traine
     assert trained["training"]["settings"]["max_prompt_tokens"] == 384  # a completion's
     record = json.loads((Path(trained["adapter"]) / "edit_training.json").read_text())
     assert record["completion_share"] == 0.5
+    with pytest.raises(ReplayError, match="not a tree object"):
+        export_snapshot(GitHistory(root), "f" * 40, tmp_path / "none")
 
 
 def test_bad_arguments_are_clear_errors(repo: tuple[Path, list[str]], tmp_path: Path) -> None:
