@@ -5,12 +5,13 @@ tabloop train model [--workspace DIR | --tenant T --db URL]
                     [--held-out-share 0.2] [--promote] [--fresh] [--json]
                     [--base-dtype bfloat16] [--[no-]autocast] [--[no-]middle-only]
                     [--[no-]checkpointing] [--kl-weight 0] [--kl-reference start|base]
-                    [--objective fim|kto]
+                    [--objective fim|kto] [--task both|completion|next-edit]
 tabloop model list [--workspace DIR | --tenant T [--db URL] [--blob-url URL]] [--json]
 tabloop model promote V [--force] [--margin M] [--canary-share S] [--workspace DIR | --tenant T …]
 tabloop model approve V [--canary-share S] [--workspace DIR | --tenant T …]
 tabloop model rollback [--workspace DIR | --tenant T …]
 tabloop model evaluate V [--n 50] [--workspace DIR]
+(each `tabloop model` action takes `--task next-edit` for the workspace's next-edit adapters)
 
 A workspace's run lives in its adapter directory under the cache (`runs/current`): killed, it
 resumes from its last checkpoint when the same command runs again; finished, its adapter becomes
@@ -26,6 +27,12 @@ local feedback (`training.local_canary`), a tenant's serves `--canary-share` of 
 installations and is judged by the backend on their decision events (`backend.adapters.canary`);
 either is then promoted or rolled back by itself. `--canary-share 0` serves it at once; `rollback`
 during a canary rolls the canary back.
+
+`--task` chooses what a workspace's adapter learns: completions and next edits in one adapter
+(`both`, the default), completions alone (`completion`), or next edits alone (`next-edit`: a
+second track of versions with its own registry, trained on the workspace's git history and the
+user's own edits and judged on held-out ones, `training.edit_track`). The language server's
+loop trains the two tracks apart where next edits have a runner of their own.
 
 With `--tenant T --db URL` the adapter is a backend tenant's, trained from the tenant's events
 that carry text (telemetry level `full`; `backend/adapters/`) and kept in the tenant's registry in
@@ -45,11 +52,13 @@ from pathlib import Path
 from typing import Any
 
 from common.memory import release_memory
+from completion.settings import CompletionSettings
 from lsp_server import config
 from training.background import ProgressLog
 from training.budget import Budget, parse_duration
 from training.canary import ModelCanarySettings
 from training.edit_store import EditExampleStore
+from training.edit_track import TASKS, edit_registry
 from training.examples import split_files, workspace_files
 from training.feedback import FEEDBACK_FILE, FeedbackStore
 from training.local_canary import LOCAL_CANARY
@@ -58,10 +67,11 @@ from training.registry import (
     RUN_DIR,
     AdapterRegistry,
     AdapterRegistryError,
+    AdapterVersion,
     AdapterVersions,
     scope_dir,
 )
-from training.trainer import Progress, TrainSettings
+from training.trainer import Progress, TrainResult, TrainSettings
 from training.window import DEFAULT_HELD_OUT_SHARE, DEFAULT_REPLAY_SHARE, WindowSettings
 
 
@@ -75,7 +85,23 @@ def _scope(parser: argparse.ArgumentParser, tenant: bool = True) -> None:
             help="tenant: where the backend stores adapter files (default: its "
             "adapters.blob_url setting, TABLOOP_BACKEND_ADAPTERS__BLOB_URL)",
         )
+    parser.add_argument(
+        "--task",
+        choices=TASKS,
+        default="both",
+        help="a workspace's adapters: next-edit for its next-edit track (default: the "
+        "completion adapters, which learn next edits too unless trained with --task completion)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _edit_track(args: argparse.Namespace) -> bool:
+    """Whether the command is about the workspace's next-edit track (refused for a tenant)."""
+    if args.task != "next-edit":
+        return False
+    if getattr(args, "tenant", None):
+        raise SystemExit("tabloop: --task next-edit is a workspace's track, not a tenant's")
+    return True
 
 
 def _blob_url(args: argparse.Namespace) -> str | None:
@@ -109,6 +135,8 @@ def _registry(args: argparse.Namespace) -> AdapterVersions:
     if getattr(args, "db", None) or getattr(args, "blob_url", None):
         raise SystemExit("tabloop model: --db and --blob-url go with --tenant")
     workspace, _settings, cache_dir = _resolved(args)
+    if _edit_track(args):
+        return edit_registry(cache_dir, workspace)
     return AdapterRegistry(scope_dir(cache_dir, workspace=workspace))
 
 
@@ -135,6 +163,39 @@ class _Bar:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class _RunProgress:
+    """A run's progress: the terminal bar, and each step in `--progress-file` when asked (what
+    the language server's background runs read)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.bar = _Bar(enabled=not args.json)
+        self.steps = ProgressLog(Path(args.progress_file)) if args.progress_file else None
+
+    def __call__(self, progress: Progress) -> None:
+        self.bar(progress)
+        if self.steps is not None:
+            self.steps.training(progress)
+
+    def judging(self) -> None:
+        if self.steps is not None:
+            self.steps.judging()
+
+    def close(self) -> None:
+        if self.steps is not None:
+            self.steps.close()
+
+
+def _register(registry: AdapterRegistry, result: TrainResult, run_dir: Path) -> AdapterVersion:
+    """A finished run's adapter as the registry's next version; the run directory goes (the
+    next run starts fresh)."""
+    from completion.adapters import read_manifest
+
+    manifest = read_manifest(Path(result.adapter))
+    record = registry.add(Path(result.adapter), manifest["base_model"], asdict(result))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return record
 
 
 def _objective_flags(parser: argparse.ArgumentParser) -> None:
@@ -304,10 +365,16 @@ def train_model_main(argv: list[str]) -> int:
         parser.error(str(exc))
     if args.tenant and args.objective != "fim":
         parser.error("--objective kto trains a workspace's adapter; a tenant's uses fim")
+    if args.tenant and args.task != "both":
+        parser.error("--task trains a workspace's adapters; a tenant's learns completions")
     if args.tenant:
         return _train_tenant(args, parser, budget, train_settings, window)
     if args.db or args.blob_url:
         parser.error("--db and --blob-url go with --tenant")
+    if args.task == "next-edit":
+        if args.objective != "fim":
+            parser.error("--task next-edit trains with the fim objective")
+        return _train_next_edits(args, budget, train_settings)
     from training.workspace import train_workspace
 
     workspace, settings, cache_dir = _resolved(args)
@@ -318,14 +385,7 @@ def train_model_main(argv: list[str]) -> int:
     feedback = FeedbackStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
     # The next-edit examples the language server kept from this workspace's editing.
     edits = EditExampleStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
-    bar = _Bar(enabled=not args.json)
-    steps = ProgressLog(Path(args.progress_file)) if args.progress_file else None
-
-    def on_progress(progress: Progress) -> None:
-        bar(progress)
-        if steps is not None:
-            steps.training(progress)
-
+    progress = _RunProgress(args)
     model = args.model or settings.completion.model
     try:
         result, held_out = train_workspace(
@@ -336,9 +396,9 @@ def train_model_main(argv: list[str]) -> int:
             budget=budget,
             settings=train_settings,
             feedback=feedback,
-            edits=edits,
+            edits=edits if args.task == "both" else None,
             exclude=settings.index.exclude,
-            on_progress=on_progress,
+            on_progress=progress,
             device=args.device,
             registry=registry,
             window=window,
@@ -347,12 +407,8 @@ def train_model_main(argv: list[str]) -> int:
         edits.close()
         raise SystemExit(f"tabloop train model: {exc}") from None
     finally:
-        bar.close()
-    from completion.adapters import read_manifest
-
-    manifest = read_manifest(Path(result.adapter))
-    record = registry.add(Path(result.adapter), manifest["base_model"], asdict(result))
-    shutil.rmtree(run_dir, ignore_errors=True)  # finished: the next run starts fresh
+        progress.bar.close()
+    record = _register(registry, result, run_dir)
     report: dict[str, Any] = {
         "version": record.name,
         "window": result.window,
@@ -363,8 +419,7 @@ def train_model_main(argv: list[str]) -> int:
     if unattributed := feedback.unattributed():
         report["feedback_without_workspace"] = unattributed
     if args.eval_n > 0 and held_out:
-        if steps is not None:
-            steps.judging()
+        progress.judging()
         release_memory()  # the trained model's memory, before the judging merges and converts
         report["evaluation"] = _evaluate(
             registry,
@@ -387,10 +442,141 @@ def train_model_main(argv: list[str]) -> int:
         except AdapterRegistryError as exc:
             report["not_promoted"] = str(exc)
     feedback.close()
-    if steps is not None:
-        steps.close()
+    progress.close()
     _print(report, args.json)
     return 0
+
+
+def _train_next_edits(args: argparse.Namespace, budget: Budget, settings: TrainSettings) -> int:
+    """`tabloop train model --task next-edit`: the workspace's next-edit adapter, judged against
+    the next-edit version serving (or the base model) and promoted at once when it gains."""
+    from training.edit_track import train_workspace_edits
+
+    workspace, config_settings, cache_dir = _resolved(args)
+    registry = edit_registry(cache_dir, workspace)
+    run_dir = registry.root / RUN_DIR
+    if args.fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    edits = EditExampleStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
+    progress = _RunProgress(args)
+    model = args.model or config_settings.completion.model
+    try:
+        result = train_workspace_edits(
+            workspace,
+            model=model,
+            cache_dir=cache_dir,
+            work_dir=run_dir,
+            budget=budget,
+            settings=settings,
+            edits=edits,
+            registry=registry,
+            next_edit=config_settings.next_edit,
+            on_progress=progress,
+            device=args.device,
+        )
+    except ValueError as exc:
+        edits.close()
+        raise SystemExit(f"tabloop train model: {exc}") from None
+    finally:
+        progress.bar.close()
+    record = _register(registry, result, run_dir)
+    report: dict[str, Any] = {
+        "task": "next-edit",
+        "version": record.name,
+        "warm_start": result.warm_start,
+        "edit_examples": result.edit_examples,
+        "training": asdict(result),
+    }
+    if args.eval_n > 0:
+        progress.judging()
+        release_memory()
+        evaluation = _evaluate_edits(
+            registry,
+            record.version,
+            workspace,
+            config_settings,
+            model,
+            cache_dir,
+            args.eval_n,
+            edits,
+        )
+        if evaluation is not None:
+            report["evaluation"] = evaluation
+    edits.close()
+    if args.promote and "evaluation" in report:
+        try:
+            # No canary: the local canary judges completions' outcomes, not next edits'.
+            report["promoted"] = registry.promote(record.version, actor="trainer")
+        except AdapterRegistryError as exc:
+            report["not_promoted"] = str(exc)
+    progress.close()
+    _print(report, args.json)
+    return 0
+
+
+def _judged(
+    registry: AdapterVersions, version: int
+) -> tuple[dict[str, Any], int | None, dict[str, Any] | None]:
+    """`version`'s training record, the serving version, and that one's training record."""
+    serving = registry.serving()
+    serving_train = registry.get(serving).train if serving is not None else None
+    return registry.get(version).train, serving, serving_train
+
+
+def _judging_settings(settings: config.Settings, model: str) -> CompletionSettings:
+    """The completion settings a version is judged with: `model`, no named adapter, and time
+    to gather each cursor's context."""
+    return settings.completion.model_copy(
+        update={"model": model, "adapter": "", "context_timeout_ms": 60_000}
+    )
+
+
+def _evaluate_edits(
+    registry: AdapterVersions,
+    version: int,
+    workspace: Path,
+    settings: config.Settings,
+    model: str,
+    cache_dir: Path,
+    n: int,
+    edits: EditExampleStore | None,
+) -> dict[str, Any] | None:
+    """A next-edit version against the serving one (or the base model) on up to `n` of the
+    user's held-out examples and `n` of its held-out commits' (None: it held none out)."""
+    from training.edit_track import judged_examples
+    from training.evaluate import (
+        HeldOutOutcomes,
+        compare,
+        held_out_edits,
+        judging_cost,
+        judging_runner,
+    )
+
+    started = time.perf_counter()
+    train, serving, serving_train = _judged(registry, version)
+    completion = _judging_settings(settings, model)
+    runner = judging_runner(completion, cache_dir)
+    try:
+        examples = held_out_edits(edits, train, serving_train, limit=n) + tuple(
+            judged_examples(train, workspace, n, runner.count_tokens, settings.next_edit)
+        )
+        if not examples:
+            return None
+        report = compare(
+            runner,
+            completion,
+            registry.serving_path(),
+            registry.path(version),
+            [],
+            HeldOutOutcomes(edits=examples),
+        )
+    finally:
+        runner.close()
+    report["task"] = "next-edit"
+    report["against"] = serving
+    report["judging"] = judging_cost(report["engine"], time.perf_counter() - started, train)
+    registry.record_evaluation(version, report)
+    return report
 
 
 def _train_tenant(
@@ -461,17 +647,13 @@ def _evaluate(
     )
 
     started = time.perf_counter()
-    train = registry.get(version).train
-    serving = registry.serving()
-    serving_train = registry.get(serving).train if serving is not None else None
+    train, _serving, serving_train = _judged(registry, version)
     cursors = held_out_cursors(workspace, held_out, n, seed=0)
     outcomes = replace(
         held_out_outcomes(feedback, train, limit=n),
         edits=held_out_edits(edits, train, serving_train, limit=n),
     )
-    completion = settings.completion.model_copy(
-        update={"model": model, "adapter": "", "context_timeout_ms": 60_000}
-    )
+    completion = _judging_settings(settings, model)
     runner = judging_runner(completion, cache_dir)
     try:
         report = compare(
@@ -579,6 +761,25 @@ def model_main(argv: list[str]) -> int:
         elif args.action == "rollback":
             previous = registry.rollback()
             print(f"now serving: {'base model' if previous is None else f'v{previous:04d}'}")
+        elif args.action == "evaluate" and _edit_track(args):
+            workspace, settings, cache_dir = _resolved(args)
+            registry.get(version)
+            edits = EditExampleStore(cache_dir / FEEDBACK_FILE, workspace=workspace)
+            found = _evaluate_edits(
+                registry,
+                version,
+                workspace,
+                settings,
+                settings.completion.model,
+                cache_dir,
+                args.n,
+                edits,
+            )
+            edits.close()
+            if found is None:
+                print(f"tabloop model evaluate: v{version:04d} held out no next edits")
+                return 1
+            _print(found, args.json)
         elif args.action == "evaluate":
             workspace, settings, cache_dir = _resolved(args)
             _train, held_out = split_files(workspace_files(workspace, settings.index.exclude))

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -143,7 +143,10 @@ class LoopRecord:
     resumed_from_step: int | None = None
     steps: int | None = None
     feedback_upto: int = 0  # the newest feedback row when the last run started
-    edits_upto: int = 0  # the newest next-edit example when the last run started
+    edits_upto: int = 0  # the newest next-edit example when the last run reading them started
+    task: str = "both"  # what the last run (or the one in progress) trains: `train model --task`
+    edits_started: float | None = None  # the last next-edit run's start (a track of its own)
+    edits_head: str | None = None  # the history's head commit when that run started
     pid: int | None = None  # the process of the run in progress
     pid_created: float | None = None  # its start time, which tells it from a reused pid
 
@@ -169,6 +172,7 @@ class LoopRecord:
     def summary(self) -> dict[str, Any]:
         """The last run, for `tabloop/status` (camelCase keys)."""
         return {
+            "task": self.task,
             "outcome": self.outcome,
             "reason": self.reason,
             "version": self.version,
@@ -231,12 +235,13 @@ def train_command(
     *,
     model: str,
     progress_file: Path,
+    task: str = "both",
     python: str = sys.executable,
 ) -> list[str]:
-    """`tabloop train model` for one background run of `workspace` (promoting by the registry's
-    rule)."""
+    """`tabloop train model --task TASK` for one background run of `workspace` (promoting by the
+    registry's rule)."""
     command = [
-        python, "-m", "tabloop", "train", "model",
+        python, "-m", "tabloop", "train", "model", "--task", task,
         "--workspace", str(workspace), "--model", model, "--promote", "--json",
         "--budget", settings.budget, "--micro-batch", str(MICRO_BATCH),
         "--checkpoint-every", str(settings.checkpoint_every),
@@ -411,7 +416,9 @@ class Material:
     changed_files: int  # code files changed since the last run started (all, before the first)
     unfinished: bool  # a run was stopped before it ended: its checkpoints wait
     canary: str | None = None  # the version in canary, whose verdict a new run must wait for
-    new_edit_examples: int = 0  # next-edit examples kept since the last run started
+    new_edit_examples: int = 0  # next-edit examples kept since the last run reading them started
+    # Commits of the history since the last next-edit run (None: not the next-edit track's).
+    new_commits: int | None = None
 
 
 @dataclass(frozen=True)
@@ -429,6 +436,21 @@ def enough_material(settings: TrainingLoopSettings, material: Material) -> bool:
         material.new_feedback >= settings.min_new_feedback
         or material.new_edit_examples >= settings.min_new_edit_examples
         or material.changed_files >= settings.min_changed_files
+        or (material.new_commits or 0) >= settings.min_new_commits
+    )
+
+
+def describe_material(settings: TrainingLoopSettings, material: Material) -> str:
+    """What new material there is against what makes a run due, in words."""
+    return (
+        f"{material.new_feedback} of {settings.min_new_feedback} feedback rows, "
+        f"{material.new_edit_examples} of {settings.min_new_edit_examples} next-edit examples, "
+        f"{material.changed_files} of {settings.min_changed_files} changed files"
+        + (
+            f", {material.new_commits} of {settings.min_new_commits} new commits"
+            if material.new_commits is not None
+            else ""
+        )
     )
 
 
@@ -452,11 +474,7 @@ def wait_reason(
     )
     retrying = record.outcome in (FAILED, OVER_MEMORY)
     if not material.unfinished and not enough_material(settings, material):
-        return (
-            f"new material: {material.new_feedback} of {settings.min_new_feedback} feedback "
-            f"rows, {material.new_edit_examples} of {settings.min_new_edit_examples} next-edit "
-            f"examples, {material.changed_files} of {settings.min_changed_files} changed files"
-        )
+        return f"new material: {describe_material(settings, material)}"
     if material.canary is not None and not material.unfinished:
         # A new version could not be promoted while the canary runs, and it would start from
         # the version the canary may replace.
@@ -474,3 +492,42 @@ def wait_reason(
             f"starts below {settings.max_load:g})"
         )
     return None
+
+
+def next_run(
+    settings: TrainingLoopSettings,
+    completion: Material,
+    edits: Material | None,
+    activity: Activity,
+    record: LoopRecord,
+    now: float,
+) -> tuple[str | None, str]:
+    """(task, "") when a run of `task` (`tabloop train model --task`) should start now, else
+    (None, what it waits for).
+
+    Without a next-edit track (`edits` None) every run is `both`: one adapter learns completions
+    and next edits. With one, an unfinished run resumes first (the completion track's before the
+    next-edit track's); else a run starts on a track whose new material is enough, the track that
+    ran longer ago first. The minimum interval runs from the last run of either track, so the
+    two together use the machine no more than one did."""
+    if edits is None:
+        reason = wait_reason(settings, completion, activity, record, now)
+        return ("both", "") if reason is None else (None, reason)
+    starts = [t for t in (record.last_started, record.edits_started) if t is not None]
+    either = replace(record, last_started=max(starts, default=None))
+    tracks = [
+        ("completion", "completions", completion, record.last_started),
+        ("next-edit", "next edits", edits, record.edits_started),
+    ]
+    unfinished = [track for track in tracks if track[2].unfinished]
+    if unfinished:
+        tracks = unfinished
+    else:
+        tracks.sort(key=lambda track: -1.0 if track[3] is None else track[3])
+    reasons = []
+    for task, label, material, _started in tracks:
+        reason = wait_reason(settings, material, activity, either, now)
+        if reason is None:
+            return task, ""
+        reasons.append(f"{label}: {reason}")
+    return None, "; ".join(reasons)

@@ -127,7 +127,20 @@ def promotion_decision(evaluation: dict[str, Any], margin: float) -> tuple[bool,
 
     Exact-line match is the figure that needs the gain (it was edit similarity's bound until
     the comparisons on stdlib `email` showed it the less sensitive of the two: see
-    docs/learning.md)."""
+    docs/learning.md). A next-edit version (`task` `next-edit`, `training.edit_track`) is judged
+    on its held-out next edits alone: the 95% lower bound of the paired exact window difference
+    above `margin` and above zero."""
+    if evaluation.get("task") == "next-edit":
+        windows = evaluation.get("next_edits", {}).get("exact_window_difference", {})
+        if not windows.get("n"):
+            return False, "no held-out next edits to judge it on"
+        low = float(windows.get("ci95_low", float("-inf")))
+        floor = max(margin, 0.0)
+        if low <= floor:
+            return False, (
+                f"next edits' exact window gain's 95% lower bound {low:+.4f} is not above {floor}"
+            )
+        return True, f"next edits' exact window gain's 95% lower bound {low:+.4f} > {floor}"
     exact = evaluation.get("exact_line_difference", {})
     low = float(exact.get("ci95_low", float("-inf")))
     floor = max(margin, 0.0)

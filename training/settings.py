@@ -36,7 +36,14 @@ class TrainingLoopSettings(BaseModel):
         100,
         ge=1,
         description="New next-edit examples (kept at pauses in the user's editing, "
-        "`nextEdit.learnSettleS`) since the last run that make a run due.",
+        "`nextEdit.learnSettleS`) since the last run that read them that make a run due.",
+    )
+    min_new_commits: int = Field(
+        20,
+        ge=1,
+        description="New commits touching Python files in the workspace's git history since the "
+        "last next-edit run (all of them before the first) that make a next-edit run due, where "
+        "next edits train apart (`nextEdit.engine` `torch-bfloat16`).",
     )
     min_changed_files: int = Field(
         20,

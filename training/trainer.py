@@ -246,8 +246,9 @@ class TrainResult:
     # training window's counts and marks, and what the weights started from.
     window: dict[str, Any] | None = None
     warm_start: dict[str, Any] | None = None
-    # The live next-edit examples a workspace's run read (`training.workspace`): kept, dropped.
-    edit_examples: dict[str, int] | None = None
+    # The next-edit examples a workspace's run read (`training.workspace`, `training.edit_track`):
+    # kept, dropped, held out.
+    edit_examples: dict[str, Any] | None = None
     settings: dict[str, Any] | None = None  # the run's `TrainSettings`
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from common.memory import bound_primitive_cache
 from completion.adapters import AdapterError, verify_adapter
-from completion.fim import detect_family, template_for
+from completion.fim import FimTemplate, detect_family, template_for
 from completion.next_edit import NextEditSettings
 from completion.runners.loading import load_model, resolve_source
 from training.budget import Budget
@@ -77,12 +77,19 @@ class TrainableModel:
     family: str
     warm_start: WarmStart
 
-    def trainer(self, settings: TrainSettings, work_dir: Path, device: str | None) -> Trainer:
-        """A `Trainer` of this model, its tokenizer and its family's FIM template."""
+    def trainer(
+        self,
+        settings: TrainSettings,
+        work_dir: Path,
+        device: str | None,
+        template: FimTemplate | None = None,
+    ) -> Trainer:
+        """A `Trainer` of this model, its tokenizer and `template` (default: its family's FIM
+        template)."""
         return Trainer(
             self.model,
             self.tokenizer,
-            template_for(self.family),
+            template or template_for(self.family),
             self.base_model_id,
             settings,
             work_dir,
@@ -98,13 +105,20 @@ class RunPlan:
     mark: OutcomeKey | None  # what the version serving then was trained up to
     serving: int | None  # the version serving then: the run warm-starts from its adapter
     edits_upto: int = 0  # the newest next-edit example it reads (`training.edit_store`)
+    head: str | None = None  # the history's newest commit a next-edit run reads (edit_track)
 
     @classmethod
-    def new(cls, registry: AdapterVersions | None, upto: int, edits_upto: int = 0) -> RunPlan:
+    def new(
+        cls,
+        registry: AdapterVersions | None,
+        upto: int,
+        edits_upto: int = 0,
+        head: str | None = None,
+    ) -> RunPlan:
         serving = registry.serving() if registry is not None else None
         if registry is None or serving is None:
-            return cls(upto, None, None, edits_upto)
-        return cls(upto, mark_of(registry.get(serving).train), serving, edits_upto)
+            return cls(upto, None, None, edits_upto, head)
+        return cls(upto, mark_of(registry.get(serving).train), serving, edits_upto, head)
 
     @classmethod
     def load(cls, run_dir: Path) -> RunPlan | None:
@@ -118,6 +132,7 @@ class RunPlan:
                 (float(mark[0]), int(mark[1])) if mark is not None else None,
                 int(serving) if serving is not None else None,
                 int(data.get("edits_upto", 0)),  # none in plans from before edits were kept
+                data.get("head"),
             )
         except FileNotFoundError:
             return None
@@ -140,6 +155,7 @@ class RunPlan:
                         "mark": mark,
                         "serving": self.serving,
                         "edits_upto": self.edits_upto,
+                        "head": self.head,
                     }
                 )
             )

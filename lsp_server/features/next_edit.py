@@ -14,9 +14,12 @@ to the document, its closing or `$/cancelRequest` cancels the one in flight with
 step, and an inline completion request starting anywhere does too (an inline suggestion is
 worth more than a rewrite that has to wait). It runs on the runner `nextEdit.engine` names: the
 engine's own, or a torch bfloat16 runner of the same model, loaded on a thread of its own once
-the engine is ready (requests are answered empty until then), that serves the adapter the
-engine serves (`completion.next_edit.runner`). An answer whose document changed meanwhile is
-empty. Every request leaves one `NextEditTiming` (`tabloop/nextEditTimings`).
+the engine is ready (requests are answered empty until then). That runner serves the
+workspace's next-edit adapter where one serves (the next-edit track's registry,
+`training.edit_track`: what the training loop trains there, read again when the registry file
+changes), else the adapter the engine serves (`completion.next_edit.runner`). An answer whose
+document changed meanwhile is empty. Every request leaves one `NextEditTiming`
+(`tabloop/nextEditTimings`).
 
 Outcomes: the editor says when it shows a prediction (`textDocument/didShowInlineEdit` or
 `tabloop/nextEditShown`), runs `tabloop.acceptNextEdit` when the user accepts it, and sends
@@ -42,6 +45,7 @@ from lsprotocol import types
 from pydantic import ValidationError
 from pygls.uris import to_fs_path
 
+from completion.adapters import AdapterError
 from completion.next_edit import Edit, EditHistory, NextEditPrediction, NextEditPredictor
 from completion.next_edit.runner import follow_adapter, load_next_edit_runner, next_edit_engine
 from completion.next_edit.screen import ScreenError, load_screen
@@ -73,6 +77,8 @@ from lsp_server.protocol import (
 )
 from lsp_server.server import ModelWork, TabloopServer
 from telemetry.events import MAX_TEXT_CHARS, Latency, NextEditEvent, NextEditKind
+from training.edit_track import edit_registry
+from training.registry import REGISTRY_FILE, AdapterRegistryError
 
 if TYPE_CHECKING:
     from completion.runners.base import ModelRunner
@@ -161,6 +167,10 @@ class NextEditFeature(DocumentListener):
     _runner_key: tuple[Any, ...] | None = None
     _loading: asyncio.Task[None] | None = None
     runner_error: str = ""
+    # The next-edit track's serving adapter, and the registry file's stamp it was read at.
+    _track_stamp: tuple[Any, ...] | None = None
+    _track_adapter: Path | None = None
+    track_error: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -266,6 +276,45 @@ class NextEditFeature(DocumentListener):
             self._loading.cancel()
         self._close_runner()
 
+    def track_adapter(self) -> Path | None:
+        """The adapter serving in the workspace's next-edit track (None: no version serves, or
+        the completion adapter is named or the backend's, which next edits then follow too).
+        The registry is read again only when its file changes."""
+        settings, root = self.server.settings, self.server.workspace_root
+        completion = settings.completion
+        if root is None or completion.adapter or completion.adapter_source == "backend":
+            return None
+        registry = edit_registry(settings.cache_path(), root)
+        try:
+            found = (registry.root / REGISTRY_FILE).stat()
+        except OSError:
+            return None
+        stamp = (str(registry.root), found.st_mtime_ns, found.st_size)
+        if stamp != self._track_stamp:
+            self._track_stamp = stamp
+            try:
+                self._track_adapter, self.track_error = registry.serving_path(), ""
+            except AdapterRegistryError as exc:
+                log.warning("the next-edit adapters' registry: %s", exc)
+                self._track_adapter, self.track_error = None, str(exc)
+        return self._track_adapter
+
+    def _serve_adapter(
+        self, own: TorchRunner, track: Path | None, serving: ModelRunner | None
+    ) -> None:
+        """On the model thread: put the next-edit track's adapter on next edits' runner when it
+        has one, else the engine's. A damaged adapter is refused and what served keeps serving."""
+        try:
+            if track is not None:
+                if own.adapter != track:
+                    own.swap_adapter(track)
+            elif serving is not None:
+                follow_adapter(own, serving)
+        except AdapterError as exc:
+            if self.track_error != str(exc):
+                log.warning("next edits keep their adapter: %s", exc)
+            self.track_error = str(exc)
+
     def path_of(self, uri: str) -> str:
         """The document's path as the prompt names it (and the history keys it): relative to
         the workspace when inside it, else the whole path (forward slashes), else the URI."""
@@ -356,9 +405,11 @@ class NextEditFeature(DocumentListener):
         serving = self.server.engine.runner if self.server.engine else None
         own: TorchRunner | None = self._runner if predictor.runner is self._runner else None
 
+        track = self.track_adapter() if own is not None else None
+
         def predict() -> NextEditPrediction:
-            if own is not None and serving is not None:
-                follow_adapter(own, serving)  # the engine's adapter, on next edits' runner
+            if own is not None:
+                self._serve_adapter(own, track, serving)
             return predictor.predict(lines, path, cursor, self.history, token)
 
         loop = asyncio.get_running_loop()
@@ -485,7 +536,7 @@ class NextEditFeature(DocumentListener):
                 reason=reason,
                 language=answered.language if len(answered.language) <= 64 else "other",
                 trigger=answered.trigger,
-                model_id=self.server.engine.model_id[:200] if self.server.engine else "",
+                model_id=self._model_id()[:200],
                 edits=min(len(prediction.edits), 1000),
                 removed_chars=sum(len(e.removed) for e in prediction.edits),
                 inserted_chars=sum(len(e.text) for e in prediction.edits),
@@ -502,6 +553,14 @@ class NextEditFeature(DocumentListener):
             return
         client.record(event)
 
+    def _model_id(self) -> str:
+        """The model (and adapter) that writes next edits: next edits' own runner's, else the
+        engine's."""
+        predictor = self._predictor
+        if predictor is not None and predictor.runner is self._runner and self._runner is not None:
+            return self._runner.model_id
+        return self.server.engine.model_id if self.server.engine else ""
+
     def status_parts(self) -> dict[str, Any]:
         """The `nextEdit` part of `tabloop/status`."""
         counters = self.counters
@@ -516,6 +575,10 @@ class NextEditFeature(DocumentListener):
                 "engine": engine,
                 "runnerModelId": runner.model_id if runner is not None else "",
                 "runnerError": self.runner_error if engine == "torch-bfloat16" else "",
+                # The adapter on that runner (its directory; "" for the base model), and what
+                # went wrong reading the next-edit track's registry or serving its adapter.
+                "adapter": str(runner.adapter or "") if runner is not None else "",
+                "trackError": self.track_error,
                 "requests": counters.requests,
                 "predicted": counters.predicted,
                 "modelCalls": counters.model_calls,

@@ -7,7 +7,14 @@ interval since the last run, no completion asked for in `training.idleS`, and th
 below `training.maxLoad`. A run a server left unfinished (stopped, killed, or its server gone)
 resumes from its checkpoint as soon as the editor and the machine are idle.
 
-A run is `tabloop train model --workspace ROOT --promote --json` in a process of its own
+Where next edits have a runner of their own (`nextEdit.engine` resolves to `torch-bfloat16`), the
+workspace's next-edit adapter is a track of its own (`training.edit_track`): a run trains either
+the completion adapter on code and feedback (`--task completion`) or the next-edit adapter on the
+workspace's git history and the user's kept edits (`--task next-edit`, due on new kept examples or
+new commits), one at a time, the track that ran longer ago first; elsewhere one adapter learns
+both (`--task both`). The next-edit feature serves the next-edit track's version as it changes.
+
+A run is `tabloop train model --task TASK --workspace ROOT --promote --json` in a process of its own
 (`training.background.TrainingChild`): the lowest CPU priority, `training.threads` threads, its
 resident memory watched against `training.maxMemoryMb` (over it, it is stopped and resumes
 later). While a completion request is served, and until `training.pauseAfterMs` after the last
@@ -31,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from completion.next_edit.runner import next_edit_engine
 from lsp_server.config import Settings
 from lsp_server.features.adapters import AdapterFeature
 from lsp_server.features.edit_learning import EditLearningFeature
@@ -58,12 +66,13 @@ from training.background import (
     child_environment,
     enough_material,
     load_per_core,
+    next_run,
     outcome_of_report,
     stop_orphan,
     train_command,
-    wait_reason,
 )
 from training.edit_store import EditExampleStore
+from training.edit_track import EDIT_TRACK, history_of
 from training.examples import workspace_files
 from training.registry import (
     RUN_DIR,
@@ -90,6 +99,7 @@ class TrainingLoopFeature:
         self.record = LoopRecord()
         self.state_dir: Path | None = None
         self.registry: AdapterRegistry | None = None
+        self.edit_registry: AdapterRegistry | None = None  # the next-edit track's
         self.lock: WorkspaceLock | None = None
         self.off_reason: str | None = "not initialized"
         self.waiting_for = "the completion model to load"
@@ -139,6 +149,9 @@ class TrainingLoopFeature:
         if state_dir != self.state_dir and self.child is None:
             self.state_dir = state_dir
             self.registry = AdapterRegistry(state_dir.parent) if state_dir is not None else None
+            self.edit_registry = (
+                AdapterRegistry(state_dir.parent / EDIT_TRACK) if state_dir is not None else None
+            )
             self.lock = WorkspaceLock(state_dir / LOCK_FILE) if state_dir is not None else None
             self.record = LoopRecord.load(state_dir / STATE_FILE) if state_dir else LoopRecord()
         self.off_reason = self.why_off(settings)
@@ -148,6 +161,15 @@ class TrainingLoopFeature:
             self._cancel_check()
         elif self._ready and self._check_timer is None:
             self._schedule_check(0.0)
+
+    def edit_track(self) -> bool:
+        """Whether next edits train apart: where they have a runner of their own, which serves
+        any adapter beside the completion engine's (one adapter for both measured worse on next
+        edits: docs/next-edit.md)."""
+        settings = self.server.settings
+        if not settings.next_edit.enabled:
+            return False
+        return next_edit_engine(settings.next_edit, settings.completion) == "torch-bfloat16"
 
     def on_ready(self) -> None:
         """The model loaded: the loop starts looking (not before, so as not to slow the load)."""
@@ -219,18 +241,29 @@ class TrainingLoopFeature:
         self._checking = True
         loop = asyncio.get_running_loop()
         try:
+            split = self.edit_track()
             material = await loop.run_in_executor(None, self._material)
+            edits = await loop.run_in_executor(None, self._edit_material) if split else None
             since = time.monotonic() - self._last_request
             activity = Activity(self._active, since, load_per_core())
             settings = self.server.settings.training
             record = self.record
             if record.pid is not None:  # a run was going on when its server ended
                 record = replace(record, outcome=INTERRUPTED)
-            reason = wait_reason(settings, material, activity, record, time.time())
-            if reason is None:
+            task, why = next_run(settings, material, edits, activity, record, time.time())
+            reason: str | None = why if task is None else None
+            if task is not None:
                 reason = await loop.run_in_executor(None, self._take_workspace)
-            if reason is None and self.off_reason is None and self.child is None:
-                self._start(resuming=material.unfinished)
+            if (
+                task is not None
+                and reason is None
+                and self.off_reason is None
+                and self.child is None
+            ):
+                track = edits if task == "next-edit" and edits is not None else material
+                if track.unfinished and task != "next-edit" and self.record.task != "next-edit":
+                    task = self.record.task  # a completion run resumes as it was started
+                self._start(task, resuming=track.unfinished)
             else:
                 if self.child is None:
                     self._release()  # taken, but turned off meanwhile
@@ -262,7 +295,9 @@ class TrainingLoopFeature:
         store = learning.store if learning is not None else None
         new_feedback = store.count_after(since) if store is not None else 0
         edits = self._edit_store()
-        new_edits = edits.count_after(self.record.edits_upto) if edits is not None else 0
+        new_edits = 0
+        if edits is not None and not self.edit_track():  # else they are the next-edit track's
+            new_edits = edits.count_after(self.record.edits_upto)
         settings = self.server.settings.training
         material = Material(new_feedback, 0, unfinished, canary, new_edits)
         if not unfinished and not enough_material(settings, material):
@@ -271,6 +306,26 @@ class TrainingLoopFeature:
             changed = sum(1 for rel in files if started is None or _mtime(root / rel) > started)
             material = replace(material, changed_files=changed)
         return material
+
+    def _edit_material(self) -> Material:
+        """What is new for the next-edit track: kept examples and commits since its last run
+        (reads the disk and git: off the event loop)."""
+        registry, root = self.edit_registry, self.server.workspace_root
+        assert registry is not None and root is not None
+        unfinished = (registry.root / RUN_DIR / PLAN_FILE).is_file()
+        edits = self._edit_store()
+        new_edits = edits.count_after(self.record.edits_upto) if edits is not None else 0
+        history = history_of(root)
+        commits = 0
+        if history is not None and not unfinished:
+            settings = self.server.settings.training
+            since = self.record.edits_head
+            span = f"{since}..HEAD" if since else "HEAD"
+            try:
+                commits = len(history.commits(span, settings.min_new_commits, (".py",)))
+            except ValueError:  # the commit is gone (a rewritten history): count from none
+                commits = len(history.commits("HEAD", settings.min_new_commits, (".py",)))
+        return Material(0, 0, unfinished, None, new_edits, commits)
 
     def _edit_store(self) -> EditExampleStore | None:
         """The workspace's next-edit examples, when the server keeps them."""
@@ -290,13 +345,17 @@ class TrainingLoopFeature:
 
     # --- the run ---
 
-    def _start(self, *, resuming: bool) -> None:
+    def _start(self, task: str, *, resuming: bool) -> None:
         settings, root, state_dir = self.server.settings, self.server.workspace_root, self.state_dir
         assert root is not None and state_dir is not None
         progress_file = state_dir / PROGRESS_FILE
         progress_file.unlink(missing_ok=True)
         command = train_command(
-            root, settings.training, model=settings.completion.model, progress_file=progress_file
+            root,
+            settings.training,
+            model=settings.completion.model,
+            progress_file=progress_file,
+            task=task,
         )
         env = child_environment(
             os.environ, settings.training.threads, settings.cache_path(), settings.index.exclude
@@ -315,15 +374,25 @@ class TrainingLoopFeature:
             self._release()
             return
         record = self.record
-        if not resuming:  # a resumed run keeps the start and the data it was planned with
+        record.task = task
+        if resuming:  # a resumed run keeps the start and the data it was planned with
+            pass
+        elif task == "next-edit":
+            record.edits_started, record.edits_upto = time.time(), edits_upto
+            history = history_of(root)
+            record.edits_head = (
+                history.git("rev-parse", "HEAD").strip() if history is not None else None
+            )
+        else:
             record.last_started, record.feedback_upto = time.time(), upto
-            record.edits_upto = edits_upto
+            if task == "both":
+                record.edits_upto = edits_upto
         # The last run's outcome stays in the record (and the status) until this one ends.
         record.pid, record.pid_created = child.pid, child.created
         record.save(state_dir / STATE_FILE)
         log.info(
-            "%s training in the background (process %d)", "resuming" if resuming else "started",
-            child.pid,
+            "%s training (%s) in the background (process %d)",
+            "resuming" if resuming else "started", task, child.pid,
         )  # fmt: skip
         self.child, self.phase, self.last_step, self.waiting_for = child, "training", {}, ""
         if self._active:  # a completion began while the workspace was being taken
@@ -468,6 +537,7 @@ class TrainingLoopFeature:
         }
         if self.child is not None:
             part["run"] = {"pid": self.child.pid, "pauses": self.pauses, **self.last_step}
+        part["nextEditTrack"] = self.edit_track()
         return {"training": part}
 
 

@@ -21,6 +21,8 @@ from evaluation.lsp_client import plain
 from tests.lsp_server.test_e2e import wait_until_ready
 from tests.lsp_server.test_next_edit_e2e import SOURCE, Document, last_timing
 from tests.lsp_server.test_tiny_model_e2e import start_session
+from tests.support.adapters import strong_adapter
+from training.edit_track import edit_registry
 
 
 @pytest_lsp.fixture(
@@ -61,3 +63,45 @@ async def test_next_edits_run_on_their_own_bfloat16_runner(client: LanguageClien
     assert timing["reached_model"], timing
     assert timing["prompt_tokens"] > 0 and timing["outcome"] != "not_ready", timing
     assert (await next_edit_status(client))["modelCalls"] == 1
+
+
+async def test_next_edits_serve_the_next_edit_tracks_adapter_as_it_changes(
+    client: LanguageClient, tiny_model_path: Path, tmp_path: Path
+) -> None:
+    from completion.runners.torch_runner import TorchRunner
+
+    status = await wait_until_ready(client)
+    assert status["model"]["state"] == "ready", status
+    workspace: Path = client.workspace_for_tests  # type: ignore[attr-defined]
+    # The workspace's next-edit track, where `tabloop train model --task next-edit` keeps its
+    # versions: one version, serving.
+    reference = TorchRunner(str(tiny_model_path), tmp_path / "ref", threads=1)
+    made = strong_adapter(
+        reference.source,
+        reference.base_model_id,
+        Path(reference.source.location),
+        tmp_path / "made",
+    )
+    registry = edit_registry(workspace.parent / "cache", workspace)
+    registry.add(made, reference.base_model_id, {})
+    registry.promote(1, force=True)
+    deadline = time.monotonic() + 120  # not stuck: next edits' runner loads after the engine
+    while not (await next_edit_status(client))["runnerModelId"]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+
+    document = Document(client, workspace, "rename.py", SOURCE)
+    document.rename_width()
+    await document.ask()
+    assert (await last_timing(client))["reached_model"]
+    found = await next_edit_status(client)
+    assert found["adapter"] == str(registry.path(1)), found
+    assert found["runnerModelId"].endswith("+v0001") and not found["trackError"], found
+
+    # Rolled back: the track serves no version, and next edits follow the engine (no adapter).
+    registry.rollback()
+    document.edit(0, 9, 10, "x")  # `w` becomes `x`
+    await document.ask()
+    assert (await last_timing(client))["reached_model"]
+    found = await next_edit_status(client)
+    assert found["adapter"] == "" and not found["runnerModelId"].endswith("+v0001"), found

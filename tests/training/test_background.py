@@ -30,6 +30,7 @@ from training.background import (
     TrainingChild,
     WorkspaceLock,
     child_environment,
+    next_run,
     outcome_of_report,
     stop_orphan,
     train_command,
@@ -187,6 +188,7 @@ def test_the_command_and_its_environment(tmp_path: Path) -> None:
         tmp_path, settings, model="bundled", progress_file=tmp_path / "p", python="py"
     )
     assert command[:5] == ["py", "-m", "tabloop", "train", "model"]
+    assert command[command.index("--task") + 1] == "both"  # one adapter for both, by default
     assert "--promote" in command and "--json" in command
     for flag, value in [
         ("--budget", "5m"),
@@ -199,6 +201,10 @@ def test_the_command_and_its_environment(tmp_path: Path) -> None:
     assert "--samples" not in train_command(
         tmp_path, TrainingLoopSettings(), model="m", progress_file=tmp_path / "p"
     )
+    edits = train_command(
+        tmp_path, TrainingLoopSettings(), model="m", progress_file=tmp_path / "p", task="next-edit"
+    )
+    assert edits[edits.index("--task") + 1] == "next-edit"
     env = child_environment({"HOME": "/h"}, 2, tmp_path, ["gen/**"])
     assert env["OMP_NUM_THREADS"] == "2" and env["HOME"] == "/h"
     assert env["TABLOOP_COMPLETION__THREADS"] == "2"  # the judging engine's threads too
@@ -214,6 +220,7 @@ def test_a_bad_budget_is_refused() -> None:
 SETTINGS = TrainingLoopSettings(
     min_new_feedback=10,
     min_new_edit_examples=7,
+    min_new_commits=3,
     min_changed_files=5,
     min_interval_s=100,
     idle_s=60,
@@ -282,3 +289,99 @@ def test_when_a_run_is_due(
         assert reason is None
     else:
         assert reason is not None and waits_for in reason
+
+
+QUIET = Material(0, 0, False)
+EDITS = Material(0, 0, False, new_edit_examples=7)
+COMMITS = Material(0, 0, False, new_commits=3)
+
+
+@pytest.mark.parametrize(
+    ("completion", "edits", "record", "task", "waits_for"),
+    [
+        pytest.param(ENOUGH, None, LoopRecord(), "both", "", id="no-track-one-adapter"),
+        pytest.param(
+            Material(0, 0, False, new_edit_examples=7), None, LoopRecord(), "both", "", id="joint"
+        ),
+        pytest.param(QUIET, EDITS, LoopRecord(), "next-edit", "", id="kept-edits"),
+        pytest.param(QUIET, COMMITS, LoopRecord(), "next-edit", "", id="new-commits"),
+        pytest.param(ENOUGH, QUIET, LoopRecord(), "completion", "", id="feedback"),
+        pytest.param(
+            QUIET,
+            Material(0, 0, False, new_edit_examples=6, new_commits=2),
+            LoopRecord(),
+            None,
+            "next edits: new material: 0 of 10 feedback rows, 6 of 7 next-edit examples, "
+            "0 of 5 changed files, 2 of 3 new commits",
+            id="too-little-on-both",
+        ),
+        pytest.param(
+            ENOUGH,
+            EDITS,
+            LoopRecord(last_started=NOW - 500, edits_started=NOW - 900),
+            "next-edit",
+            "",
+            id="both-due-the-older-first",
+        ),
+        pytest.param(
+            ENOUGH,
+            EDITS,
+            LoopRecord(last_started=None, edits_started=NOW - 900),
+            "completion",
+            "",
+            id="never-ran-first",
+        ),
+        pytest.param(
+            ENOUGH,
+            EDITS,
+            LoopRecord(last_started=NOW - 500, edits_started=NOW - 50),
+            None,
+            "minimum interval",
+            id="interval-from-either-track",
+        ),
+        pytest.param(
+            Material(0, 0, True),
+            EDITS,
+            LoopRecord(edits_started=NOW - 900),
+            "completion",
+            "",
+            id="unfinished-resumes-first",
+        ),
+        pytest.param(
+            ENOUGH,
+            Material(0, 0, True),
+            LoopRecord(last_started=NOW - 900, edits_started=NOW - 10, outcome=INTERRUPTED),
+            "next-edit",
+            "",
+            id="unfinished-edit-run-resumes",
+        ),
+        pytest.param(
+            Material(10, 0, False, canary="v0002"),
+            EDITS,
+            LoopRecord(),
+            "next-edit",
+            "",
+            id="a-completion-canary-holds-only-its-track",
+        ),
+    ],
+)
+def test_which_track_runs_next(
+    completion: Material,
+    edits: Material | None,
+    record: LoopRecord,
+    task: str | None,
+    waits_for: str,
+) -> None:
+    chosen, reason = next_run(SETTINGS, completion, edits, IDLE, record, NOW)
+    assert chosen == task
+    assert waits_for in reason
+    if task is not None:
+        assert reason == ""
+
+
+def test_a_record_from_before_the_tracks_loads_as_one_adapter(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps({"last_started": 5.0, "edits_upto": 3}), encoding="utf-8")
+    record = LoopRecord.load(path)
+    assert (record.task, record.edits_started, record.edits_head) == ("both", None, None)
+    assert record.summary()["task"] == "both"

@@ -38,15 +38,18 @@ from lsp_server.protocol import (
 )
 from tests.lsp_server.conftest import load_profile
 from tests.support.feature_server import feature_server
+from tests.support.git_repo import git, make_repo
 from training.background import (
     INTERRUPTED,
     OVER_MEMORY,
     STATE_DIR,
     STATE_FILE,
     Activity,
+    next_run,
     wait_reason,
 )
 from training.edit_examples import EditExample
+from training.edit_track import edit_registry
 from training.registry import RUN_DIR, scope_dir
 from training.trainer import CHECKPOINTS
 
@@ -115,6 +118,51 @@ def test_next_edit_examples_kept_since_the_last_run_are_new_material(tmp_path: P
     # A run that started after them read them: they are not new any more.
     loop.record.edits_upto = learning.store.last_id()
     assert loop._material().new_edit_examples == 0
+    learning.on_shutdown()
+
+
+def test_next_edits_train_apart_where_they_have_a_runner_of_their_own(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    ids = make_repo(root, [{"a.py": f"x = {n}\n"} for n in range(4)])
+    server = feature_server(tmp_path)
+    server.settings = Settings.model_validate(
+        {
+            "cacheDir": str(tmp_path / "cache"),
+            "nextEdit": {"engine": "torch-bfloat16"},
+            "training": {"minNewEditExamples": 2, "minNewCommits": 3, "minChangedFiles": 50},
+        }
+    )
+    learning = server.add_feature(EditLearningFeature(server))  # type: ignore[arg-type]
+    loop = TrainingLoopFeature(server)  # type: ignore[arg-type]
+    learning.on_settings(server.settings)
+    loop.on_settings(server.settings)
+    assert learning.store is not None and loop.edit_track()
+    assert loop.status_parts()["training"]["nextEditTrack"] is True
+    example = EditExample("a.py", "prompt", "x = 1\n", "x = 2\n", "live")
+    learning.store.record(example)
+    # Kept edits are the next-edit track's material, not the completion adapter's.
+    assert loop._material().new_edit_examples == 0
+    edits = loop._edit_material()
+    assert (edits.new_edit_examples, edits.new_commits, edits.unfinished) == (1, 3, False)
+    task, why = next_run(server.settings.training, loop._material(), edits, IDLE, loop.record, 0)
+    assert task == "next-edit" and why == ""
+    # A next-edit run started at the head: only later commits are new.
+    loop.record.edits_head, loop.record.edits_upto = ids[-1], learning.store.last_id()
+    edits = loop._edit_material()
+    assert (edits.new_edit_examples, edits.new_commits) == (0, 0)
+    git(root, "commit", "-q", "--allow-empty", "-m", "no python")
+    (root / "a.py").write_text("x = 9\n", encoding="utf-8")
+    git(root, "commit", "-qam", "python")
+    assert loop._edit_material().new_commits == 1
+    task, why = next_run(
+        server.settings.training, loop._material(), loop._edit_material(), IDLE, loop.record, 0
+    )
+    assert task is None and "next edits: new material" in why and "1 of 3 new commits" in why
+    # With next edits on the engine's runner, one adapter learns both again.
+    server.settings = Settings.model_validate(
+        {"cacheDir": str(tmp_path / "cache"), "nextEdit": {"engine": "completion"}}
+    )
+    assert not loop.edit_track()
     learning.on_shutdown()
 
 
@@ -360,3 +408,37 @@ async def test_a_run_over_the_memory_cap_is_stopped_and_not_retried_at_once(
         "new material" in later["training"]["reason"] or "interval" in later["training"]["reason"]
     )
     assert later["training"]["lastRun"]["startedAt"] == stopped["training"]["lastRun"]["startedAt"]
+
+
+async def test_the_next_edit_track_trains_on_the_workspaces_history_in_the_background(
+    tiny_model_path: Path, tmp_path: Path, clients: list[LanguageClient]
+) -> None:
+    from tests.evaluation.test_eval_edits import NAMES, module
+
+    root = tmp_path / "repo"
+    make_repo(root, [{"m.py": module(k)} for k in range(len(NAMES) + 1)])
+    cache = tmp_path / "cache"
+    init = options(cache, tiny_model_path, budgetSamples=4, minChangedFiles=1000, minNewCommits=4)
+    init["nextEdit"] = {"engine": "torch-bfloat16", "windowLines": 8}
+    client = await start(root, init)
+    clients.append(client)
+    done = await until(
+        client,
+        lambda s: s["training"]["lastRun"]["outcome"] not in (None, INTERRUPTED),
+        "finished run",
+    )
+    last = done["training"]["lastRun"]
+    assert last["task"] == "next-edit", last
+    assert last["outcome"] in ("promoted", "not promoted") and last["version"] == "v0001", last
+    assert done["training"]["nextEditTrack"] is True
+    # Its version is in the next-edit track's registry; the completion adapters have none.
+    registry = edit_registry(cache, root)
+    assert [v.name for v in registry.versions()] == ["v0001"]
+    evaluation = registry.get(1).evaluation
+    assert evaluation is not None and evaluation["task"] == "next-edit"
+    assert evaluation["next_edits"]["n"] == 1  # `training.evalCursors`, of the judged commits
+    assert not (scope_dir(cache, workspace=root) / "registry.json").exists()
+    # Both tracks wait now: no new commits, no kept edits, too few changed files.
+    waiting = await until(client, lambda s: "next edits:" in s["training"]["reason"], "reason")
+    assert "completions: new material" in waiting["training"]["reason"], waiting
+    assert "0 of 4 new commits" in waiting["training"]["reason"], waiting
