@@ -186,13 +186,13 @@ def replay_examples(
     settings: NextEditSettings,
     *,
     max_prompt_tokens: int,
-    no_change_share: float = NO_CHANGE_SHARE,
+    no_change_share: float | None = NO_CHANGE_SHARE,
     seed: int = 0,
 ) -> tuple[list[EditExample], ExampleCounts]:
     """Examples from replayed points (commit order), with at most `no_change_share` of them
-    no-change examples (drawn with `seed`), those undoing the previous edit and those whose
-    prompt is over `max_prompt_tokens` dropped."""
-    if not 0 <= no_change_share < 1:
+    no-change examples (drawn with `seed`; None: every one, as the history has them), those
+    undoing the previous edit and those whose prompt is over `max_prompt_tokens` dropped."""
+    if no_change_share is not None and not 0 <= no_change_share < 1:
         raise ValueError(f"no_change_share must be in [0, 1), not {no_change_share}")
     found = ExampleCounts()
     kept: list[EditExample] = []
@@ -218,7 +218,9 @@ def replay_examples(
             found.counts["dropped_prompt_too_long"] += 1
             continue
         kept.append(example)
-    examples, dropped = capped_no_change(kept, no_change_share, seed)
+    examples, dropped = (
+        capped_no_change(kept, no_change_share, seed) if no_change_share is not None else (kept, 0)
+    )
     if dropped:
         found.counts["dropped_no_change_over_share"] += dropped
     found.counts["no_change"] = sum(example.no_change for example in examples)

@@ -13,7 +13,8 @@ and feedback alone (`--task completion`).
 A next-edit run trains on:
 - the workspace's git history, where there is one: the newest `HISTORY_COMMITS` commits touching
   Python files replayed as edits (`training.edit_replay`, as `tabloop train edits` does), less the
-  newest `JUDGED_COMMITS`, whose points judge the version;
+  newest `JUDGED_COMMITS`, whose points judge the version (all of them, as the history has them:
+  mostly "no change", where a model that writes needless edits loses what it gains elsewhere);
 - the examples the server kept from the user's own editing (`training.edit_store`), less the
   newest, held out for judging (`training.workspace.live_edit_examples`), `LIVE_SHARE` of what
   it reads while there are any.
@@ -69,7 +70,7 @@ edits are served by the completion engine), completions alone, or the next-edit 
 
 def edit_registry(cache_dir: Path, workspace: Path) -> AdapterRegistry:
     """The registry of the workspace's next-edit adapters."""
-    return AdapterRegistry(scope_dir(cache_dir, workspace=workspace) / EDIT_TRACK)
+    return AdapterRegistry(scope_dir(cache_dir, workspace=workspace) / EDIT_TRACK, f"{EDIT_TRACK}-")
 
 
 def history_of(root: Path) -> GitHistory | None:
@@ -125,7 +126,12 @@ class HistoryExamples:
         trained, judged = split_commits(history, head)
         replay = ReplaySettings(window_lines=next_edit.window_lines)
         windows = token_windows(count_tokens, next_edit)
-        for name, commits in (("train", trained), ("judged", judged)):
+        # Training caps the no-change examples (`NO_CHANGE_SHARE`); judging takes the points
+        # as the history has them, mostly "no change", as a served model meets them.
+        for name, commits, share in (
+            ("train", trained, NO_CHANGE_SHARE),
+            ("judged", judged, None),
+        ):
             if not commits:
                 continue
             points, counts = replay_commits(history, commits, replay, windows)
@@ -134,7 +140,7 @@ class HistoryExamples:
                 count_tokens,
                 next_edit,
                 max_prompt_tokens=max_prompt_tokens,
-                no_change_share=NO_CHANGE_SHARE,
+                no_change_share=share,
                 seed=seed,
             )
             setattr(self, name, examples)

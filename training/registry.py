@@ -528,10 +528,13 @@ def serving_in(state: dict[str, Any], key: str) -> int | None:
 
 
 class AdapterRegistry(RegistryTransitions):
-    """The versions of one scope's adapters, in a JSON file under a file lock in `root`."""
+    """The versions of one scope's adapters, in a JSON file under a file lock in `root`. A
+    version's manifest names it `{label}v0003` (what a runner serving it shows in its model id),
+    so the versions of a second track (`label` `next-edit-`) are told from the first's."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, label: str = "") -> None:
         self.root = root
+        self.label = label
 
     @contextmanager
     def _locked(self) -> Iterator[dict[str, Any]]:
@@ -593,7 +596,7 @@ class AdapterRegistry(RegistryTransitions):
             shutil.copytree(adapter, work)
             manifest_path = work / "manifest.json"
             manifest = json.loads(manifest_path.read_text())
-            manifest["version"] = record.name
+            manifest["version"] = self.label + record.name
             manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             os.replace(work, target)
             state["versions"].append(asdict(record))

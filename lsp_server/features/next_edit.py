@@ -170,6 +170,7 @@ class NextEditFeature(DocumentListener):
     # The next-edit track's serving adapter, and the registry file's stamp it was read at.
     _track_stamp: tuple[Any, ...] | None = None
     _track_adapter: Path | None = None
+    _refused: Path | None = None  # an adapter the runner refused: not tried again until it changes
     track_error: str = ""
 
     @property
@@ -291,7 +292,7 @@ class NextEditFeature(DocumentListener):
             return None
         stamp = (str(registry.root), found.st_mtime_ns, found.st_size)
         if stamp != self._track_stamp:
-            self._track_stamp = stamp
+            self._track_stamp, self._refused = stamp, None
             try:
                 self._track_adapter, self.track_error = registry.serving_path(), ""
             except AdapterRegistryError as exc:
@@ -305,15 +306,14 @@ class NextEditFeature(DocumentListener):
         """On the model thread: put the next-edit track's adapter on next edits' runner when it
         has one, else the engine's. A damaged adapter is refused and what served keeps serving."""
         try:
-            if track is not None:
+            if track is not None and track != self._refused:
                 if own.adapter != track:
                     own.swap_adapter(track)
-            elif serving is not None:
+            elif track is None and serving is not None:
                 follow_adapter(own, serving)
         except AdapterError as exc:
-            if self.track_error != str(exc):
-                log.warning("next edits keep their adapter: %s", exc)
-            self.track_error = str(exc)
+            log.warning("next edits keep their adapter: %s", exc)
+            self._refused, self.track_error = track, str(exc)
 
     def path_of(self, uri: str) -> str:
         """The document's path as the prompt names it (and the history keys it): relative to

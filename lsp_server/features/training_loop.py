@@ -72,7 +72,7 @@ from training.background import (
     train_command,
 )
 from training.edit_store import EditExampleStore
-from training.edit_track import EDIT_TRACK, history_of
+from training.edit_track import edit_registry, history_of
 from training.examples import workspace_files
 from training.registry import (
     RUN_DIR,
@@ -150,7 +150,7 @@ class TrainingLoopFeature:
             self.state_dir = state_dir
             self.registry = AdapterRegistry(state_dir.parent) if state_dir is not None else None
             self.edit_registry = (
-                AdapterRegistry(state_dir.parent / EDIT_TRACK) if state_dir is not None else None
+                edit_registry(settings.cache_path(), root) if root is not None else None
             )
             self.lock = WorkspaceLock(state_dir / LOCK_FILE) if state_dir is not None else None
             self.record = LoopRecord.load(state_dir / STATE_FILE) if state_dir else LoopRecord()

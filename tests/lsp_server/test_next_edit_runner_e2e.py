@@ -21,6 +21,7 @@ from evaluation.lsp_client import plain
 from tests.lsp_server.test_e2e import wait_until_ready
 from tests.lsp_server.test_next_edit_e2e import SOURCE, Document, last_timing
 from tests.lsp_server.test_tiny_model_e2e import start_session
+from tests.support import adapters as damage
 from tests.support.adapters import strong_adapter
 from training.edit_track import edit_registry
 
@@ -73,8 +74,20 @@ async def test_next_edits_serve_the_next_edit_tracks_adapter_as_it_changes(
     status = await wait_until_ready(client)
     assert status["model"]["state"] == "ready", status
     workspace: Path = client.workspace_for_tests  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 120  # not stuck: next edits' runner loads after the engine
+    while not (await next_edit_status(client))["runnerModelId"]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    document = Document(client, workspace, "rename.py", SOURCE)
+
+    async def served_after_an_edit(line: int, start: int, end: int, text: str) -> dict[str, Any]:
+        document.edit(line, start, end, text)
+        await document.ask(line, start + len(text))
+        assert (await last_timing(client))["reached_model"]
+        return await next_edit_status(client)
+
     # The workspace's next-edit track, where `tabloop train model --task next-edit` keeps its
-    # versions: one version, serving.
+    # versions. Its first version is damaged after it was promoted: refused, the base serves.
     reference = TorchRunner(str(tiny_model_path), tmp_path / "ref", threads=1)
     made = strong_adapter(
         reference.source,
@@ -83,25 +96,28 @@ async def test_next_edits_serve_the_next_edit_tracks_adapter_as_it_changes(
         tmp_path / "made",
     )
     registry = edit_registry(workspace.parent / "cache", workspace)
-    registry.add(made, reference.base_model_id, {})
+    for _ in (1, 2):
+        registry.add(made, reference.base_model_id, {})
     registry.promote(1, force=True)
-    deadline = time.monotonic() + 120  # not stuck: next edits' runner loads after the engine
-    while not (await next_edit_status(client))["runnerModelId"]:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.1)
+    damage.flip_byte(registry.path(1))
+    found = await served_after_an_edit(0, 9, 14, "w")
+    assert found["adapter"] == "" and "v0001" not in found["runnerModelId"], found
+    assert found["trackError"], found
 
-    document = Document(client, workspace, "rename.py", SOURCE)
-    document.rename_width()
-    await document.ask()
-    assert (await last_timing(client))["reached_model"]
-    found = await next_edit_status(client)
-    assert found["adapter"] == str(registry.path(1)), found
-    assert found["runnerModelId"].endswith("+v0001") and not found["trackError"], found
+    # A good version promoted: served from the next prediction on.
+    registry.promote(2, force=True)
+    found = await served_after_an_edit(0, 9, 10, "x")
+    assert found["adapter"] == str(registry.path(2)), found
+    # Named as the track's version, not the completion adapters' v0002.
+    assert found["runnerModelId"].endswith("+next-edit-v0002"), found
+    assert not found["trackError"], found
 
-    # Rolled back: the track serves no version, and next edits follow the engine (no adapter).
-    registry.rollback()
-    document.edit(0, 9, 10, "x")  # `w` becomes `x`
-    await document.ask()
-    assert (await last_timing(client))["reached_model"]
-    found = await next_edit_status(client)
-    assert found["adapter"] == "" and not found["runnerModelId"].endswith("+v0001"), found
+    # Rolled back to the damaged one: refused, and the good one keeps serving.
+    assert registry.rollback() == 1
+    found = await served_after_an_edit(0, 9, 10, "y")
+    assert found["adapter"] == str(registry.path(2)) and found["trackError"], found
+
+    # Rolled back to no version: next edits follow the engine, which serves no adapter.
+    assert registry.rollback() is None
+    found = await served_after_an_edit(0, 9, 10, "z")
+    assert found["adapter"] == "" and "v0002" not in found["runnerModelId"], found

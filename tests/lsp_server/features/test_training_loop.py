@@ -158,6 +158,9 @@ def test_next_edits_train_apart_where_they_have_a_runner_of_their_own(tmp_path: 
         server.settings.training, loop._material(), loop._edit_material(), IDLE, loop.record, 0
     )
     assert task is None and "next edits: new material" in why and "1 of 3 new commits" in why
+    # A head the history no longer has (rewritten): counted from none, up to the threshold.
+    loop.record.edits_head = "0" * 40
+    assert loop._edit_material().new_commits == 3
     # With next edits on the engine's runner, one adapter learns both again.
     server.settings = Settings.model_validate(
         {"cacheDir": str(tmp_path / "cache"), "nextEdit": {"engine": "completion"}}
