@@ -357,6 +357,7 @@ def train_model_main(argv: list[str]) -> int:
         help="tenant: fewest training examples (text-carrying events with an outcome) to train",
     )
     args = parser.parse_args(argv)
+    args.command = "tabloop train model " + " ".join(argv)  # in the report
     try:
         budget = _budget(args)
         window = WindowSettings(args.replay_share, args.held_out_share)
@@ -410,6 +411,7 @@ def train_model_main(argv: list[str]) -> int:
         progress.bar.close()
     record = _register(registry, result, run_dir)
     report: dict[str, Any] = {
+        "command": args.command,
         "version": record.name,
         "window": result.window,
         "warm_start": result.warm_start,
@@ -481,6 +483,7 @@ def _train_next_edits(args: argparse.Namespace, budget: Budget, settings: TrainS
         progress.bar.close()
     record = _register(registry, result, run_dir)
     report: dict[str, Any] = {
+        "command": args.command,
         "task": "next-edit",
         "version": record.name,
         "warm_start": result.warm_start,
@@ -621,7 +624,7 @@ def _train_tenant(
     finally:
         bar.close()
         storage.close()
-    _print(report, args.json)
+    _print({"command": args.command, **report}, args.json)
     return 0
 
 
@@ -779,7 +782,7 @@ def model_main(argv: list[str]) -> int:
             if found is None:
                 print(f"tabloop model evaluate: v{version:04d} held out no next edits")
                 return 1
-            _print(found, args.json)
+            _print({"command": "tabloop model " + " ".join(argv), **found}, args.json)
         elif args.action == "evaluate":
             workspace, settings, cache_dir = _resolved(args)
             _train, held_out = split_files(workspace_files(workspace, settings.index.exclude))
@@ -801,7 +804,7 @@ def model_main(argv: list[str]) -> int:
             )
             feedback.close()
             edits.close()
-            _print(report, args.json)
+            _print({"command": "tabloop model " + " ".join(argv), **report}, args.json)
     except AdapterRegistryError as exc:
         print(f"tabloop model {args.action}: {exc}", file=sys.stderr)
         return 1

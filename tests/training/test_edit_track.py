@@ -77,6 +77,11 @@ def test_a_next_edit_version_trains_on_history_and_kept_edits_apart_from_complet
         *("--eval-n", "3", "--promote", "--json"),
     )
     assert report["task"] == "next-edit" and report["version"] == "v0001"
+    assert report[
+        "command"
+    ] == f"tabloop train model --task next-edit --workspace {root} " + " ".join(
+        (*TRAIN, "--eval-n", "3", "--promote", "--json")
+    )
     examples = report["edit_examples"]
     assert (examples["stored"], examples["held_out"], examples["upto_id"]) == (10, 1, 10)
     history = examples["history"]
@@ -114,7 +119,7 @@ def test_a_next_edit_version_trains_on_history_and_kept_edits_apart_from_complet
         *("model", "evaluate", "1", "--task", "next-edit", "--workspace", str(root)),
         *("--n", "3", "--json"),
     )
-    assert again["task"] == "next-edit"
+    assert again["task"] == "next-edit" and again["command"].startswith("tabloop model evaluate 1")
     assert again["next_edits"]["n"] == (1 + 3 if not allowed else 3)  # v0001 serves: seen by it
 
 
