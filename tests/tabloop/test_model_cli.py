@@ -126,6 +126,8 @@ def test_evaluate_judges_on_the_fast_engine_and_the_promotion_rule_reads_it(
     assert report["judging"]["training_s"] == 60 and report["judging"]["share_of_training"] > 0
     assert report["n"] == 3 and report["edit_similarity_difference"]["n"] == 3
     assert report["kept_text"]["n"] == 1 and report["ignored_reproduced"]["n"] == 1
+    # The registry keeps what was printed, less the command that printed it.
+    assert report.pop("command") == "tabloop model evaluate 1 --n 3 --json " + " ".join(ws)
     assert registry.get(1).evaluation == report
     allowed, reason = promotion_decision(report, DEFAULT_MARGIN)
     assert main(["model", "promote", "1", "--canary-share", "0", *ws]) == (0 if allowed else 1)
