@@ -39,6 +39,7 @@ from training.edit_examples import (
     stream_edit_examples,
     stream_live_edits,
     token_windows,
+    write_edit_training,
 )
 from training.edit_replay import GitHistory, ReplayError, ReplaySettings, replay_commits
 from training.edit_store import EditExampleStore
@@ -115,6 +116,7 @@ class HistoryExamples:
     ) -> None:
         self.train: list[EditExample] = []
         self.judged: list[EditExample] = []
+        self.trained_commits: list[str] = []
         self.summary: dict[str, Any] = {
             "head": head,
             "max_prompt_tokens": max_prompt_tokens,
@@ -124,6 +126,7 @@ class HistoryExamples:
         if history is None or head is None:
             return
         trained, judged = split_commits(history, head)
+        self.trained_commits = trained
         replay = ReplaySettings(window_lines=next_edit.window_lines)
         windows = token_windows(count_tokens, next_edit)
         # Training caps the no-change examples (`NO_CHANGE_SHARE`); judging takes the points
@@ -230,6 +233,19 @@ def train_workspace_edits(
     result = trainer.run(_stream(history.train, live, settings.seed), budget, on_progress)
     result.warm_start = trainable.warm_start.summary()
     result.edit_examples = {**counts, "history": history.summary}
+    if history.trained_commits:
+        # As `tabloop train edits` says it: `tabloop eval edits --adapter` reports the commits
+        # and warns when those it judges overlap them.
+        trained = history.summary["train"]
+        record = {
+            "repo": str(root.resolve()),
+            "range": trained["range"],
+            "commits_list": history.trained_commits,
+            "commit_count": len(history.trained_commits),
+            "examples": trained["examples"],
+            "live_examples": counts.get("edit", 0) + counts.get("no_change", 0),
+        }
+        write_edit_training(Path(result.adapter), record)
     return result
 
 

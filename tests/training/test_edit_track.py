@@ -15,7 +15,7 @@ from common.paths import CACHE_DIR_VARIABLE
 from tabloop.cli import main
 from tests.evaluation.test_eval_edits import NAMES, module
 from tests.support.git_repo import git, make_repo
-from training.edit_examples import EditExample
+from training.edit_examples import EditExample, read_edit_training
 from training.edit_replay import GitHistory
 from training.edit_store import EditExampleStore
 from training.edit_track import EDIT_TRACK, edit_registry, history_head, split_commits
@@ -107,6 +107,10 @@ def test_a_next_edit_version_trains_on_history_and_kept_edits_apart_from_complet
     assert registry.root == completion / EDIT_TRACK
     assert [v.name for v in registry.versions()] == ["v0001"]
     assert not (registry.root / RUN_DIR).exists()
+    # It says what it trained on, as `tabloop train edits` does, for `tabloop eval edits`.
+    trained_on = read_edit_training(registry.path(1))
+    assert trained_on is not None and trained_on["commits_list"] == ids[:5]
+    assert trained_on["range"] == history["train"]["range"] and trained_on["live_examples"] == 9
     listed = run(capsys, "model", "list", "--task", "next-edit", "--workspace", str(root), "--json")
     assert [v["name"] for v in listed["versions"]] == ["v0001"]
     assert listed["serving"] == (1 if allowed else None)
