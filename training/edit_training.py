@@ -17,6 +17,7 @@ adapter of the same files, for comparison.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import tarfile
@@ -42,6 +43,8 @@ from training.trainer import Progress, Trainer, TrainResult, TrainSettings, mixe
 from training.workspace import load_trainable
 
 SNAPSHOT = "snapshot"
+SHARES = "shares.json"
+"""Under the run directory: the shares of examples the run started with."""
 """Under the run directory: the repository's files at the newest commit trained on."""
 
 
@@ -86,6 +89,9 @@ def train_edits(
     `completion_share` of the examples completions of the files at the newest of them."""
     if not 0.0 <= completion_share <= 1.0:
         raise ValueError(f"completion_share must be in [0, 1], not {completion_share}")
+    same_shares(
+        work_dir, {"no_change_share": no_change_share, "completion_share": completion_share}
+    )
     next_edit = next_edit or NextEditSettings()
     history = GitHistory(repo)
     chosen = history.commits(commits, last, (".py",))
@@ -163,6 +169,23 @@ def train_edits(
     )
     write_edit_training(Path(result.adapter), trained.record())
     return result, trained
+
+
+def same_shares(work_dir: Path, shares: dict[str, float]) -> None:
+    """Refuse to resume the run in `work_dir` with other shares of examples than it started
+    with (the trainer's checkpoints would go on with a stream it never read); a new run
+    records them."""
+    path = work_dir / SHARES
+    if path.is_file():
+        started = json.loads(path.read_text(encoding="utf-8"))
+        if started != shares:
+            raise ValueError(
+                f"{work_dir} holds a run started with {started}, not {shares}: "
+                "run it again with the same shares, or with --fresh"
+            )
+        return
+    work_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(shares) + "\n", encoding="utf-8")
 
 
 def export_snapshot(history: GitHistory, commit: str, directory: Path) -> None:

@@ -206,6 +206,14 @@ def test_one_adapter_learns_completions_of_the_files_at_the_newest_commit_traine
     assert trained["training"]["settings"]["max_prompt_tokens"] == 384  # a completion's
     record = json.loads((Path(trained["adapter"]) / "edit_training.json").read_text())
     assert record["completion_share"] == 0.5
+    # The run directory's run goes on only with the shares it started with.
+    with pytest.raises(SystemExit, match=r"started with .*'completion_share': 0.5.*--fresh"):
+        main(
+            [
+                *("train", "edits", "--repo", str(root), "--commits", f"{ids[0]}..{ids[5]}"),
+                *("--completion-share", "0.25", "--out", str(tmp_path / "run")),
+            ]
+        )
     with pytest.raises(ReplayError, match="not a tree object"):
         export_snapshot(GitHistory(root), "f" * 40, tmp_path / "none")
 
