@@ -100,6 +100,7 @@ class TrainingLoopFeature:
         self.state_dir: Path | None = None
         self.registry: AdapterRegistry | None = None
         self.edit_registry: AdapterRegistry | None = None  # the next-edit track's
+        self._edit_head: str | None = None  # the history's head at the last look
         self.lock: WorkspaceLock | None = None
         self.off_reason: str | None = "not initialized"
         self.waiting_for = "the completion model to load"
@@ -316,6 +317,8 @@ class TrainingLoopFeature:
         edits = self._edit_store()
         new_edits = edits.count_after(self.record.edits_upto) if edits is not None else 0
         history = history_of(root)
+        # The head a run started now would read (so `_start` runs no git on the event loop).
+        self._edit_head = history.git("rev-parse", "HEAD").strip() if history is not None else None
         commits = 0
         if history is not None and not unfinished:
             settings = self.server.settings.training
@@ -379,10 +382,7 @@ class TrainingLoopFeature:
             pass
         elif task == "next-edit":
             record.edits_started, record.edits_upto = time.time(), edits_upto
-            history = history_of(root)
-            record.edits_head = (
-                history.git("rev-parse", "HEAD").strip() if history is not None else None
-            )
+            record.edits_head = self._edit_head
         else:
             record.last_started, record.feedback_upto = time.time(), upto
             if task == "both":

@@ -37,17 +37,22 @@ def module(renamed: int) -> str:
     return "".join(lines)
 
 
-@pytest.fixture
-def repo(tmp_path: Path, tiny_model_path: Path) -> tuple[Path, list[str]]:
-    root = tmp_path / "repo"
+def rename_repo(root: Path, model: Path) -> list[str]:
+    """A repository at `root` whose commits rename one function each, configured for the tiny
+    `model`; its commits' ids, oldest first."""
     ids = make_repo(root, [{"m.py": module(k)} for k in range(len(NAMES) + 1)])
     # The repository's tabloop configuration (untracked: the replay reads commits only).
     (root / "tabloop.toml").write_text(
-        f'[completion]\nmodel = "{tiny_model_path}"\nengine = "torch"\n'
-        "[next_edit]\nwindow_lines = 8\n",
+        f'[completion]\nmodel = "{model}"\nengine = "torch"\n[next_edit]\nwindow_lines = 8\n',
         encoding="utf-8",
     )
-    return root, ids
+    return ids
+
+
+@pytest.fixture
+def repo(tmp_path: Path, tiny_model_path: Path) -> tuple[Path, list[str]]:
+    root = tmp_path / "repo"
+    return root, rename_repo(root, tiny_model_path)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:

@@ -13,8 +13,8 @@ import pytest
 
 from common.paths import CACHE_DIR_VARIABLE
 from tabloop.cli import main
-from tests.evaluation.test_eval_edits import NAMES, module
-from tests.support.git_repo import git, make_repo
+from tests.evaluation.test_eval_edits import rename_repo
+from tests.support.git_repo import git
 from training.edit_examples import EditExample, read_edit_training
 from training.edit_replay import GitHistory
 from training.edit_store import EditExampleStore
@@ -27,13 +27,7 @@ from training.workspace import PLAN_FILE, RunPlan
 @pytest.fixture
 def workspace(tmp_path: Path, tiny_model_path: Path) -> tuple[Path, list[str]]:
     root = tmp_path / "ws"
-    ids = make_repo(root, [{"m.py": module(k)} for k in range(len(NAMES) + 1)])
-    (root / "tabloop.toml").write_text(
-        f'[completion]\nmodel = "{tiny_model_path}"\nengine = "torch"\n'
-        "[next_edit]\nwindow_lines = 8\n",
-        encoding="utf-8",
-    )
-    return root, ids
+    return root, rename_repo(root, tiny_model_path)
 
 
 def cache_dir() -> Path:
