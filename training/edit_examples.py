@@ -33,6 +33,7 @@ from typing import Any
 
 from completion.fim import FimTemplate
 from completion.next_edit import EditHistory, NextEditSettings
+from completion.next_edit.diff import reverts
 from completion.next_edit.prompt import (
     FILE_SEP,
     build_prompt,
@@ -42,7 +43,7 @@ from completion.next_edit.prompt import (
 )
 from completion.next_edit.text import common_ends, document_lines
 from completion.types import Snippet
-from training.edit_replay import EditPoint, ReplayedEdit, WindowRule, undoes
+from training.edit_replay import EditPoint, ReplayedEdit, WindowRule
 from training.examples import FimExample, seeded_random
 
 EDIT_GAP_S = 5.0
@@ -197,7 +198,7 @@ def replay_examples(
     found = ExampleCounts()
     kept: list[EditExample] = []
     for point in points:
-        if point.expects_change and undoes(point.text, point.target, point.history[-1:]):
+        if point.expects_change and reverts(point.text, point.target, point.history[-1:]):
             found.counts["dropped_undoes_previous_edit"] += 1
             continue
         history, _ = history_at(point.history)

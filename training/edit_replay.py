@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 from completion.next_edit.text import lines_of
 
@@ -475,50 +475,3 @@ def sample_points(points: Sequence[EditPoint], n: int, seed: int) -> list[EditPo
         return list(points)
     chosen = sorted(random.Random(seed).sample(range(len(points)), n))
     return [points[i] for i in chosen]
-
-
-def _changed_region(before: str, after: str) -> tuple[str, str]:
-    """(removed, inserted): what differs between two texts once their common prefix and suffix
-    are set aside."""
-    head = 0
-    limit = min(len(before), len(after))
-    while head < limit and before[head] == after[head]:
-        head += 1
-    tail = 0
-    while tail < limit - head and before[-1 - tail] == after[-1 - tail]:
-        tail += 1
-    return before[head : len(before) - tail], after[head : len(after) - tail]
-
-
-def _squeezed(text: str) -> str:
-    return "".join(text.split())
-
-
-class Reversible(Protocol):
-    """An edit as `undoes` reads it: the text it removed and the text it inserted."""
-
-    @property
-    def removed(self) -> str: ...
-
-    @property
-    def inserted(self) -> str: ...
-
-
-def undoes(before: str, after: str, edits: Sequence[Reversible]) -> bool:
-    """Whether changing `before` into `after` undoes one of `edits`: some line hunk of the change
-    removes what the edit inserted and puts back what it removed (whitespace aside), so an edit
-    and the change that reverts it cancel out. A change that only adds to an edit, or reverts
-    part of one, is not counted."""
-    if before == after:
-        return False
-    reverted = set()
-    for edit in edits:
-        removed, inserted = _changed_region(_squeezed(edit.removed), _squeezed(edit.inserted))
-        if removed != inserted:  # whitespace-only edits are not judged
-            reverted.add((inserted, removed))
-    if not reverted:
-        return False
-    for hunk in line_hunks(lines_of(before), lines_of(after)):
-        if _changed_region(_squeezed("".join(hunk.old)), _squeezed("".join(hunk.new))) in reverted:
-            return True
-    return False

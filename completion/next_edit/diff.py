@@ -9,7 +9,10 @@ A prediction is refused (and nothing is shown) when it:
 - would write past the window: it ends with the lines that follow the window in the document,
   or starts with those before it (the model rewrote more than it was given, so applying it would
   write those lines twice), or an edit falls outside the window;
-- undoes the user's latest edit: its region comes back as it was before that edit.
+- undoes the user's latest edit: its region comes back as it was before that edit;
+- reverts one of the user's recent edits in the document, wherever it now is: some changed block
+  of the prediction takes out what that edit put in and puts back what it took out (whitespace
+  aside; `reverts`, the rule `tabloop eval edits` counts reversals by).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from completion.next_edit.history import EditEvent
 from completion.next_edit.prompt import Window
@@ -156,3 +160,55 @@ def undoes(window: Window, predicted: str, latest: EditEvent | None) -> bool:
         return False
     head = "".join(window.lines[:offset])
     return predicted.startswith(head + latest.original_text)
+
+
+class Reversible(Protocol):
+    """An edit as `reverts` reads it: the text it removed and the text it inserted."""
+
+    @property
+    def removed(self) -> str: ...
+
+    @property
+    def inserted(self) -> str: ...
+
+
+def reverts(before: str, after: str, edits: Sequence[Reversible]) -> bool:
+    """Whether changing `before` into `after` undoes one of `edits`: some changed block of lines
+    removes what the edit inserted and puts back what it removed (whitespace aside), so the edit
+    and the change cancel out. A change that only adds to an edit, or reverts part of one, is
+    not counted."""
+    if before == after:
+        return False
+    undone = set()
+    for edit in edits:
+        removed, inserted = _changed_region(_squeezed(edit.removed), _squeezed(edit.inserted))
+        if removed != inserted:  # whitespace-only edits are not judged
+            undone.add((inserted, removed))
+    if not undone:
+        return False
+    old_lines, new_lines = lines_of(before), lines_of(after)
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        old, new = "".join(old_lines[i1:i2]), "".join(new_lines[j1:j2])
+        if _changed_region(_squeezed(old), _squeezed(new)) in undone:
+            return True
+    return False
+
+
+def _changed_region(before: str, after: str) -> tuple[str, str]:
+    """(removed, inserted): what differs between two texts once their common prefix and suffix
+    are set aside."""
+    head = 0
+    limit = min(len(before), len(after))
+    while head < limit and before[head] == after[head]:
+        head += 1
+    tail = 0
+    while tail < limit - head and before[-1 - tail] == after[-1 - tail]:
+        tail += 1
+    return before[head : len(before) - tail], after[head : len(after) - tail]
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split())

@@ -64,6 +64,15 @@ class EditEvent:
     def updated_text(self) -> str:
         return "".join(self.updated)
 
+    # As `completion.next_edit.diff.reverts` reads an edit.
+    @property
+    def removed(self) -> str:
+        return self.original_text
+
+    @property
+    def inserted(self) -> str:
+        return self.updated_text
+
 
 class EditHistory:
     """The last events of one workspace, oldest first; thread-safe.
@@ -96,6 +105,11 @@ class EditHistory:
         """Every event kept, oldest first."""
         with self._lock:
             return list(self._events)
+
+    def in_document(self, path: str) -> list[EditEvent]:
+        """The events kept in document `path`, oldest first."""
+        with self._lock:
+            return [e for e in self._events if e.path == path]
 
     def latest(self, path: str) -> EditEvent | None:
         """The most recent event in document `path`, or None."""

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from completion.next_edit.diff import Edit, undoes, window_edits, writes_outside
+from completion.next_edit.diff import Edit, reverts, undoes, window_edits, writes_outside
 from completion.next_edit.history import EditEvent, EditHistory
 from completion.next_edit.prompt import (
     FILE_SEP,
@@ -59,7 +59,7 @@ Reason = Literal[
     "empty",  # the model wrote nothing for the window
     "truncated",  # the rewrite ran out of tokens before it ended
     "outside_window",  # refused: it would write past the window
-    "undo",  # refused: it puts the user's latest edit back as it was
+    "undo",  # refused: it puts the user's latest edit, or a recent one here, back as it was
 ]
 """Why a prediction has the edits it has; only `predicted` has any."""
 
@@ -182,7 +182,9 @@ class NextEditPredictor:
             reason = "no_change"
         elif writes_outside(window, edits, lines):
             reason = "outside_window"
-        elif undoes(window, predicted, latest):
+        elif undoes(window, predicted, latest) or reverts(
+            window.text, predicted, [e for e in history.in_document(path) if e.complete]
+        ):
             reason = "undo"
         timings.diff_ms = (time.perf_counter() - diff_started) * 1000
         found = answer(reason, window, predicted=predicted, generation=generation, screen=chance)

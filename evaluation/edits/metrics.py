@@ -15,7 +15,8 @@
   F-beta with beta = 2 (recall weighs more), whitespace ignored, 0..100. A prediction of no change
   where an edit was due scores 0; no change where none was due scores 100.
 - `reversals`: the share of predicted edits that undo one of the point's recent edits
-  (`training.edit_replay.undoes`).
+  (`completion.next_edit.diff.reverts`, which also keeps the
+  server from showing them).
 - `no_op_accuracy`: of the points where no edit follows inside the window, the share answered
   with no change; `false_no_op_rate`: of the points where one does, the share answered with none.
 - latency p50/p95 of every prediction, of those answered with no change and of those answered
@@ -32,8 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from completion.next_edit.diff import reverts
 from completion.next_edit.text import lines_of
-from training.edit_replay import EditPoint, undoes
+from training.edit_replay import EditPoint
 
 CHRF_ORDER = 6
 CHRF_BETA = 2.0
@@ -150,7 +152,7 @@ def score(points: Sequence[EditPoint], results: Sequence[PredictionResult]) -> d
     edits = [(p, r) for p, r in answered if r.predicted != p.text]
     chrf = [delta_chrf(*changed_lines(p.text, p.target, r.predicted)) for p, r in answered]
     chrf_due = [delta_chrf(*changed_lines(p.text, p.target, r.predicted)) for p, r in due]
-    reversals = sum(1 for p, r in edits if undoes(p.text, r.predicted, p.history))
+    reversals = sum(1 for p, r in edits if reverts(p.text, r.predicted, p.history))
     upcoming = [r.predicted == p.target or p.is_upcoming(r.predicted) for p, r in due]
     return {
         "n": len(rows),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from completion.next_edit import EditHistory
+from completion.next_edit.diff import reverts
 from completion.next_edit.history import PAUSE_S
 from completion.next_edit.text import breaks, lines_of
 from lsp_server.config import Settings
@@ -37,7 +38,7 @@ from lsp_server.documents import DocumentChange, DocumentListener, open_document
 from lsp_server.features.next_edit import NextEditFeature
 from lsp_server.server import TabloopServer
 from training.edit_examples import EditExample, edit_example
-from training.edit_replay import MAX_HUNK_LINES, line_hunks, undoes
+from training.edit_replay import MAX_HUNK_LINES, line_hunks
 from training.edit_store import EditExampleStore
 from training.feedback import FEEDBACK_FILE
 from training.registry import workspace_key
@@ -45,14 +46,6 @@ from training.registry import workspace_key
 log = logging.getLogger(__name__)
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-@dataclass(frozen=True)
-class _Reverted:
-    """The user's previous edit as `training.edit_replay.undoes` reads it."""
-
-    removed: str
-    inserted: str
 
 
 @dataclass
@@ -229,10 +222,8 @@ def _refusal(example: EditExample | None, previous: Any) -> str | None:
     hunks = line_hunks(lines_of(example.current), lines_of(example.target))
     if any(max(len(hunk.old), len(hunk.new)) > MAX_HUNK_LINES for hunk in hunks):
         return "big_rewrite"
-    if previous is not None:
-        reverted = _Reverted(previous.original_text, previous.updated_text)
-        if undoes(example.current, example.target, [reverted]):
-            return "undoes_previous_edit"
+    if previous is not None and reverts(example.current, example.target, [previous]):
+        return "undoes_previous_edit"
     return None
 
 

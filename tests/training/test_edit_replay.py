@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from completion.next_edit.diff import reverts
 from tests.support.git_repo import git, make_repo
 from training.edit_replay import (
     FileChange,
@@ -15,7 +16,6 @@ from training.edit_replay import (
     ReplaySettings,
     replay_commits,
     sample_points,
-    undoes,
 )
 
 
@@ -181,7 +181,7 @@ def test_sampling_is_seeded_and_keeps_the_replay_order(repo: tuple[Path, list[st
 
 
 @pytest.mark.parametrize(
-    ("before", "after", "reverts"),
+    ("before", "after", "undone"),
     [
         pytest.param("def renamed(x):\n", "def f1(x):\n", True, id="rename-back"),
         pytest.param("def renamed(x):\n", "def  f1( x ):\n", True, id="rename-back-spaced"),
@@ -190,17 +190,17 @@ def test_sampling_is_seeded_and_keeps_the_replay_order(repo: tuple[Path, list[st
         pytest.param("def renamed(x):\n", "def renamed(x):\n", False, id="no-change"),
     ],
 )
-def test_a_change_that_undoes_an_edit(before: str, after: str, reverts: bool) -> None:
+def test_a_change_that_undoes_an_edit(before: str, after: str, undone: bool) -> None:
     lines = functions(3)
     made = FileChange("c", "f.py", "".join(lines), edited(lines, {2: "def renamed(x):\n"}))
     edit = ReplayedEdit(made, 0)
     now = made.after
     predicted = now.replace(before, after)
-    assert undoes(now, predicted, [edit]) is reverts
+    assert reverts(now, predicted, [edit]) is undone
 
 
 def test_deleting_an_inserted_line_undoes_it() -> None:
     made = FileChange("c", "f.py", "a = 1\nb = 2\n", "a = 1\nc = 3\nb = 2\n")
     edit = ReplayedEdit(made, 0)
-    assert undoes(made.after, "a = 1\nb = 2\n", [edit])
-    assert not undoes(made.after, "a = 1\nc = 3\nb = 2\nd = 4\n", [edit])
+    assert reverts(made.after, "a = 1\nb = 2\n", [edit])
+    assert not reverts(made.after, "a = 1\nc = 3\nb = 2\nd = 4\n", [edit])

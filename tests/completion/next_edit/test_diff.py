@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from completion.next_edit.diff import Edit, undoes, window_edits, writes_outside
+from completion.next_edit.diff import Edit, reverts, undoes, window_edits, writes_outside
 from completion.next_edit.history import EditHistory
 from completion.next_edit.prompt import Window
 from completion.next_edit.text import document_lines
@@ -91,3 +91,18 @@ def test_a_rewrite_that_puts_the_last_edit_back_is_an_undo() -> None:
     partly = current.text.replace(" changed", "").replace("row 11", "row eleven")
     assert undoes(current, partly, latest)
     assert not undoes(current, current.text.replace("row 11", "row eleven"), latest)
+
+
+def test_a_rewrite_that_reverts_an_earlier_edit_anywhere_in_it() -> None:
+    history = EditHistory(clock=lambda: 0.0)
+    after = DOC.replace("row 8\n", "row 8 changed\n")
+    history.record_edit("a.py", document_lines(after), 8, 5, "", " changed")
+    edits = history.in_document("a.py")
+    current = window(text=after)
+    assert reverts(current.text, current.text.replace(" changed", ""), edits)
+    assert reverts(current.text, current.text.replace("row 8 changed", "row  8"), edits)
+    # Building on the edit, or changing something else, is not reverting it.
+    assert not reverts(current.text, current.text.replace(" changed", " changed twice"), edits)
+    assert not reverts(current.text, current.text.replace("row 11", "row eleven"), edits)
+    assert not reverts(current.text, current.text, edits)
+    assert not reverts(current.text, current.text.replace(" changed", ""), [])

@@ -77,6 +77,27 @@ def test_a_rewrite_that_undoes_the_last_edit_is_refused() -> None:
     assert (prediction.reason, prediction.edits) == ("undo", [])
 
 
+def test_a_rewrite_that_undoes_an_earlier_edit_here_is_refused() -> None:
+    # The rename, then after a pause another edit below: the rename is no longer the latest
+    # edit, and a rewrite that puts `width` back in the signature still undoes it.
+    clock = [10.0]
+    history = recorded(clock)
+    clock[0] += 5
+    later = AFTER.replace('print("width", width)', 'print("width:", width)')
+    history.record_edit("geo.py", document_lines(later), 6, 16, "", ":")
+    assert len(history.in_document("geo.py")) == 2
+    renamed_back = later.replace("def area(w, height)", "def area(width, height)")
+    found, _ = predictor(renamed_back + "<|file_sep|>")
+    prediction = found.predict(later, "geo.py", (6, 17), history)
+    assert (prediction.reason, prediction.edits) == ("undo", [])
+    # Carrying the rename through is no undo.
+    carried = later.replace("return width * height", "return w * height")
+    found, _ = predictor(carried + "<|file_sep|>")
+    prediction = found.predict(later, "geo.py", (6, 17), history)
+    assert prediction.reason == "predicted"
+    assert [(e.range, e.text) for e in prediction.edits] == [((1, 12, 1, 16), "")]
+
+
 def test_a_rewrite_past_the_window_is_refused() -> None:
     long = AFTER + "".join(f"x{n} = {n}\n" for n in range(30))
     found, _ = predictor("", window_lines=3)
