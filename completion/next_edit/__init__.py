@@ -7,7 +7,7 @@ them):
 - `prompt`: the window around the cursor under a token budget, and the prompt built on the
   model's own `<|file_sep|>` token (recent edits, then the original / current / updated window);
 - `diff`: the smallest edits that turn the current window into the predicted one, and the guards
-  that refuse a prediction (outside the window, undoing the user's last edit);
+  that refuse a prediction (outside the window, undoing one of the user's recent edits);
 - `predictor.NextEditPredictor`: all of it on a model runner; `predict(...)` answers a
   `NextEditPrediction`, "no change" without a model call when no recent edit is near the cursor.
 

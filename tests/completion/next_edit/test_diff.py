@@ -80,12 +80,19 @@ def test_an_edit_outside_the_window_is_refused() -> None:
     assert writes_outside(current, [Edit(11, 0, 13, 0, "")], document_lines(DOC))
 
 
+def edited(history: EditHistory, text: str, row: int, now: float) -> str:
+    """`text` with " changed" put at the end of row `row`, recorded in `history` at `now`."""
+    after = text.replace(f"row {row}\n", f"row {row} changed\n")
+    history.record_edit(
+        "a.py", document_lines(after), row, len(f"row {row}"), "", " changed", now=now
+    )
+    return after
+
+
 def test_a_rewrite_that_puts_the_last_edit_back_is_an_undo() -> None:
     history = EditHistory(clock=lambda: 0.0)
-    after = DOC.replace("row 8\n", "row 8 changed\n")
-    history.record_edit("a.py", document_lines(after), 8, 5, "", " changed")
+    current = window(text=edited(history, DOC, 8, 0.0))
     latest = history.latest("a.py")
-    current = window(text=after)
     assert undoes(current, current.text.replace(" changed", ""), latest)
     # Put back, and something else changed below it: still an undo.
     partly = current.text.replace(" changed", "").replace("row 11", "row eleven")
@@ -94,15 +101,16 @@ def test_a_rewrite_that_puts_the_last_edit_back_is_an_undo() -> None:
 
 
 def test_a_rewrite_that_reverts_an_earlier_edit_anywhere_in_it() -> None:
+    # Row 8 edited, then row 12 after a pause: row 8's edit is no longer the latest.
     history = EditHistory(clock=lambda: 0.0)
-    after = DOC.replace("row 8\n", "row 8 changed\n")
-    history.record_edit("a.py", document_lines(after), 8, 5, "", " changed")
-    edits = history.in_document("a.py")
-    current = window(text=after)
-    assert reverts(current.text, current.text.replace(" changed", ""), edits)
+    current = window(text=edited(history, edited(history, DOC, 8, 0.0), 12, 5.0))
+    edits, latest = history.in_document("a.py"), history.latest("a.py")
+    assert len(edits) == 2
+    back = current.text.replace("row 8 changed", "row 8")
+    assert reverts(current.text, back, edits) and not undoes(current, back, latest)
     assert reverts(current.text, current.text.replace("row 8 changed", "row  8"), edits)
     # Building on the edit, or changing something else, is not reverting it.
-    assert not reverts(current.text, current.text.replace(" changed", " changed twice"), edits)
+    assert not reverts(current.text, current.text.replace("8 changed", "8 changed twice"), edits)
     assert not reverts(current.text, current.text.replace("row 11", "row eleven"), edits)
     assert not reverts(current.text, current.text, edits)
-    assert not reverts(current.text, current.text.replace(" changed", ""), [])
+    assert not reverts(current.text, back, [])
