@@ -15,8 +15,7 @@
   F-beta with beta = 2 (recall weighs more), whitespace ignored, 0..100. A prediction of no change
   where an edit was due scores 0; no change where none was due scores 100.
 - `reversals`: the share of predicted edits that undo one of the point's recent edits
-  (`completion.next_edit.diff.reverts`, which also keeps the
-  server from showing them).
+  (`completion.next_edit.diff.reverts`, which also keeps the server from showing them).
 - `no_op_accuracy`: of the points where no edit follows inside the window, the share answered
   with no change; `false_no_op_rate`: of the points where one does, the share answered with none.
 - latency p50/p95 of every prediction, of those answered with no change and of those answered

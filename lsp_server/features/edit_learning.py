@@ -31,7 +31,7 @@ from typing import Any
 
 from completion.next_edit import EditHistory
 from completion.next_edit.diff import reverts
-from completion.next_edit.history import PAUSE_S
+from completion.next_edit.history import PAUSE_S, EditEvent
 from completion.next_edit.text import breaks, lines_of
 from lsp_server.config import Settings
 from lsp_server.documents import DocumentChange, DocumentListener, open_document
@@ -213,7 +213,7 @@ class EditLearningFeature(DocumentListener):
             self.store = None
 
 
-def _refusal(example: EditExample | None, previous: Any) -> str | None:
+def _refusal(example: EditExample | None, previous: EditEvent | None) -> str | None:
     """Why `example` is not one to learn from (None: it is)."""
     if example is None:
         return "no_window"
