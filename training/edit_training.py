@@ -43,9 +43,9 @@ from training.trainer import Progress, Trainer, TrainResult, TrainSettings, mixe
 from training.workspace import load_trainable
 
 SNAPSHOT = "snapshot"
+"""Under the run directory: the repository's files at the newest commit trained on."""
 SHARES = "shares.json"
 """Under the run directory: the shares of examples the run started with."""
-"""Under the run directory: the repository's files at the newest commit trained on."""
 
 
 @dataclass(frozen=True)
