@@ -23,6 +23,7 @@ as it is.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections import Counter
@@ -110,6 +111,14 @@ class EditExample:
     @property
     def no_change(self) -> bool:
         return self.current == self.target
+
+    @property
+    def key(self) -> str:
+        """The example's identity across runs: a digest of its path, prompt and target."""
+        digest = hashlib.sha256()
+        for part in (self.path, self.prompt, self.target):
+            digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+        return digest.hexdigest()[:20]
 
     def fim(self) -> FimExample:
         """As the trainer takes it (with `EDIT_TEMPLATE`)."""
@@ -244,28 +253,93 @@ def capped_no_change(
     return [e for index, e in enumerate(examples) if index not in dropped], len(dropped)
 
 
-def stream_edit_examples(examples: Sequence[EditExample], seed: int) -> Iterator[FimExample]:
-    """The examples epoch after epoch, each epoch in a seeded order (a pure function of the
-    seed, as the trainer's resume needs)."""
+@dataclass(frozen=True)
+class HistoryRead:
+    """How far a chain of versions has read its history's examples: the lap it is in (a pass
+    over the examples in an order of its own) and the examples read in that lap, by `key`.
+
+    A next-edit version warm-started from another goes on where that one stopped
+    (`history_laps`), so that a chain of versions reads what one long run would, rather than
+    every version reading the first examples of the same order again."""
+
+    lap: int = 0
+    keys: frozenset[str] = frozenset()
+
+    def record(self) -> dict[str, Any]:
+        return {"lap": self.lap, "keys": sorted(self.keys)}
+
+    @classmethod
+    def from_record(cls, record: object) -> HistoryRead:
+        """From `record` (an adapter's `history_read`); a missing or damaged one reads as
+        nothing read, so a chain starts its first lap again rather than fail."""
+        if not isinstance(record, dict):
+            return cls()
+        lap, keys = record.get("lap"), record.get("keys")
+        if not isinstance(lap, int) or lap < 0 or not isinstance(keys, list):
+            return cls()
+        return cls(lap, frozenset(key for key in keys if isinstance(key, str)))
+
+    def unread(self, examples: Sequence[EditExample]) -> int:
+        """How many of `examples` this lap has still to read."""
+        return sum(example.key not in self.keys for example in examples)
+
+
+def history_laps(
+    examples: Sequence[EditExample], seed: int, read: HistoryRead | None = None
+) -> Iterator[tuple[int, EditExample]]:
+    """The examples lap after lap, each lap in a seeded order (a pure function of the seed, as
+    the trainer's resume needs), with the lap each is read in; the examples `read` has read in
+    its lap are left out of it."""
     if not examples:
         return
-    epoch = 0
+    read = read or HistoryRead()
+    lap, done = read.lap, read.keys
     while True:
         order = list(range(len(examples)))
-        seeded_random(seed, "edits", epoch).shuffle(order)
+        seeded_random(seed, "edits", lap).shuffle(order)
         for index in order:
-            yield examples[index].fim()
-        epoch += 1
+            if examples[index].key not in done:
+                yield lap, examples[index]
+        lap, done = lap + 1, frozenset()
+
+
+def read_after(
+    examples: Sequence[EditExample], seed: int, read: HistoryRead, count: int
+) -> HistoryRead:
+    """Where the chain stands once `count` more examples of `history_laps` are read: the keys of
+    the lap it is then in that belong to `examples` (an example gone from the history is
+    forgotten)."""
+    lap, keys = read.lap, set(read.keys)
+    for _, (at, example) in zip(range(count), history_laps(examples, seed, read), strict=False):
+        if at != lap:
+            lap, keys = at, set()
+        keys.add(example.key)
+    present = {example.key for example in examples}
+    return HistoryRead(lap, frozenset(keys & present))
+
+
+def stream_edit_examples(
+    examples: Sequence[EditExample], seed: int, read: HistoryRead | None = None
+) -> Iterator[FimExample]:
+    """`history_laps`' examples, as the trainer takes them."""
+    for _, example in history_laps(examples, seed, read):
+        yield example.fim()
+
+
+def live_laps(examples: Sequence[EditExample], seed: int) -> Iterator[EditExample]:
+    """The server's own examples (newest first): the first lap in that order, so a budget that
+    ends early has spent itself on the newest, then lap after lap in a seeded order."""
+    if not examples:
+        return
+    yield from examples
+    for _, example in history_laps(examples, seed):
+        yield example
 
 
 def stream_live_edits(examples: Sequence[EditExample], seed: int) -> Iterator[FimExample]:
-    """The server's own examples (newest first): the first epoch in that order, so a budget that
-    ends early has spent itself on the newest, then epoch after epoch in a seeded order."""
-    if not examples:
-        return
-    for example in examples:
+    """`live_laps`' examples, as the trainer takes them."""
+    for example in live_laps(examples, seed):
         yield example.fim()
-    yield from stream_edit_examples(examples, seed)
 
 
 def write_edit_training(adapter: Path, record: dict[str, Any]) -> None:

@@ -21,10 +21,19 @@ A next-edit run trains on:
 
 The head commit and the newest kept example are fixed in the run's plan when it first starts, so
 a resumed run reads the same.
+
+A version warm-started from another goes on reading the history where that one stopped: each
+version records which examples its chain has read in the current lap (`HistoryRead`, in its
+`edit_training.json`), and the next reads the rest of the lap, in the same seeded order, before
+it starts the next lap in an order of its own. A chain of versions thus reads what one long run
+would. Before, every version read the same seeded order from its start, so a 20-minute version
+warm-started from another read again the examples its predecessor had just learned (about a third
+of a 200-commit history) and never the rest.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,16 +44,19 @@ from training.edit_examples import (
     EDIT_TEMPLATE,
     NO_CHANGE_SHARE,
     EditExample,
+    HistoryRead,
+    history_laps,
+    live_laps,
+    read_after,
+    read_edit_training,
     replay_examples,
-    stream_edit_examples,
-    stream_live_edits,
     token_windows,
     write_edit_training,
 )
 from training.edit_replay import GitHistory, ReplayError, ReplaySettings, replay_commits
 from training.edit_store import EditExampleStore
 from training.examples import FimExample
-from training.registry import AdapterRegistry, scope_dir
+from training.registry import AdapterRegistry, AdapterRegistryError, scope_dir
 from training.trainer import Progress, TrainResult, TrainSettings, mixed_stream
 from training.workspace import (
     PLAN_FILE,
@@ -229,9 +241,21 @@ def train_workspace_edits(
             f"{root}: no next-edit examples to train on (no git history with Python changes, "
             "and none kept from editing yet)"
         )
+    before = history_read_before(registry, trainable.warm_start.version)
+    tagged = _tagged_stream(history.train, live, settings.seed, before)
     trainer = trainable.trainer(settings, work_dir, device, EDIT_TEMPLATE)
-    result = trainer.run(_stream(history.train, live, settings.seed), budget, on_progress)
+    result = trainer.run(_untagged(tagged), budget, on_progress)
     result.warm_start = trainable.warm_start.summary()
+    read = sum(tag == "history" for tag, _ in itertools.islice(tagged(), result.position))
+    after = read_after(history.train, settings.seed, before, read)
+    if history.train:
+        history.summary["read"] = {
+            "lap": before.lap,
+            "unread_at_start": before.unread(history.train),
+            "read": read,
+            "lap_after": after.lap,
+            "unread_after": after.unread(history.train),
+        }
     result.edit_examples = {**counts, "history": history.summary}
     if history.trained_commits:
         # As `tabloop train edits` says it: `tabloop eval edits --adapter` reports the commits
@@ -244,21 +268,47 @@ def train_workspace_edits(
             "commit_count": len(history.trained_commits),
             "examples": trained["examples"],
             "live_examples": counts.get("edit", 0) + counts.get("no_change", 0),
+            "history_read": after.record(),
         }
         write_edit_training(Path(result.adapter), record)
     return result
 
 
-def _stream(
-    history: Sequence[EditExample], live: Sequence[EditExample], seed: int
-) -> Callable[[], Iterator[FimExample]]:
-    def make() -> Iterator[FimExample]:
+def history_read_before(registry: AdapterRegistry, version: int | None) -> HistoryRead:
+    """Where the chain a run warm-starts from (`version`; None: fresh) stands in the history's
+    examples: nothing read for a fresh run or a version that kept no record of it."""
+    if version is None:
+        return HistoryRead()
+    try:
+        record = read_edit_training(registry.path(version))
+    except AdapterRegistryError:
+        return HistoryRead()
+    return HistoryRead.from_record((record or {}).get("history_read"))
+
+
+Tagged = tuple[str, EditExample]
+
+
+def _tagged_stream(
+    history: Sequence[EditExample], live: Sequence[EditExample], seed: int, read: HistoryRead
+) -> Callable[[], Iterator[Tagged]]:
+    """The run's examples, each with where it came from ("history" or "live"): a pure function
+    of its arguments, so the first `position` items are what the trainer read."""
+
+    def make() -> Iterator[Tagged]:
+        old = (("history", example) for _, example in history_laps(history, seed, read))
+        new = (("live", example) for example in live_laps(live, seed))
         if not live:
-            return stream_edit_examples(history, seed)
+            return old
         if not history:
-            return stream_live_edits(live, seed)
-        return mixed_stream(
-            stream_edit_examples(history, seed), stream_live_edits(live, seed), LIVE_SHARE
-        )
+            return new
+        return mixed_stream(old, new, LIVE_SHARE)
+
+    return make
+
+
+def _untagged(tagged: Callable[[], Iterator[Tagged]]) -> Callable[[], Iterator[FimExample]]:
+    def make() -> Iterator[FimExample]:
+        return (example.fim() for _, example in tagged())
 
     return make

@@ -240,6 +240,9 @@ class TrainResult:
     adapter: str
     stream_ended: bool
     processes: int = 1  # processes that trained (each its share of every step)
+    # Examples of the stream consumed (counted over all processes; past those it could not
+    # encode): a deterministic stream's first `position` items are what the run read.
+    position: int = 0
     weights_sha256: str = ""  # this process's LoRA weights (`weights_digest`): equal on all
     mixed_precision: str = "no"  # accelerate's: "bf16" with autocast
     # Set by the caller that chose the data (`training.workspace`, `backend.adapters.run`): the
@@ -926,6 +929,7 @@ class Trainer:
             adapter=str(adapter),
             stream_ended=ended,
             processes=self.processes,
+            position=position,
             weights_sha256=weights_digest(self.model),
             mixed_precision=self.mixed_precision,
             settings=asdict(self.settings),

@@ -3,6 +3,8 @@ replayed history and from a live history alike."""
 
 from __future__ import annotations
 
+import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,11 @@ from completion.next_edit.text import document_lines
 from tests.support.git_repo import make_repo
 from training.edit_examples import (
     EDIT_TEMPLATE,
+    EditExample,
+    HistoryRead,
     edit_example,
+    history_laps,
+    read_after,
     replay_examples,
     settled_window,
     stream_edit_examples,
@@ -143,3 +149,51 @@ def test_the_stream_is_a_pure_function_of_the_seed(points: list[EditPoint]) -> N
     # Every epoch holds every example once.
     assert sorted(e.prefix for e in taken[: len(examples)]) == sorted(e.prompt for e in examples)
     assert list(stream_edit_examples([], seed=3)) == []
+
+
+def _made(n: int) -> list[EditExample]:
+    return [
+        EditExample(f"m{k}.py", f"prompt {k}\n", "x = 1\n", f"x = {k}\n", "history")
+        for k in range(n)
+    ]
+
+
+def test_a_chain_of_runs_reads_what_one_long_run_reads() -> None:
+    examples = _made(7)
+    one_run = [example for _, example in itertools.islice(history_laps(examples, 5), 20)]
+    # A fresh run reads the first lap in the order the stream always had.
+    assert [e.fim() for e in one_run[:7]] == list(
+        itertools.islice(stream_edit_examples(examples, 5), 7)
+    )
+    read, chained = HistoryRead(), []
+    for count in (3, 4, 6, 2, 5):  # runs that each read `count`, each warm-started from the last
+        chained += [
+            example for _, example in itertools.islice(history_laps(examples, 5, read), count)
+        ]
+        read = read_after(examples, 5, read, count)
+    assert chained == one_run
+    # 20 read: two laps of 7, and 6 of the third.
+    assert read.lap == 2 and read.keys == {e.key for e in one_run[14:]}
+    assert read.unread(examples) == 1
+
+    # Every lap holds every example once, in an order of its own.
+    def keys(found: list[EditExample]) -> list[str]:
+        return sorted(e.key for e in found)
+
+    assert keys(one_run[:7]) == keys(one_run[7:14]) == keys(examples)
+    assert one_run[:7] != one_run[7:14]
+
+
+def test_a_read_record_survives_its_file_and_a_damaged_one_starts_over() -> None:
+    examples = _made(4)
+    read = read_after(examples, 0, HistoryRead(), 3)
+    assert HistoryRead.from_record(json.loads(json.dumps(read.record()))) == read
+    for damaged in (None, [], {"lap": -1, "keys": []}, {"lap": 0, "keys": "abc"}, {"keys": []}):
+        assert HistoryRead.from_record(damaged) == HistoryRead()
+    # An example gone from the history (its commit no longer among those replayed) is forgotten,
+    # and the keys of the examples still there are kept.
+    kept = read_after(examples[1:], 0, read, 0)
+    assert kept.keys == read.keys - {examples[0].key} and kept.lap == 0
+    # The key is the example's content: the same example made again has the same key.
+    again = EditExample(examples[2].path, examples[2].prompt, "x = 1\n", examples[2].target, "live")
+    assert again.key == examples[2].key and examples[1].key != examples[2].key

@@ -181,3 +181,28 @@ def test_a_next_edit_version_is_promoted_on_its_next_edits_alone() -> None:
     assert not promotion_decision(judged(20, 0.05), 0.1)[0]  # the margin applies
     allowed, why = promotion_decision(judged(0, 0.0), 0.0)
     assert not allowed and why == "no held-out next edits to judge it on"
+
+
+def test_a_warm_started_version_reads_the_history_where_its_predecessor_stopped(
+    workspace: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _ = workspace
+    argv = ("train", "model", "--task", "next-edit", "--workspace", str(root), *TRAIN)
+    first = run(capsys, *argv, "--eval-n", "0", "--json")
+    registry = edit_registry(cache_dir(), root)
+    registry.promote(1, force=True)
+    second = run(capsys, *argv, "--eval-n", "0", "--json")
+    assert second["warm_start"]["from"] == "v0001"
+
+    examples = first["edit_examples"]["history"]["train"]["examples"]
+    assert examples["edit"] + examples["no_change"] == 6
+    one, two = (r["edit_examples"]["history"]["read"] for r in (first, second))
+    assert one == {"lap": 0, "unread_at_start": 6, "read": 4, "lap_after": 0, "unread_after": 2}
+    # The second reads the two examples the first did not, then starts a lap of its own.
+    assert two == {"lap": 0, "unread_at_start": 2, "read": 4, "lap_after": 1, "unread_after": 4}
+    read_one, read_two = (
+        set(read_edit_training(registry.path(v))["history_read"]["keys"])  # type: ignore[index]
+        for v in (1, 2)
+    )
+    assert len(read_one) == 4 and len(read_two) == 2
+    assert read_edit_training(registry.path(2))["history_read"]["lap"] == 1  # type: ignore[index]
