@@ -296,13 +296,13 @@ def _tagged_stream(
     of its arguments, so the first `position` items are what the trainer read."""
 
     def make() -> Iterator[Tagged]:
-        old = (("history", example) for _, example in history_laps(history, seed, read))
-        new = (("live", example) for example in live_laps(live, seed))
+        replayed = (("history", example) for _, example in history_laps(history, seed, read))
+        kept = (("live", example) for example in live_laps(live, seed))
         if not live:
-            return old
+            return replayed
         if not history:
-            return new
-        return mixed_stream(old, new, LIVE_SHARE)
+            return kept
+        return mixed_stream(replayed, kept, LIVE_SHARE)
 
     return make
 
