@@ -27,8 +27,8 @@ import hashlib
 import json
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,7 @@ class EditExample:
     current: str  # the window now
     target: str  # the window the user settled on
     source: str  # "history" (a commit) or "live"
+    commit: str = ""  # a history example's commit (the change it replays)
 
     @property
     def no_change(self) -> bool:
@@ -227,7 +228,7 @@ def replay_examples(
         if count_tokens(example.prompt) > max_prompt_tokens:
             found.counts["dropped_prompt_too_long"] += 1
             continue
-        kept.append(example)
+        kept.append(replace(example, commit=point.commit))
     examples, dropped = (
         capped_no_change(kept, no_change_share, seed) if no_change_share is not None else (kept, 0)
     )
@@ -285,11 +286,15 @@ class HistoryRead:
 
 
 def history_laps(
-    examples: Sequence[EditExample], seed: int, read: HistoryRead | None = None
+    examples: Sequence[EditExample],
+    seed: int,
+    read: HistoryRead | None = None,
+    known: Collection[str] = (),
 ) -> Iterator[tuple[int, EditExample]]:
-    """The examples lap after lap, each lap in a seeded order (a pure function of the seed, as
-    the trainer's resume needs), with the lap each is read in; the examples `read` has read in
-    its lap are left out of it."""
+    """The examples lap after lap, each lap in a seeded order (a pure function of its arguments,
+    as the trainer's resume needs), with the lap each is read in. The examples `read` has read in
+    its lap are left out of it, and the rest of that lap reads first the examples of commits
+    outside `known` (the commits the chain had trained on: these are the history's new ones)."""
     if not examples:
         return
     read = read or HistoryRead()
@@ -297,20 +302,27 @@ def history_laps(
     while True:
         order = list(range(len(examples)))
         seeded_random(seed, "edits", lap).shuffle(order)
-        for index in order:
-            if examples[index].key not in done:
-                yield lap, examples[index]
-        lap, done = lap + 1, frozenset()
+        rest = [examples[index] for index in order if examples[index].key not in done]
+        if known:
+            rest.sort(key=lambda example: example.commit in known)  # stable: new ones first
+        for example in rest:
+            yield lap, example
+        lap, done, known = lap + 1, frozenset(), ()
 
 
 def read_after(
-    examples: Sequence[EditExample], seed: int, read: HistoryRead, count: int
+    examples: Sequence[EditExample],
+    seed: int,
+    read: HistoryRead,
+    count: int,
+    known: Collection[str] = (),
 ) -> HistoryRead:
     """Where the chain stands once `count` more examples of `history_laps` are read: the keys of
     the lap it is then in that belong to `examples` (an example gone from the history is
     forgotten)."""
     lap, keys = read.lap, set(read.keys)
-    for _, (at, example) in zip(range(count), history_laps(examples, seed, read), strict=False):
+    laps = history_laps(examples, seed, read, known)
+    for _, (at, example) in zip(range(count), laps, strict=False):
         if at != lap:
             lap, keys = at, set()
         keys.add(example.key)

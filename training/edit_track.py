@@ -26,9 +26,11 @@ A version warm-started from another goes on reading the history where that one s
 version records which examples its chain has read in the current lap (`HistoryRead`, in its
 `edit_training.json`), and the next reads the rest of the lap, in the same seeded order, before
 it starts the next lap in an order of its own. A chain of versions thus reads what one long run
-would. Before, every version read the same seeded order from its start, so a 20-minute version
-warm-started from another read again the examples its predecessor had just learned (about a third
-of a 200-commit history) and never the rest.
+would, but that the rest of the lap starts with the examples of commits its predecessor did not
+train on (new commits since it ran: the user's latest work). Before, every version read the same
+seeded order from its start, so a 20-minute version warm-started from another read again the
+examples its predecessor had just learned (about a third of a 200-commit history) and never the
+rest.
 """
 
 from __future__ import annotations
@@ -241,17 +243,18 @@ def train_workspace_edits(
             f"{root}: no next-edit examples to train on (no git history with Python changes, "
             "and none kept from editing yet)"
         )
-    before = history_read_before(registry, trainable.warm_start.version)
-    tagged = _tagged_stream(history.train, live, settings.seed, before)
+    before, known = history_read_before(registry, trainable.warm_start.version)
+    tagged = _tagged_stream(history.train, live, settings.seed, before, known)
     trainer = trainable.trainer(settings, work_dir, device, EDIT_TEMPLATE)
     result = trainer.run(_untagged(tagged), budget, on_progress)
     result.warm_start = trainable.warm_start.summary()
     read = sum(tag == "history" for tag, _ in itertools.islice(tagged(), result.position))
-    after = read_after(history.train, settings.seed, before, read)
+    after = read_after(history.train, settings.seed, before, read, known)
     if history.train:
         history.summary["read"] = {
             "lap": before.lap,
             "unread_at_start": before.unread(history.train),
+            "new_commits": len(set(history.trained_commits) - set(known)) if known else None,
             "read": read,
             "lap_after": after.lap,
             "unread_after": after.unread(history.train),
@@ -274,29 +277,43 @@ def train_workspace_edits(
     return result
 
 
-def history_read_before(registry: AdapterRegistry, version: int | None) -> HistoryRead:
+def history_read_before(
+    registry: AdapterRegistry, version: int | None
+) -> tuple[HistoryRead, frozenset[str]]:
     """Where the chain a run warm-starts from (`version`; None: fresh) stands in the history's
-    examples: nothing read for a fresh run or a version that kept no record of it."""
+    examples, and the commits that version trained on: nothing read and no commits for a fresh
+    run or a version that kept no record of them."""
     if version is None:
-        return HistoryRead()
+        return HistoryRead(), frozenset()
     try:
-        record = read_edit_training(registry.path(version))
+        record = read_edit_training(registry.path(version)) or {}
     except AdapterRegistryError:
-        return HistoryRead()
-    return HistoryRead.from_record((record or {}).get("history_read"))
+        return HistoryRead(), frozenset()
+    commits = record.get("commits_list")
+    known = (
+        frozenset(c for c in commits if isinstance(c, str))
+        if isinstance(commits, list)
+        else frozenset()
+    )
+    return HistoryRead.from_record(record.get("history_read")), known
 
 
 Tagged = tuple[str, EditExample]
 
 
 def _tagged_stream(
-    history: Sequence[EditExample], live: Sequence[EditExample], seed: int, read: HistoryRead
+    history: Sequence[EditExample],
+    live: Sequence[EditExample],
+    seed: int,
+    read: HistoryRead,
+    known: frozenset[str],
 ) -> Callable[[], Iterator[Tagged]]:
     """The run's examples, each with where it came from ("history" or "live"): a pure function
     of its arguments, so the first `position` items are what the trainer read."""
 
     def make() -> Iterator[Tagged]:
-        replayed = (("history", example) for _, example in history_laps(history, seed, read))
+        laps = history_laps(history, seed, read, known)
+        replayed = (("history", example) for _, example in laps)
         kept = (("live", example) for example in live_laps(live, seed))
         if not live:
             return replayed

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,29 @@ def test_a_read_record_survives_its_file_and_a_damaged_one_starts_over() -> None
     # The key is the example's content: the same example made again has the same key.
     again = EditExample(examples[2].path, examples[2].prompt, "x = 1\n", examples[2].target, "live")
     assert again.key == examples[2].key and examples[1].key != examples[2].key
+
+
+def test_the_rest_of_a_lap_reads_the_new_commits_first() -> None:
+    old = [replace(e, commit="old") for e in _made(5)]
+    new = [replace(e, commit="new", path=f"n{k}.py") for k, e in enumerate(_made(3))]
+    examples = [*old, *new]
+    read = read_after(old, 1, HistoryRead(), 2)  # the predecessor read 2 of the 5 it had
+    laps = list(itertools.islice(history_laps(examples, 1, read, known={"old"}), 6 + 8))
+    # The rest of its lap: the 3 new examples, then the 3 old ones it had not read, each part in
+    # the lap's seeded order; then a whole lap in an order of its own.
+    assert [e.commit for _, e in laps[:6]] == ["new"] * 3 + ["old"] * 3
+    assert not {e.key for _, e in laps[3:6]} & read.keys
+    lap_order = [e.key for _, e in itertools.islice(history_laps(examples, 1), 8)]
+    assert [e.key for _, e in laps[:6]] == [
+        *(k for k in lap_order if k in {e.key for e in new}),
+        *(k for k in lap_order if k in {e.key for e in old} - read.keys),
+    ]
+    assert [at for at, _ in laps] == [0] * 6 + [1] * 8
+    next_lap = itertools.islice(history_laps(examples, 1, HistoryRead(1)), 8)
+    assert [e.key for _, e in laps[6:]] == [e.key for _, e in next_lap]
+    # Without the commits the predecessor trained on, nothing is new: the lap's own order.
+    plain = [e.key for _, e in itertools.islice(history_laps(examples, 1, read), 6)]
+    assert plain == [k for k in lap_order if k not in read.keys]
+    # Where the run stops is counted in the order it read.
+    after = read_after(examples, 1, read, 4, known={"old"})
+    assert after.lap == 0 and after.keys == read.keys | {e.key for _, e in laps[:4]}

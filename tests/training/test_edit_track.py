@@ -197,9 +197,16 @@ def test_a_warm_started_version_reads_the_history_where_its_predecessor_stopped(
     examples = first["edit_examples"]["history"]["train"]["examples"]
     assert examples["edit"] + examples["no_change"] == 6
     one, two = (r["edit_examples"]["history"]["read"] for r in (first, second))
-    assert one == {"lap": 0, "unread_at_start": 6, "read": 4, "lap_after": 0, "unread_after": 2}
+    assert one == {
+        **{"lap": 0, "unread_at_start": 6, "new_commits": None, "read": 4},
+        **{"lap_after": 0, "unread_after": 2},
+    }
     # The second reads the two examples the first did not, then starts a lap of its own.
-    assert two == {"lap": 0, "unread_at_start": 2, "read": 4, "lap_after": 1, "unread_after": 4}
+    # (No commit is new to it: the head has not moved.)
+    assert two == {
+        **{"lap": 0, "unread_at_start": 2, "new_commits": 0, "read": 4},
+        **{"lap_after": 1, "unread_after": 4},
+    }
     read_one, read_two = (
         set(read_edit_training(registry.path(v))["history_read"]["keys"])  # type: ignore[index]
         for v in (1, 2)
