@@ -256,6 +256,10 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
         # Its commits are many: checked here, and only counted in the report.
         if trained and set(trained.pop("commits_list", [])) & set(commits):
             report[name]["warning"] = "the adapter was trained on commits of this range"
+        read = (trained or {}).get("history_read")
+        if isinstance(read, dict) and isinstance(read.get("keys"), list):
+            # Where its chain stands in the history's examples: the lap and how many of it read.
+            trained["history_read"] = {"lap": read.get("lap"), "read": len(read["keys"])}
         screen = report[name]["configuration"].get("screen")
         if screen and screen_overlap(history, commits, screen):
             report[name]["screen_warning"] = "the screen was trained on commits of this range"

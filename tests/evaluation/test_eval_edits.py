@@ -20,7 +20,13 @@ from evaluation.edits.predicting import PredictionRun, predict_points
 from tabloop.cli import main
 from tests.support.git_repo import make_repo
 from tests.support.scripted_model import ScriptedModel
-from training.edit_examples import edit_example, history_at, token_windows
+from training.edit_examples import (
+    edit_example,
+    history_at,
+    read_edit_training,
+    token_windows,
+    write_edit_training,
+)
 from training.edit_replay import GitHistory, ReplayError, ReplaySettings, replay_commits
 from training.edit_training import export_snapshot
 
@@ -84,6 +90,11 @@ def test_train_on_older_commits_and_judge_on_newer(
     assert trained["training"]["samples"] == 4
     adapter = Path(trained["adapter"])
     assert (adapter / "edit_training.json").is_file()
+    # As the next-edit track writes it: where the adapter's chain stands in the history.
+    record = read_edit_training(adapter)
+    assert record is not None and "history_read" not in record
+    record["history_read"] = {"lap": 1, "keys": ["a" * 20, "b" * 20]}
+    write_edit_training(adapter, record)
 
     report = run(
         capsys,
@@ -113,6 +124,7 @@ def test_train_on_older_commits_and_judge_on_newer(
     trained_on = report["adapted"]["configuration"]["adapter_trained_on"]
     assert (trained_on["range"], trained_on["commit_count"]) == (trained["trained_on"]["range"], 5)
     assert "commits_list" not in trained_on
+    assert trained_on["history_read"] == {"lap": 1, "read": 2}  # counted, not listed
     assert "warning" not in report["adapted"]
     paired = report["paired"]
     assert set(paired) == {
