@@ -330,11 +330,9 @@ def read_after(
     return HistoryRead(lap, frozenset(keys & present))
 
 
-def stream_edit_examples(
-    examples: Sequence[EditExample], seed: int, read: HistoryRead | None = None
-) -> Iterator[FimExample]:
-    """`history_laps`' examples, as the trainer takes them."""
-    for _, example in history_laps(examples, seed, read):
+def stream_edit_examples(examples: Sequence[EditExample], seed: int) -> Iterator[FimExample]:
+    """`history_laps`' examples from the first lap, as the trainer takes them."""
+    for _, example in history_laps(examples, seed):
         yield example.fim()
 
 
