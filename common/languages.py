@@ -12,6 +12,7 @@ known everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -116,6 +117,14 @@ SPECIAL_FILENAMES: dict[str, str] = {
     "cmakelists.txt": "cmake",
 }
 
+DOCUMENT_LANGUAGES = frozenset({"markdown", "latex", "html", "xml", "yaml", "toml", "ini"})
+"""Languages of the table whose files are prose, markup or settings rather than a program's
+source."""
+SOURCE_LANGUAGES: tuple[str, ...] = tuple(
+    language.lsp_id for language in LANGUAGES if language.lsp_id not in DOCUMENT_LANGUAGES
+)
+"""The LSP ids of the source languages: every language of the table but `DOCUMENT_LANGUAGES`."""
+
 BY_ID: dict[str, Language] = {language.lsp_id: language for language in LANGUAGES}
 BY_EDITOR_ID: dict[str, Language] = {
     **{alias: language for language in LANGUAGES for alias in language.aliases},
@@ -164,3 +173,15 @@ def is_indented(lsp_id: str, path: str | None = None) -> bool:
     """Whether blocks of the language (by LSP id, else by `path`) are delimited by indentation."""
     language = BY_ID.get(lsp_id.lower()) or (language_for_path(path) if path else None)
     return language is not None and language.indented
+
+
+def extensions_for(lsp_ids: Iterable[str]) -> tuple[str, ...]:
+    """The file extensions (with the dot, sorted) of the languages `lsp_ids` (LSP ids or the
+    aliases editors send). Raises ValueError naming an id the table does not know."""
+    extensions: set[str] = set()
+    for lsp_id in lsp_ids:
+        language = BY_EDITOR_ID.get(lsp_id)
+        if language is None:
+            raise ValueError(f"unknown language {lsp_id!r} (an LSP id such as python or go)")
+        extensions.update(f".{extension}" for extension in language.extensions)
+    return tuple(sorted(extensions))

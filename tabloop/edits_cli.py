@@ -1,6 +1,6 @@
 """`tabloop train edits`: a next-edit adapter trained on a repository's older commits.
 
-    tabloop train edits --repo DIR [--commits RANGE | --before REV --last N]
+    tabloop train edits --repo DIR [--commits RANGE | --before REV --last N] [--languages IDS]
                         [--budget 20m | --samples N | --tokens N] [--completion-share S]
                         [--out DIR] [--json]
 
@@ -24,21 +24,30 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from common.languages import SOURCE_LANGUAGES
 from lsp_server import config
 from tabloop.model_cli import _Bar, _budget, train_settings_of, trainer_flags
-from training.edit_replay import DEFAULT_COMMITS, GitHistory, ReplayError
+from training.edit_replay import (
+    DEFAULT_COMMITS,
+    GitHistory,
+    ReplayError,
+    add_languages_argument,
+    files_named,
+    language_suffixes,
+)
 
 EDIT_RUNS = "edit-adapters"
 
 
-def _below(repo: Path, before: str | None) -> str:
+def _below(repo: Path, before: str | None, languages: tuple[str, ...] | None) -> str:
     """The revision whose ancestors are trained on: `before`, or the parent of the oldest
-    commit `tabloop eval edits` judges by default (its newest `DEFAULT_COMMITS`)."""
+    commit `tabloop eval edits` judges by default (its newest `DEFAULT_COMMITS` touching the
+    files of `languages`)."""
     if before is not None:
         return before
-    judged = GitHistory(repo).commits(None, DEFAULT_COMMITS, (".py",))
+    judged = GitHistory(repo).commits(None, DEFAULT_COMMITS, language_suffixes(languages))
     if not judged:
-        raise ReplayError(f"{repo}: no commits touching Python files")
+        raise ReplayError(f"{repo}: no commits touching {files_named(languages)}")
     return f"{judged[0]}^"
 
 
@@ -55,6 +64,7 @@ def train_edits_main(argv: list[str]) -> int:
     parser.add_argument(
         "--last", type=int, default=400, help="without --commits: this many commits (0: all)"
     )
+    add_languages_argument(parser)
     parser.add_argument("--out", help="run directory (default: under the cache directory)")
     trainer_flags(parser)
     parser.add_argument("--no-change-share", type=float, default=0.3)
@@ -89,7 +99,8 @@ def train_edits_main(argv: list[str]) -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
     bar = _Bar(enabled=not args.json)
     try:
-        commits = args.commits or _below(repo, args.before)
+        suffixes = language_suffixes(args.languages)
+        commits = args.commits or _below(repo, args.before, args.languages)
         result, trained = train_edits(
             repo,
             commits=commits,
@@ -104,6 +115,7 @@ def train_edits_main(argv: list[str]) -> int:
             completion_share=args.completion_share,
             on_progress=bar,
             device=args.device,
+            suffixes=suffixes,
         )
     except (ReplayError, ValueError) as exc:
         raise SystemExit(f"tabloop train edits: {exc}") from None
@@ -112,11 +124,12 @@ def train_edits_main(argv: list[str]) -> int:
     record = trained.record()
     newest = record.pop("commits_list")[-1]
     history = GitHistory(repo)
-    newer = history.commits(f"{newest}..HEAD", 0, (".py",))
+    newer = history.commits(f"{newest}..HEAD", 0, suffixes)
     report: dict[str, Any] = {
         "command": "tabloop train edits " + " ".join(argv),
         "adapter": result.adapter,
         "trained_on": record,
+        "languages": list(args.languages or SOURCE_LANGUAGES),
         # What is left to judge it on: the commits after the newest it was trained on.
         "newer_commits": {"range": history.describe_range(newer), "count": len(newer)},
         "training": asdict(result),
@@ -130,8 +143,8 @@ def train_screen_main(argv: list[str]) -> int:
     histories of one or more repositories (`training.edit_screen`), no model run.
 
         tabloop train edit-screen --repo DIR [--repo DIR ...] [--commits RANGE |
-                                  --before REV --last N] [--judge-repo DIR ...] [--below P]
-                                  [--out FILE] --json
+                                  --before REV --last N] [--languages IDS]
+                                  [--judge-repo DIR ...] [--below P] [--out FILE] --json
 
     Each repository's commits default to the `--last` below those `tabloop eval edits` judges;
     the report judges the screen on the commits after them (at most the number `tabloop eval
@@ -145,6 +158,7 @@ def train_screen_main(argv: list[str]) -> int:
     parser.add_argument("--commits", help="commit range A..B to train on (one --repo only)")
     parser.add_argument("--before", help="without --commits: train on commits below this")
     parser.add_argument("--last", type=int, default=400, help="without --commits: this many")
+    add_languages_argument(parser)
     parser.add_argument(
         "--judge-repo",
         action="append",
@@ -170,23 +184,25 @@ def train_screen_main(argv: list[str]) -> int:
     count_tokens = _token_counter(settings)
     trained, judged = [], []
     try:
+        suffixes = language_suffixes(args.languages)
         for name in args.repo:
             repo = Path(name).resolve()
             history = GitHistory(repo)
             if args.commits:
-                commits = history.commits(args.commits, 0, (".py",))
+                commits = history.commits(args.commits, 0, suffixes)
             else:
-                commits = history.commits(_below(repo, args.before), args.last, (".py",))
+                older = _below(repo, args.before, args.languages)
+                commits = history.commits(older, args.last, suffixes)
             if not commits:
-                raise ReplayError(f"{repo}: no commits touching Python files to train on")
-            trained.append(screen_rows(history, commits, count_tokens, next_edit))
-            newer = history.commits(f"{commits[-1]}..HEAD", DEFAULT_COMMITS, (".py",))
+                raise ReplayError(f"{repo}: no commits touching {files_named(args.languages)}")
+            trained.append(screen_rows(history, commits, count_tokens, next_edit, suffixes))
+            newer = history.commits(f"{commits[-1]}..HEAD", DEFAULT_COMMITS, suffixes)
             if newer:
-                judged.append(screen_rows(history, newer, count_tokens, next_edit))
+                judged.append(screen_rows(history, newer, count_tokens, next_edit, suffixes))
         for name in args.judge_repo:
             history = GitHistory(Path(name).resolve())
-            newest = history.commits(None, DEFAULT_COMMITS, (".py",))
-            judged.append(screen_rows(history, newest, count_tokens, next_edit))
+            newest = history.commits(None, DEFAULT_COMMITS, suffixes)
+            judged.append(screen_rows(history, newest, count_tokens, next_edit, suffixes))
         screen = fit_screen(trained)
     except (ReplayError, ValueError) as exc:
         raise SystemExit(f"tabloop train edit-screen: {exc}") from None
@@ -198,6 +214,7 @@ def train_screen_main(argv: list[str]) -> int:
         "model": settings.completion.model,
         "next_edit": next_edit.model_dump(),
         "below": below,
+        "languages": list(args.languages or SOURCE_LANGUAGES),
         "screen": body,
         "trained": [judge_screen(screen, rows, below) | rows.described for rows in trained],
         "judged": [judge_screen(screen, rows, below) | rows.described for rows in judged],
@@ -227,10 +244,11 @@ def eval_screen_main(argv: list[str]) -> int:
     history as it grows would beat the bundled one there (`training.edit_screen.replay_refits`);
     no model runs.
 
-        tabloop eval edit-screen --repo DIR [--commits RANGE | --last N] [--below P]
-                                 [--screen FILE] --json
+        tabloop eval edit-screen --repo DIR [--commits RANGE | --last N] [--languages IDS]
+                                 [--below P] [--screen FILE] --json
 
-    The points of the commits (by default the newest 400 touching Python), oldest first, stand
+    The points of the commits (by default the newest 400 touching source files), oldest first,
+    stand
     for the workspace's examples in the order its user made them. Each point is judged by the
     screen in use before it, for each way of refitting (`training.edit_screen.REFITS`), against
     the start screen kept throughout, on the same points.
@@ -241,6 +259,7 @@ def eval_screen_main(argv: list[str]) -> int:
     parser.add_argument("--repo", required=True, help="a git repository")
     parser.add_argument("--commits", help="commit range A..B to replay")
     parser.add_argument("--last", type=int, default=400, help="without --commits: this many")
+    add_languages_argument(parser)
     parser.add_argument(
         "--below", type=float, help="the screen's threshold (default: nextEdit.screenBelow)"
     )
@@ -257,10 +276,11 @@ def eval_screen_main(argv: list[str]) -> int:
     try:
         start = load_screen(args.screen)
         history = GitHistory(repo)
-        commits = history.commits(args.commits, 0 if args.commits else args.last, (".py",))
+        suffixes = language_suffixes(args.languages)
+        commits = history.commits(args.commits, 0 if args.commits else args.last, suffixes)
         if not commits:
-            raise ReplayError(f"{repo}: no commits touching Python files")
-        rows = screen_rows(history, commits, _token_counter(settings), next_edit)
+            raise ReplayError(f"{repo}: no commits touching {files_named(args.languages)}")
+        rows = screen_rows(history, commits, _token_counter(settings), next_edit, suffixes)
     except (ReplayError, ScreenError, ValueError) as exc:
         raise SystemExit(f"tabloop eval edit-screen: {exc}") from None
     trained_on = [str(h.get("repo")) for h in start.trained_on.get("histories", [])]
@@ -269,6 +289,7 @@ def eval_screen_main(argv: list[str]) -> int:
         "model": settings.completion.model,
         "next_edit": next_edit.model_dump(),
         "below": below,
+        "languages": list(args.languages or SOURCE_LANGUAGES),
         "start_screen": args.screen or "bundled",
         "start_screen_trained_on": trained_on,
         "history": rows.described,

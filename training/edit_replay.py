@@ -22,6 +22,7 @@ turns points of older commits into training examples.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import random
 import re
@@ -33,6 +34,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+from common.languages import SOURCE_LANGUAGES, extensions_for
 from completion.next_edit.text import lines_of
 
 WINDOW_LINES = 10
@@ -46,8 +48,14 @@ PROMPT_EDITS = 3
 """Recent edits a next-edit prompt shows (Sweep's 3): a huge hunk among them spoils a point."""
 DEFAULT_COMMITS = 100
 ALL_SUBSETS_UP_TO = 6  # upcoming hunks (`EditPoint.is_upcoming`): 63 combinations at most
-GENERATED_NAMES = re.compile(r"(_pb2(_grpc)?\.py|\.pb\.py|_version\.py)$")
+GENERATED_NAMES = re.compile(
+    r"(_pb2(_grpc)?\.pyi?|\.pb\.(py|go|cc|h)|_version\.py|\.min\.(js|css))$"
+)
 GENERATED_MARK = re.compile(r"generated|do not edit", re.IGNORECASE)
+
+SOURCE_SUFFIXES = extensions_for(SOURCE_LANGUAGES)
+"""The extensions of every source language `common.languages` knows (not prose, markup or
+settings)."""
 
 PointKind = Literal["edit", "no_change_after_last", "no_change_outside_window"]
 
@@ -58,6 +66,33 @@ WindowRule = Callable[[Sequence[str], int], "tuple[int, int] | None"]
 
 class ReplayError(ValueError):
     """The repository or the commit range cannot be replayed (with the reason)."""
+
+
+def language_suffixes(languages: Sequence[str] | None) -> tuple[str, ...]:
+    """The file suffixes a replay of `languages` (LSP ids, such as `python` or `go`) reads;
+    every source language's when None or empty. Raises `ReplayError` for an id not known."""
+    if not languages:
+        return SOURCE_SUFFIXES
+    try:
+        return extensions_for(languages)
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from exc
+
+
+def add_languages_argument(parser: argparse.ArgumentParser) -> None:
+    """`--languages python,go`: the languages a command replays (default: every source one)."""
+    parser.add_argument(
+        "--languages",
+        type=lambda text: tuple(name.strip() for name in text.split(",") if name.strip()),
+        metavar="IDS",
+        help="replay only these languages' files: LSP ids, comma-separated "
+        "(default: every source language)",
+    )
+
+
+def files_named(languages: Sequence[str] | None) -> str:
+    """The files a replay of `languages` reads, in words (for messages)."""
+    return f"{', '.join(languages)} files" if languages else "source files"
 
 
 @dataclass(frozen=True)
@@ -71,7 +106,8 @@ class ReplaySettings:
     max_file_bytes: int = MAX_FILE_BYTES
     max_history: int = MAX_HISTORY
     prompt_edits: int = PROMPT_EDITS
-    suffixes: tuple[str, ...] = (".py",)
+    suffixes: tuple[str, ...] = SOURCE_SUFFIXES
+    """The files replayed: those whose name ends so (default: every source language's)."""
 
 
 @dataclass(frozen=True)
@@ -393,8 +429,11 @@ class GitHistory:
         )
         return done.stdout
 
-    def commits(self, commits: str | None, count: int, suffixes: Sequence[str]) -> list[str]:
-        """Non-merge commits touching files with `suffixes`, oldest first: those of the range
+    def commits(
+        self, commits: str | None, count: int, suffixes: Sequence[str] = SOURCE_SUFFIXES
+    ) -> list[str]:
+        """Non-merge commits touching files with `suffixes` (default: source files of every
+        language `common.languages` knows), oldest first: those of the range
         `commits` (`A..B`, or one revision and its ancestors), the newest `count` of them (0:
         all)."""
         limit = ["--max-count", str(count)] if count else []

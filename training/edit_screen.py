@@ -25,7 +25,13 @@ from completion.next_edit.prompt import settings_window
 from completion.next_edit.screen import FEATURES, EditScreen, screen_features
 from completion.next_edit.text import document_lines
 from training.edit_examples import history_at, token_windows
-from training.edit_replay import EditPoint, GitHistory, ReplaySettings, replay_commits
+from training.edit_replay import (
+    SOURCE_SUFFIXES,
+    EditPoint,
+    GitHistory,
+    ReplaySettings,
+    replay_commits,
+)
 
 REGULARISATION = 1.0
 """scikit-learn's C (inverse L2 strength) on standardised inputs."""
@@ -65,12 +71,14 @@ def screen_rows(
     commits: Sequence[str],
     count_tokens: Callable[[str], int],
     settings: NextEditSettings,
+    suffixes: tuple[str, ...] = SOURCE_SUFFIXES,
 ) -> ScreenRows:
-    """Every point of `commits` (oldest first) with its inputs and label."""
+    """Every point of `commits` (oldest first) in files with `suffixes` (default: every source
+    language's), with its inputs and label."""
     points, counts = replay_commits(
         history,
         commits,
-        ReplaySettings(window_lines=settings.window_lines),
+        ReplaySettings(window_lines=settings.window_lines, suffixes=suffixes),
         token_windows(count_tokens, settings),
     )
     rows, labels = [], []

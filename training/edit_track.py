@@ -12,9 +12,10 @@ and feedback alone (`--task completion`).
 
 A next-edit run trains on:
 - the workspace's git history, where there is one: the newest `HISTORY_COMMITS` commits touching
-  Python files replayed as edits (`training.edit_replay`, as `tabloop train edits` does), less the
-  newest `JUDGED_COMMITS`, whose points judge the version (all of them, as the history has them:
-  mostly "no change", where a model that writes needless edits loses what it gains elsewhere);
+  source files (of every language `common.languages` knows) replayed as edits
+  (`training.edit_replay`, as `tabloop train edits` does), less the newest `JUDGED_COMMITS`,
+  whose points judge the version (all of them, as the history has them: mostly "no change",
+  where a model that writes needless edits loses what it gains elsewhere);
 - the examples the server kept from the user's own editing (`training.edit_store`), less the
   newest, held out for judging (`training.workspace.live_edit_examples`), `LIVE_SHARE` of what
   it reads while there are any.
@@ -71,7 +72,7 @@ from training.workspace import (
 EDIT_TRACK = "next-edit"
 """The next-edit registry's directory under a workspace's adapter directory."""
 HISTORY_COMMITS = 200
-"""The newest commits touching Python files a next-edit run replays from the workspace's history
+"""The newest commits touching source files a next-edit run replays from the workspace's history
 (about 20 minutes of training reads a few hundred of their examples on a 2-core CPU)."""
 JUDGED_COMMITS = 10
 """Of those, the newest: never trained on, their points judge the version."""
@@ -107,10 +108,10 @@ def history_head(root: Path) -> str | None:
 def split_commits(
     history: GitHistory, head: str, count: int = HISTORY_COMMITS, judged: int = JUDGED_COMMITS
 ) -> tuple[list[str], list[str]]:
-    """The newest `count` commits touching Python files below `head` (oldest first), split into
+    """The newest `count` commits touching source files below `head` (oldest first), split into
     those trained on and the newest `judged` (fewer when the history is short: at least half
     of it is trained on)."""
-    commits = history.commits(head, count, (".py",))
+    commits = history.commits(head, count)
     held = min(judged, len(commits) // 2)
     return commits[: len(commits) - held], commits[len(commits) - held :]
 
@@ -240,8 +241,8 @@ def train_workspace_edits(
     if not live and not history.train:
         (work_dir / PLAN_FILE).unlink(missing_ok=True)  # nothing started: no run to resume
         raise ValueError(
-            f"{root}: no next-edit examples to train on (no git history with Python changes, "
-            "and none kept from editing yet)"
+            f"{root}: no next-edit examples to train on (no git history with changes to "
+            "source files, and none kept from editing yet)"
         )
     before, known = history_read_before(registry, trainable.warm_start.version)
     tagged = _tagged_stream(history.train, live, settings.seed, before, known)

@@ -37,7 +37,13 @@ from training.edit_examples import (
     token_windows,
     write_edit_training,
 )
-from training.edit_replay import GitHistory, ReplayError, ReplaySettings, replay_commits
+from training.edit_replay import (
+    SOURCE_SUFFIXES,
+    GitHistory,
+    ReplayError,
+    ReplaySettings,
+    replay_commits,
+)
 from training.examples import FimExample, split_files, stream_code_examples, workspace_files
 from training.trainer import Progress, Trainer, TrainResult, TrainSettings, mixed_stream
 from training.workspace import load_trainable
@@ -83,10 +89,12 @@ def train_edits(
     completion_share: float = 0.0,
     on_progress: Callable[[Progress], None] | None = None,
     device: str | None = None,
+    suffixes: tuple[str, ...] = SOURCE_SUFFIXES,
 ) -> tuple[TrainResult, EditTraining]:
     """Train in `work_dir` (resuming there) on the commits `commits` of `repo` (a range `A..B`,
-    or the newest `last` non-merge commits touching Python files below the revision it names),
-    `completion_share` of the examples completions of the files at the newest of them."""
+    or the newest `last` non-merge commits touching files with `suffixes`, by default every
+    source language's, below the revision it names), `completion_share` of the examples
+    completions of the files at the newest of them."""
     if not 0.0 <= completion_share <= 1.0:
         raise ValueError(f"completion_share must be in [0, 1], not {completion_share}")
     same_shares(
@@ -94,9 +102,9 @@ def train_edits(
     )
     next_edit = next_edit or NextEditSettings()
     history = GitHistory(repo)
-    chosen = history.commits(commits, last, (".py",))
+    chosen = history.commits(commits, last, suffixes)
     if not chosen:
-        raise ValueError(f"{repo}: no commits touching Python files in {commits or 'HEAD'}")
+        raise ValueError(f"{repo}: no commits touching the files replayed in {commits or 'HEAD'}")
     completions: dict[str, Any] | None = None
     code_files: list[str] = []
     if completion_share > 0:
@@ -120,7 +128,7 @@ def train_edits(
     points, counts = replay_commits(
         history,
         chosen,
-        ReplaySettings(window_lines=next_edit.window_lines),
+        ReplaySettings(window_lines=next_edit.window_lines, suffixes=suffixes),
         token_windows(count_tokens, next_edit),
     )
     # The trainer keeps the last three quarters of its prompt budget for the text before the

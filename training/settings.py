@@ -41,7 +41,7 @@ class TrainingLoopSettings(BaseModel):
     min_new_commits: int = Field(
         20,
         ge=1,
-        description="New commits touching Python files in the workspace's git history since the "
+        description="New commits touching source files in the workspace's git history since the "
         "last next-edit run (all of them before the first) that make a next-edit run due, where "
         "next edits train apart (`nextEdit.engine` `torch-bfloat16`).",
     )

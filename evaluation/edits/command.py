@@ -1,10 +1,11 @@
 """`tabloop eval edits`: next-edit predictions judged on a repository's replayed commit history.
 
-    tabloop eval edits --repo DIR [--commits RANGE | --last N] --n N [--seed S]
-                       [--adapter PATH [--compare | --baseline-adapter PATH]]
+    tabloop eval edits --repo DIR [--commits RANGE | --last N] [--languages IDS] --n N
+                       [--seed S] [--adapter PATH [--compare | --baseline-adapter PATH]]
                        [--answers FILE] --json
 
-The commits (`--commits A..B`, or the newest `--last` non-merge commits touching Python files)
+The commits (`--commits A..B`, or the newest `--last` non-merge commits touching source files:
+of every language `common.languages` knows but prose, markup and settings, or of `--languages`)
 are replayed as edits (`training.edit_replay`), with the windows the predictor itself would
 rewrite (its token budget counted by the model's tokenizer); `--n` points are drawn with the
 seed and the configured completion model (default engine, the repository's tabloop
@@ -28,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from common.languages import SOURCE_LANGUAGES
 from common.machine import cpu_description
 from completion.next_edit import NextEditPredictor, NextEditSettings
 from completion.next_edit.runner import load_next_edit_runner, next_edit_engine
@@ -45,6 +47,9 @@ from training.edit_replay import (
     GitHistory,
     ReplayError,
     ReplaySettings,
+    add_languages_argument,
+    files_named,
+    language_suffixes,
     replay_commits,
     sample_points,
 )
@@ -145,11 +150,14 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
     repo = Path(args.repo).resolve()
     try:
         history = GitHistory(repo)
-        commits = history.commits(args.commits, args.last if not args.commits else 0, (".py",))
+        suffixes = language_suffixes(args.languages)
+        commits = history.commits(args.commits, args.last if not args.commits else 0, suffixes)
     except ReplayError as exc:
         raise SystemExit(f"tabloop eval edits: {exc}") from None
     if not commits:
-        raise SystemExit(f"tabloop eval edits: no commits touching Python files in {repo}")
+        raise SystemExit(
+            f"tabloop eval edits: no commits touching {files_named(args.languages)} in {repo}"
+        )
     if args.compare and args.baseline_adapter:
         raise SystemExit("tabloop eval edits: --compare (the base model) or --baseline-adapter")
     if (args.compare or args.baseline_adapter) and not args.adapter:
@@ -194,12 +202,16 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
         runner = _load(completion, next_edit, cache_dir)
         try:
             if number == 0:  # the windows are the tokenizer's: the same for every run
-                replay = ReplaySettings(window_lines=next_edit.window_lines)
+                replay = ReplaySettings(window_lines=next_edit.window_lines, suffixes=suffixes)
                 found, counts = replay_commits(
                     history, commits, replay, token_windows(runner.count_tokens, next_edit)
                 )
                 points = sample_points(found, args.n, args.seed)
-                report["replay"] = {**counts.summary(), "points_found": len(found)}
+                report["replay"] = {
+                    **counts.summary(),
+                    "points_found": len(found),
+                    "languages": list(args.languages or SOURCE_LANGUAGES),
+                }
                 report["points"] = {
                     "n": len(points),
                     "edits_due": sum(1 for p in points if p.expects_change),
@@ -274,8 +286,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--last",
         type=int,
         default=DEFAULT_COMMITS,
-        help="the newest non-merge commits touching Python files (without --commits)",
+        help="the newest non-merge commits touching the languages' files (without --commits)",
     )
+    add_languages_argument(parser)
     parser.add_argument("--n", type=int, default=200, help="prediction points to draw")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--adapter", help="adapter directory (e.g. from tabloop train edits)")

@@ -325,9 +325,9 @@ class TrainingLoopFeature:
             since = self.record.edits_head
             span = f"{since}..HEAD" if since else "HEAD"
             try:
-                commits = len(history.commits(span, settings.min_new_commits, (".py",)))
+                commits = len(history.commits(span, settings.min_new_commits))
             except ValueError:  # the commit is gone (a rewritten history): count from none
-                commits = len(history.commits("HEAD", settings.min_new_commits, (".py",)))
+                commits = len(history.commits("HEAD", settings.min_new_commits))
         return Material(0, 0, unfinished, None, new_edits, commits)
 
     def _edit_store(self) -> EditExampleStore | None:

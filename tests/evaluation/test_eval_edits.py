@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from common.languages import SOURCE_LANGUAGES
 from completion.next_edit import NextEditPredictor, NextEditSettings
 from completion.next_edit.prompt import FILE_SEP
 from completion.next_edit.screen import BUNDLED, load_screen
@@ -107,6 +108,7 @@ def test_train_on_older_commits_and_judge_on_newer(
     assert report["cpu"]["cores"] == os.cpu_count()  # the machine the figures are from
     # Three commits of two hunks each: an edit point and a no-change point each; four drawn.
     assert report["replay"]["points"] == {"edit": 3, "no_change_after_last": 3}
+    assert report["replay"]["languages"] == list(SOURCE_LANGUAGES)  # the default: every one
     assert report["points"]["n"] == 4
     for name in ("adapted", "base"):
         run_report = report[name]
@@ -251,10 +253,16 @@ def test_bad_arguments_are_clear_errors(repo: tuple[Path, list[str]], tmp_path: 
         main(["eval", "edits", "--repo", str(root), "--answers", str(tmp_path)])
     with pytest.raises(SystemExit, match=r"completion_share must be in \[0, 1\]"):
         main(["train", "edits", "--repo", str(root), "--completion-share", "1.5"])
-    with pytest.raises(SystemExit, match="no commits touching Python"):
+    with pytest.raises(SystemExit, match="no commits touching source files"):
         main(["train", "edit-screen", "--repo", str(root), "--commits", "HEAD..HEAD"])
-    with pytest.raises(SystemExit, match="no commits touching Python"):
+    with pytest.raises(SystemExit, match="no commits touching source files"):
         main(["eval", "edit-screen", "--repo", str(root), "--commits", "HEAD..HEAD"])
+    # The repository holds Python alone: no Go commit to judge, and a language not known.
+    with pytest.raises(SystemExit, match="no commits touching go files"):
+        main(["eval", "edits", "--repo", str(root), "--languages", "go"])
+    for command in (["eval", "edits"], ["train", "edits"], ["eval", "edit-screen"]):
+        with pytest.raises(SystemExit, match="unknown language 'klingon'"):
+            main([*command, "--repo", str(root), "--languages", "python,klingon"])
     with pytest.raises(SystemExit, match="cannot read the screen"):
         main(["eval", "edit-screen", "--repo", str(root), "--screen", str(tmp_path / "none")])
 

@@ -9,11 +9,13 @@ import pytest
 from completion.next_edit.diff import reverts
 from tests.support.git_repo import git, make_repo
 from training.edit_replay import (
+    SOURCE_SUFFIXES,
     FileChange,
     GitHistory,
     ReplayedEdit,
     ReplayError,
     ReplaySettings,
+    language_suffixes,
     replay_commits,
     sample_points,
 )
@@ -155,6 +157,51 @@ def test_bad_repositories_and_ranges_are_clear_errors(tmp_path: Path) -> None:
     make_repo(tmp_path / "r", [{"a.py": "x = 1\n"}])
     with pytest.raises(ReplayError, match="no-such-rev"):
         GitHistory(tmp_path / "r").commits("no-such-rev..HEAD", 0, (".py",))
+
+
+GO_BEFORE = "".join(f"func f{i}(x int) int {{\n\treturn x + {i}\n}}\n" for i in range(20))
+
+
+def test_every_source_language_is_replayed_and_documents_are_not(tmp_path: Path) -> None:
+    """A workspace in Go (or any language of the table) has a history to learn from; prose,
+    settings and minified files make no points; `--languages` narrows the replay."""
+    doc = "".join(f"Line {i} of the guide.\n" for i in range(40))
+    bundle = "".join(f"var a{i}={i};\n" for i in range(40))
+    root = tmp_path / "go"
+    ids = make_repo(
+        root,
+        [
+            {"main.go": GO_BEFORE, "README.md": doc, "app.min.js": bundle, "a.py": "x = 1\n"},
+            {"README.md": doc.replace("Line 3 ", "Row 3 ")},  # prose alone: not a source commit
+            {
+                "main.go": GO_BEFORE.replace("return x + 4\n", "return x * 4\n"),
+                "README.md": doc.replace("Line 5 ", "Row 5 "),
+                "app.min.js": bundle.replace("a7=7", "a7=8"),
+            },
+        ],
+    )
+    history = GitHistory(root)
+    assert {".py", ".pyi", ".go", ".ts", ".tsx", ".rs", ".java", ".sh"} <= set(SOURCE_SUFFIXES)
+    assert not {".md", ".yaml", ".toml", ".html"} & set(SOURCE_SUFFIXES)
+    assert language_suffixes(None) == SOURCE_SUFFIXES
+    assert language_suffixes(("go",)) == (".go",)
+    assert language_suffixes(("sh",)) == (".bash", ".sh", ".zsh")  # an editor's alias
+
+    # The prose-only commit is not among the commits replayed.
+    assert history.commits(None, 0) == [ids[0], ids[2]]
+    points, counts = replay_commits(history, history.commits(None, 0), ReplaySettings())
+    assert {p.path for p in points} == {"main.go"}
+    assert [p.key for p in points] == [f"{ids[2][:12]}:main.go:1"]
+    assert points[0].kind == "no_change_after_last"
+    assert counts.files["generated"] == 1 and counts.files["replayed"] == 1
+
+    # Only Python: the Go change is not read, and no commit after the first touches Python.
+    python = language_suffixes(("python",))
+    assert history.commits(None, 0, python) == [ids[0]]
+    only_python, _ = replay_commits(history, [ids[2]], ReplaySettings(suffixes=python))
+    assert only_python == []
+    with pytest.raises(ReplayError, match="unknown language 'cobol'"):
+        language_suffixes(("go", "cobol"))
 
 
 def test_hunks_are_made_top_to_bottom() -> None:
