@@ -443,7 +443,7 @@ class GitHistory:
             *limit,
             commits or "HEAD",
             "--",
-            *(f"*{suffix}" for suffix in suffixes),
+            *(f":(icase)*{suffix}" for suffix in suffixes),
         ).split()
         return listed[::-1]
 
@@ -468,7 +468,7 @@ class GitHistory:
         ).splitlines()
         for row in listing:
             status, _, path = row.partition("\t")
-            if not path.endswith(settings.suffixes):
+            if not path.lower().endswith(settings.suffixes):
                 continue
             if status != "M":
                 counts.files[{"A": "added", "D": "deleted"}.get(status, f"status_{status}")] += 1

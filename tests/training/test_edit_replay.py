@@ -162,6 +162,9 @@ def test_bad_repositories_and_ranges_are_clear_errors(tmp_path: Path) -> None:
 GO_BEFORE = "".join(f"func f{i}(x int) int {{\n\treturn x + {i}\n}}\n" for i in range(20))
 
 
+R_BEFORE = "".join(f"d{i} <- read.csv('d{i}.csv')\n" for i in range(6)) + "fit <- lm(y ~ x)\n"
+
+
 def test_every_source_language_is_replayed_and_documents_are_not(tmp_path: Path) -> None:
     """A workspace in Go (or any language of the table) has a history to learn from; prose,
     settings and minified files make no points; `--languages` narrows the replay."""
@@ -171,13 +174,20 @@ def test_every_source_language_is_replayed_and_documents_are_not(tmp_path: Path)
     ids = make_repo(
         root,
         [
-            {"main.go": GO_BEFORE, "README.md": doc, "app.min.js": bundle, "a.py": "x = 1\n"},
+            {
+                "main.go": GO_BEFORE,
+                "README.md": doc,
+                "app.min.js": bundle,
+                "a.py": "x = 1\n",
+                "fit.R": R_BEFORE,
+            },
             {"README.md": doc.replace("Line 3 ", "Row 3 ")},  # prose alone: not a source commit
             {
                 "main.go": GO_BEFORE.replace("return x + 4\n", "return x * 4\n"),
                 "README.md": doc.replace("Line 5 ", "Row 5 "),
                 "app.min.js": bundle.replace("a7=7", "a7=8"),
             },
+            {"fit.R": R_BEFORE.replace("y ~ x", "y ~ x + z")},  # R's own spelling: upper case
         ],
     )
     history = GitHistory(root)
@@ -188,12 +198,12 @@ def test_every_source_language_is_replayed_and_documents_are_not(tmp_path: Path)
     assert language_suffixes(("sh",)) == (".bash", ".sh", ".zsh")  # an editor's alias
 
     # The prose-only commit is not among the commits replayed.
-    assert history.commits(None, 0) == [ids[0], ids[2]]
+    assert history.commits(None, 0) == [ids[0], ids[2], ids[3]]
     points, counts = replay_commits(history, history.commits(None, 0), ReplaySettings())
-    assert {p.path for p in points} == {"main.go"}
-    assert [p.key for p in points] == [f"{ids[2][:12]}:main.go:1"]
+    assert [p.key for p in points] == [f"{ids[2][:12]}:main.go:1", f"{ids[3][:12]}:fit.R:1"]
     assert points[0].kind == "no_change_after_last"
-    assert counts.files["generated"] == 1 and counts.files["replayed"] == 1
+    assert counts.files["generated"] == 1 and counts.files["replayed"] == 2
+    assert counts.commits == 3
 
     # Only Python: the Go change is not read, and no commit after the first touches Python.
     python = language_suffixes(("python",))
