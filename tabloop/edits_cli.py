@@ -24,7 +24,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from common.languages import SOURCE_LANGUAGES
 from lsp_server import config
 from tabloop.model_cli import _Bar, _budget, train_settings_of, trainer_flags
 from training.edit_replay import (
@@ -34,6 +33,7 @@ from training.edit_replay import (
     add_languages_argument,
     files_named,
     language_suffixes,
+    languages_replayed,
 )
 
 EDIT_RUNS = "edit-adapters"
@@ -129,7 +129,7 @@ def train_edits_main(argv: list[str]) -> int:
         "command": "tabloop train edits " + " ".join(argv),
         "adapter": result.adapter,
         "trained_on": record,
-        "languages": list(args.languages or SOURCE_LANGUAGES),
+        "languages": languages_replayed(args.languages),
         # What is left to judge it on: the commits after the newest it was trained on.
         "newer_commits": {"range": history.describe_range(newer), "count": len(newer)},
         "training": asdict(result),
@@ -214,7 +214,7 @@ def train_screen_main(argv: list[str]) -> int:
         "model": settings.completion.model,
         "next_edit": next_edit.model_dump(),
         "below": below,
-        "languages": list(args.languages or SOURCE_LANGUAGES),
+        "languages": languages_replayed(args.languages),
         "screen": body,
         "trained": [judge_screen(screen, rows, below) | rows.described for rows in trained],
         "judged": [judge_screen(screen, rows, below) | rows.described for rows in judged],
@@ -248,10 +248,9 @@ def eval_screen_main(argv: list[str]) -> int:
                                  [--below P] [--screen FILE] --json
 
     The points of the commits (by default the newest 400 touching source files), oldest first,
-    stand
-    for the workspace's examples in the order its user made them. Each point is judged by the
-    screen in use before it, for each way of refitting (`training.edit_screen.REFITS`), against
-    the start screen kept throughout, on the same points.
+    stand for the workspace's examples in the order its user made them. Each point is judged by
+    the screen in use before it, for each way of refitting (`training.edit_screen.REFITS`),
+    against the start screen kept throughout, on the same points.
     """
     parser = argparse.ArgumentParser(
         prog="tabloop eval edit-screen", description=eval_screen_main.__doc__
@@ -289,7 +288,7 @@ def eval_screen_main(argv: list[str]) -> int:
         "model": settings.completion.model,
         "next_edit": next_edit.model_dump(),
         "below": below,
-        "languages": list(args.languages or SOURCE_LANGUAGES),
+        "languages": languages_replayed(args.languages),
         "start_screen": args.screen or "bundled",
         "start_screen_trained_on": trained_on,
         "history": rows.described,

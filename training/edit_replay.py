@@ -95,6 +95,12 @@ def files_named(languages: Sequence[str] | None) -> str:
     return f"{', '.join(languages)} files" if languages else "source files"
 
 
+def languages_replayed(languages: Sequence[str] | None) -> list[str]:
+    """The LSP ids a replay of `languages` reads, as a report names them (every source
+    language's when None or empty)."""
+    return list(languages or SOURCE_LANGUAGES)
+
+
 @dataclass(frozen=True)
 class ReplaySettings:
     """What decides which points a history makes."""

@@ -29,7 +29,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from common.languages import SOURCE_LANGUAGES
 from common.machine import cpu_description
 from completion.next_edit import NextEditPredictor, NextEditSettings
 from completion.next_edit.runner import load_next_edit_runner, next_edit_engine
@@ -50,6 +49,7 @@ from training.edit_replay import (
     add_languages_argument,
     files_named,
     language_suffixes,
+    languages_replayed,
     replay_commits,
     sample_points,
 )
@@ -210,7 +210,7 @@ def run_edits(args: argparse.Namespace) -> dict[str, Any]:
                 report["replay"] = {
                     **counts.summary(),
                     "points_found": len(found),
-                    "languages": list(args.languages or SOURCE_LANGUAGES),
+                    "languages": languages_replayed(args.languages),
                 }
                 report["points"] = {
                     "n": len(points),
