@@ -31,7 +31,8 @@ would, but that the rest of the lap starts with the examples of commits its pred
 train on (new commits since it ran: the user's latest work). Before, every version read the same
 seeded order from its start, so a 20-minute version warm-started from another read again the
 examples its predecessor had just learned (about a third of a 200-commit history) and never the
-rest.
+rest. A run goes on past the last run from the same weights too when that one was not promoted
+(`history_read_before`), rather than read its examples again.
 """
 
 from __future__ import annotations
@@ -244,7 +245,8 @@ def train_workspace_edits(
             f"{root}: no next-edit examples to train on (no git history with changes to "
             "source files, and none kept from editing yet)"
         )
-    before, known = history_read_before(registry, trainable.warm_start.version)
+    warm = trainable.warm_start.version
+    before, known = history_read_before(registry, warm)
     tagged = _tagged_stream(history.train, live, settings.seed, before, known)
     trainer = trainable.trainer(settings, work_dir, device, EDIT_TEMPLATE)
     result = trainer.run(_untagged(tagged), budget, on_progress)
@@ -273,6 +275,7 @@ def train_workspace_edits(
             "examples": trained["examples"],
             "live_examples": counts.get("edit", 0) + counts.get("no_change", 0),
             "history_read": after.record(),
+            "warm_start": warm,
         }
         write_edit_training(Path(result.adapter), record)
     return result
@@ -281,14 +284,19 @@ def train_workspace_edits(
 def history_read_before(
     registry: AdapterRegistry, version: int | None
 ) -> tuple[HistoryRead, frozenset[str]]:
-    """Where the chain a run warm-starts from (`version`; None: fresh) stands in the history's
-    examples, and the commits that version trained on: nothing read and no commits for a fresh
-    run or a version that kept no record of them."""
-    if version is None:
-        return HistoryRead(), frozenset()
-    try:
-        record = read_edit_training(registry.path(version)) or {}
-    except AdapterRegistryError:
+    """Where the last run from `version`'s weights (None: fresh) left the history's examples,
+    and the commits it trained on: the record of the newest version warm-started from it, if
+    any (a run turned down by its judgement, most often), else `version`'s own; nothing read and
+    no commits for a fresh chain or a version that kept no record of them.
+
+    A run that starts from the same weights as one before it reads on past what that one read,
+    promoted or not: reading the same examples again in the same order from the same weights
+    would make much the same version, which the same judgement would turn down again (without
+    new commits, exactly the same). Those examples come round again in the chain's next lap."""
+    record = _newest_run_from(registry, version)
+    if record is None and version is not None:
+        record = _edit_record(registry, version)
+    if record is None:
         return HistoryRead(), frozenset()
     commits = record.get("commits_list")
     known = (
@@ -297,6 +305,25 @@ def history_read_before(
         else frozenset()
     )
     return HistoryRead.from_record(record.get("history_read")), known
+
+
+def _edit_record(registry: AdapterRegistry, version: int) -> dict[str, Any] | None:
+    try:
+        return read_edit_training(registry.path(version))
+    except AdapterRegistryError:
+        return None
+
+
+def _newest_run_from(registry: AdapterRegistry, version: int | None) -> dict[str, Any] | None:
+    """The training record of the newest version that warm-started from `version` (None: a
+    fresh one), by the `warm_start` each record names; versions trained before records named
+    it are not counted."""
+    newer = (v.version for v in registry.versions() if version is None or v.version > version)
+    for candidate in sorted(newer, reverse=True):
+        record = _edit_record(registry, candidate)
+        if record is not None and "warm_start" in record and record["warm_start"] == version:
+            return record
+    return None
 
 
 Tagged = tuple[str, EditExample]

@@ -20,7 +20,14 @@ from training.edit_replay import GitHistory
 from training.edit_store import EditExampleStore
 from training.edit_track import EDIT_TRACK, edit_registry, history_head, split_commits
 from training.feedback import FEEDBACK_FILE
-from training.registry import REGISTRY_FILE, RUN_DIR, promotion_decision, scope_dir
+from training.registry import (
+    REGISTRY_FILE,
+    RUN_DIR,
+    AdapterRegistry,
+    AdapterRegistryError,
+    promotion_decision,
+    scope_dir,
+)
 from training.workspace import PLAN_FILE, RunPlan
 
 
@@ -165,16 +172,18 @@ def test_bad_task_arguments_are_refused(
     assert message in capsys.readouterr().err
 
 
-def test_a_next_edit_version_is_promoted_on_its_next_edits_alone() -> None:
-    def judged(n: int, low: float) -> dict[str, Any]:
-        windows = {"n": n, "mean": low + 0.1, "ci95_low": low, "ci95_high": low + 0.2}
-        return {
-            "task": "next-edit",
-            "n": 0,
-            "exact_line_difference": {"n": 0, "mean": 0.0, "ci95_low": 0.0, "ci95_high": 0.0},
-            "next_edits": {"exact_window_difference": windows},
-        }
+def judged(n: int, low: float) -> dict[str, Any]:
+    """A next-edit version's judgement on `n` held-out windows, the gain's 95% lower bound `low`."""
+    windows = {"n": n, "mean": low + 0.1, "ci95_low": low, "ci95_high": low + 0.2}
+    return {
+        "task": "next-edit",
+        "n": 0,
+        "exact_line_difference": {"n": 0, "mean": 0.0, "ci95_low": 0.0, "ci95_high": 0.0},
+        "next_edits": {"exact_window_difference": windows},
+    }
 
+
+def test_a_next_edit_version_is_promoted_on_its_next_edits_alone() -> None:
     assert promotion_decision(judged(20, 0.05), 0.0)[0]
     allowed, why = promotion_decision(judged(20, 0.0), 0.0)
     assert not allowed and "exact window gain's 95% lower bound +0.0000" in why
@@ -213,3 +222,57 @@ def test_a_warm_started_version_reads_the_history_where_its_predecessor_stopped(
     )
     assert len(read_one) == 4 and len(read_two) == 2
     assert read_edit_training(registry.path(2))["history_read"]["lap"] == 1  # type: ignore[index]
+
+
+def turn_down(registry: AdapterRegistry, version: int) -> None:
+    """Judge `version` against what serves, with no gain: the registry rejects it."""
+    registry.record_evaluation(version, {"against": registry.serving(), **judged(20, -0.1)})
+    with pytest.raises(AdapterRegistryError, match="not promoting"):
+        registry.promote(version)
+    assert registry.get(version).status == "rejected"
+
+
+def test_a_run_reads_on_past_the_last_run_from_the_same_weights_that_was_turned_down(
+    workspace: tuple[Path, list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, _ = workspace
+    argv = ("train", "model", "--task", "next-edit", "--workspace", str(root), *TRAIN)
+    registry = edit_registry(cache_dir(), root)
+
+    def train() -> dict[str, Any]:
+        return run(capsys, *argv, "--eval-n", "0", "--json")
+
+    def read(report: dict[str, Any]) -> tuple[int, int, int, int]:
+        found = report["edit_examples"]["history"]["read"]
+        return found["lap"], found["unread_at_start"], found["read"], found["lap_after"]
+
+    # Six examples, four read a run. A fresh version turned down against the base model: the
+    # next fresh run reads the two it left, then starts lap 1, where before it read the same
+    # four again from the same weights.
+    first = train()
+    turn_down(registry, 1)
+    second = train()
+    assert first["warm_start"]["from"] is None and second["warm_start"]["from"] is None
+    assert (read(first), read(second)) == ((0, 6, 4, 0), (0, 2, 4, 1))
+
+    # From a serving version: v0003, from v0002, reads lap 1's other four and is turned down,
+    # so v0004, from v0002 again, starts lap 2 where v0003 stopped, rather than read lap 1's four
+    # again as v0003 did.
+    registry.promote(2, force=True)
+    third = train()
+    turn_down(registry, 3)
+    fourth = train()
+    assert third["warm_start"]["from"] == fourth["warm_start"]["from"] == "v0002"
+    assert (read(third), read(fourth)) == ((1, 4, 4, 1), (1, 0, 4, 2))
+    records = [read_edit_training(registry.path(v)) or {} for v in (1, 2, 3, 4)]
+    assert [r["warm_start"] for r in records] == [None, None, 2, 2]
+    laps = [(r["history_read"]["lap"], len(r["history_read"]["keys"])) for r in records]
+    assert laps == [(0, 4), (1, 2), (1, 6), (2, 4)]
+
+    # A version whose record does not say where it started from (trained before records said
+    # it) is not taken for a run from the same weights.
+    record = records[3]
+    del record["warm_start"]
+    (registry.path(4) / "edit_training.json").write_text(json.dumps(record))
+    fifth = train()
+    assert read(fifth)[:2] == (1, 0)  # where v0003 stopped (after v0004: lap 2, two unread)
