@@ -292,7 +292,8 @@ def history_read_before(
     A run that starts from the same weights as one before it reads on past what that one read,
     promoted or not: reading the same examples again in the same order from the same weights
     would make much the same version, which the same judgement would turn down again (without
-    new commits, the same examples in the same order). Those examples come round again in the chain's next lap."""
+    new commits, the same examples in the same order). Those examples come round again in the
+    chain's next lap."""
     record = _newest_run_from(registry, version)
     if record is None and version is not None:
         record = _edit_record(registry, version)
