@@ -65,6 +65,7 @@ from training.trainer import Progress, TrainResult, TrainSettings, mixed_stream
 from training.workspace import (
     PLAN_FILE,
     RunPlan,
+    WarmStart,
     edit_train_settings,
     live_edit_examples,
     load_trainable,
@@ -245,8 +246,7 @@ def train_workspace_edits(
             f"{root}: no next-edit examples to train on (no git history with changes to "
             "source files, and none kept from editing yet)"
         )
-    warm = trainable.warm_start.version
-    before, known = history_read_before(registry, warm)
+    before, known = history_read_before(registry, trainable.warm_start.version)
     tagged = _tagged_stream(history.train, live, settings.seed, before, known)
     trainer = trainable.trainer(settings, work_dir, device, EDIT_TEMPLATE)
     result = trainer.run(_untagged(tagged), budget, on_progress)
@@ -275,7 +275,6 @@ def train_workspace_edits(
             "examples": trained["examples"],
             "live_examples": counts.get("edit", 0) + counts.get("no_change", 0),
             "history_read": after.record(),
-            "warm_start": warm,
         }
         write_edit_training(Path(result.adapter), record)
     return result
@@ -317,13 +316,15 @@ def _edit_record(registry: AdapterRegistry, version: int) -> dict[str, Any] | No
 
 def _newest_run_from(registry: AdapterRegistry, version: int | None) -> dict[str, Any] | None:
     """The training record of the newest version that warm-started from `version` (None: a
-    fresh one), by the `warm_start` each record names; versions trained before records named
-    it are not counted."""
-    newer = (v.version for v in registry.versions() if version is None or v.version > version)
-    for candidate in sorted(newer, reverse=True):
-        record = _edit_record(registry, candidate)
-        if record is not None and "warm_start" in record and record["warm_start"] == version:
-            return record
+    fresh one), as the registry's entry for each says (the run's `warm_start`); an entry that
+    does not say is not counted."""
+    started = WarmStart(version, "").summary()["from"]  # as the runs' reports name it
+    for entry in sorted(registry.versions(), key=lambda v: v.version, reverse=True):
+        if version is not None and entry.version <= version:
+            break
+        warm = entry.train.get("warm_start")
+        if isinstance(warm, dict) and "from" in warm and warm["from"] == started:
+            return _edit_record(registry, entry.version)
     return None
 
 

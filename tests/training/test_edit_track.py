@@ -264,15 +264,17 @@ def test_a_run_reads_on_past_the_last_run_from_the_same_weights_that_was_turned_
     fourth = train()
     assert third["warm_start"]["from"] == fourth["warm_start"]["from"] == "v0002"
     assert (read(third), read(fourth)) == ((1, 4, 4, 1), (1, 0, 4, 2))
+    started = [registry.get(v).train["warm_start"]["from"] for v in (1, 2, 3, 4)]
+    assert started == [None, None, "v0002", "v0002"]
     records = [read_edit_training(registry.path(v)) or {} for v in (1, 2, 3, 4)]
-    assert [r["warm_start"] for r in records] == [None, None, 2, 2]
     laps = [(r["history_read"]["lap"], len(r["history_read"]["keys"])) for r in records]
     assert laps == [(0, 4), (1, 2), (1, 6), (2, 4)]
 
-    # A version whose record does not say where it started from (trained before records said
-    # it) is not taken for a run from the same weights.
-    record = records[3]
-    del record["warm_start"]
-    (registry.path(4) / "edit_training.json").write_text(json.dumps(record))
+    # A version whose registry entry does not say where its run started from is not taken for
+    # a run from the same weights.
+    state_file = registry.root / REGISTRY_FILE
+    state = json.loads(state_file.read_text())
+    del next(v for v in state["versions"] if v["version"] == 4)["train"]["warm_start"]
+    state_file.write_text(json.dumps(state))
     fifth = train()
     assert read(fifth)[:2] == (1, 0)  # where v0003 stopped (after v0004: lap 2, two unread)
