@@ -275,6 +275,7 @@ class NextEditTiming(TypedDict):
     new_tokens: int
     draft_tokens: int
     draft_accepted: int
+    reused: bool  # answered with a rewrite kept from the same prompt (a prefetch), no model call
     edits: int
 
 

@@ -218,6 +218,12 @@ def _bench_speculative_edits() -> Command:
     return speculative_edits.main
 
 
+def _bench_next_edit_chain() -> Command:
+    from evaluation.bench import next_edit_chain
+
+    return next_edit_chain.main
+
+
 def _bench_adapters() -> Command:
     from evaluation.bench import adapters
 
@@ -275,6 +281,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "edits": Benchmark(_bench_edits),
     "speculative": Benchmark(_bench_speculative),
     "speculative-edits": Benchmark(_bench_speculative_edits),
+    "next-edit-chain": Benchmark(_bench_next_edit_chain),
     "adapters": Benchmark(_bench_adapters),
     "objectives": Benchmark(_bench_objectives),
     "embedding": Benchmark(_bench_embedding),

@@ -9,7 +9,9 @@ them):
 - `diff`: the smallest edits that turn the current window into the predicted one, and the guards
   that refuse a prediction (outside the window, undoing one of the user's recent edits);
 - `predictor.NextEditPredictor`: all of it on a model runner; `predict(...)` answers a
-  `NextEditPrediction`, "no change" without a model call when no recent edit is near the cursor.
+  `NextEditPrediction`, "no change" without a model call when no recent edit is near the cursor;
+- `accepted.accepted_state`: the document, cursor and history that accepting a prediction leads
+  to, for computing the next prediction ahead.
 
 Nothing here knows about LSP: positions are (line, character) in code points, lines split at
 `\\n`, `\\r\\n` and `\\r` as LSP splits them.

@@ -145,9 +145,13 @@ class EditHistory:
         removed: str,
         inserted: str,
         now: float | None = None,
+        *,
+        new_event: bool = False,
     ) -> bool:
         """An edit in document `path`: at (`line`, `character`, code points) `removed` was
         replaced by `inserted`; `lines` are the document's lines (with their breaks) after it.
+        `new_event` starts an event even where the edit would merge into the last one (the
+        server's rule for an accepted prediction: it is not the user's typing).
 
         False when nothing was recorded: the edit changed nothing, the position is not in the
         document, or `lines` do not hold `inserted` at that place (they are not the text after
@@ -168,7 +172,7 @@ class EditHistory:
             before.append("")  # the document's last line, empty after a final break
         change = _LineChange(line, tuple(before), tuple(lines[line : line + count]))
         with self._lock:
-            self._record(path, lines, change, now)
+            self._record(path, lines, change, now, new_event)
         return True
 
     def forget(self, path: str) -> None:
@@ -178,10 +182,13 @@ class EditHistory:
             self._events.clear()
             self._events.extend(kept)
 
-    def _record(self, path: str, lines: Sequence[str], change: _LineChange, now: float) -> None:
+    def _record(
+        self, path: str, lines: Sequence[str], change: _LineChange, now: float, new_event: bool
+    ) -> None:
         last = self._events[-1] if self._events else None
         merging = (
-            last is not None
+            not new_event
+            and last is not None
             and last.path == path
             and last.complete
             and now - last.last_at < self.pause_s

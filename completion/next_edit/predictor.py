@@ -15,11 +15,19 @@ edits and checked by the guards of `completion.next_edit.diff`.
 
 `predict` runs on the model thread (it calls the runner) and raises `completion.types.Cancelled`
 when `cancel` is set before it is done.
+
+A predictor made with `keep=N` keeps its last N rewrites by what determines them (the runner's
+model and adapter, the prompt, the window, the token limit and the stop rule) and answers the
+same prompt again from them: the server computes the prediction that accepting a shown one leads
+to ahead, while the user reads it, and the request that follows is then answered without a model
+call (`timings.reused`). Greedy decoding makes the kept rewrite the one the model would write.
+Evaluations keep none, so every point they time calls the model.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -80,6 +88,8 @@ class NextEditTimings:
     draft_tokens: int = 0
     draft_accepted: int = 0
     reached_model: bool = False
+    reused: bool = False
+    """The rewrite is one kept from an earlier call with the same prompt (no model call)."""
 
 
 @dataclass
@@ -101,10 +111,14 @@ class NextEditPredictor:
     """Predicts the next edit on `runner` (a Qwen2.5-Coder-family base model, or one trained
     on the same prompt)."""
 
-    def __init__(self, runner: ModelRunner, settings: NextEditSettings | None = None) -> None:
+    def __init__(
+        self, runner: ModelRunner, settings: NextEditSettings | None = None, *, keep: int = 0
+    ) -> None:
         self.runner = runner
         self.settings = settings or NextEditSettings()
         self.model_calls = 0
+        self.keep = keep
+        self._kept: OrderedDict[tuple[object, ...], Generation] = OrderedDict()
 
     def screen(self) -> EditScreen | None:
         """The screen the settings name (None when `screen_below` is 0: the model decides)."""
@@ -245,15 +259,24 @@ class NextEditPredictor:
     ) -> Generation:
         model_started = time.perf_counter()
         timings.reached_model = True
-        generation = rewrite(
-            self.runner,
-            prompt,
-            window.text,
-            max_new_tokens=window.tokens + self.settings.margin_tokens,
-            cancel=cancel,
-            fences_end=fences_end,
-        )
-        self.model_calls += 1
+        max_new_tokens = window.tokens + self.settings.margin_tokens
+        runner = self.runner
+        adapter = getattr(runner, "adapter", None)
+        key = (runner.model_id, str(adapter), prompt, window.text, max_new_tokens, fences_end)
+        generation = self._kept.get(key) if self.keep else None
+        if generation is not None:
+            self._kept.move_to_end(key)
+            timings.reused = True
+        else:
+            generation = rewrite(
+                runner,
+                prompt,
+                window.text,
+                max_new_tokens=max_new_tokens,
+                cancel=cancel,
+                fences_end=fences_end,
+            )
+            self.model_calls += 1
         timings.model_ms = (time.perf_counter() - model_started) * 1000
         timings.prompt_tokens = generation.prompt_tokens
         timings.new_tokens = generation.new_tokens
@@ -261,6 +284,10 @@ class NextEditPredictor:
         timings.draft_accepted = generation.draft_accepted
         if generation.stop_reason == "cancelled" or cancel.cancelled:
             raise Cancelled(cancel.reason or "cancelled")
+        if self.keep and not timings.reused:
+            self._kept[key] = generation
+            while len(self._kept) > self.keep:
+                self._kept.popitem(last=False)
         return generation
 
 

@@ -81,6 +81,13 @@ class NextEditSettings(BaseModel):
         "the CPU has AMX or AVX-512 BF16 and the completion runner is a local fast engine "
         "(ONNX Runtime GenAI, CTranslate2), else `completion` (docs/next-edit.md).",
     )
+    prefetch: bool = Field(
+        True,
+        description="After showing a predicted edit, compute the prediction that accepting it "
+        "leads to while the user reads it, so that the next edit after Tab comes without "
+        "waiting for the model; dropped at any other edit, a dismissal or an inline completion "
+        "request.",
+    )
     learn_settle_s: float = Field(
         20.0,
         ge=0,

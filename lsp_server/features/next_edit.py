@@ -21,6 +21,16 @@ changes), else the adapter the engine serves (`completion.next_edit.runner`). An
 document changed meanwhile is empty. Every request leaves one `NextEditTiming`
 (`tabloop/nextEditTimings`).
 
+**Accepting, and the prediction after it.** For a prediction answered with edits the feature
+keeps the document that accepting it makes. The editor's change that makes it is recorded in the
+history as an event of its own (`completion.next_edit.accepted`), not merged into the user's
+edit before it. With `nextEdit.prefetch`, the model thread computes, while the user reads the
+prediction, the one that accepting it leads to: the cursor after the last edit, the acceptance
+recorded in a copy of the history as the editor's change will be. The predictor keeps that
+rewrite by its prompt, so the request after Tab, which builds the same prompt, is answered
+without a model call. A change that does not make the accepted document, a dismissal or closing
+the document drops it; an inline completion request stops the prefetch (within a decoder layer).
+
 Outcomes: the editor says when it shows a prediction (`textDocument/didShowInlineEdit` or
 `tabloop/nextEditShown`), runs `tabloop.acceptNextEdit` when the user accepts it, and sends
 `tabloop/nextEditRejected` with a reason otherwise; each becomes a `NextEditEvent` for
@@ -36,7 +46,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +57,7 @@ from pygls.uris import to_fs_path
 
 from completion.adapters import AdapterError
 from completion.next_edit import Edit, EditHistory, NextEditPrediction, NextEditPredictor
+from completion.next_edit.accepted import accepted_state, applied
 from completion.next_edit.runner import follow_adapter, load_next_edit_runner, next_edit_engine
 from completion.next_edit.screen import ScreenError, load_screen
 from completion.types import Cancelled, CancelToken
@@ -88,6 +99,7 @@ log = logging.getLogger(__name__)
 
 PREDICTIONS_KEPT = 256
 TIMINGS_KEPT = 1024
+REWRITES_KEPT = 4  # the predictor's kept rewrites: a prefetch's, and a few repeated requests'
 
 
 @dataclass
@@ -112,6 +124,26 @@ class NextEditCounters:
     shown: int = 0
     accepted: int = 0
     rejected: int = 0
+    prefetch_started: int = 0
+    prefetch_used: int = 0  # requests answered with a prefetch's rewrite, no model call
+    prefetch_cancelled: int = 0
+
+
+@dataclass
+class _Ahead:
+    """A prediction answered with edits: the document accepting it makes, whether the editor's
+    change made it, and the prediction there being computed ahead (`task`: None without
+    `nextEdit.prefetch`)."""
+
+    prediction_id: str
+    lines: tuple[str, ...]
+    accepted: bool = False
+    token: CancelToken = field(default_factory=CancelToken)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def computing(self) -> bool:
+        return self.task is not None and not self.task.done() and not self.token.cancelled
 
 
 @dataclass
@@ -146,6 +178,7 @@ class _Record:
             "new_tokens": timings.new_tokens if timings else 0,
             "draft_tokens": timings.draft_tokens if timings else 0,
             "draft_accepted": timings.draft_accepted if timings else 0,
+            "reused": bool(timings and timings.reused),
             "edits": self.edits,
         }
 
@@ -159,6 +192,7 @@ class NextEditFeature(DocumentListener):
     history: EditHistory = field(default_factory=EditHistory)
     counters: NextEditCounters = field(default_factory=NextEditCounters)
     in_flight: dict[str, CancelToken] = field(default_factory=dict)
+    ahead: dict[str, _Ahead] = field(default_factory=dict)  # by document
     answered: OrderedDict[str, Answered] = field(default_factory=OrderedDict)
     timings: deque[NextEditTiming] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
     _predictor: NextEditPredictor | None = None
@@ -211,7 +245,7 @@ class NextEditFeature(DocumentListener):
         if runner is None:
             return None
         if self._predictor is None or self._predictor.runner is not runner:
-            self._predictor = NextEditPredictor(runner, settings.next_edit)
+            self._predictor = NextEditPredictor(runner, settings.next_edit, keep=REWRITES_KEPT)
         return self._predictor
 
     def on_ready(self) -> None:
@@ -332,16 +366,24 @@ class NextEditFeature(DocumentListener):
     # -- documents (a DocumentListener) ---------------------------------------------------
 
     def did_change(self, change: DocumentChange) -> None:
-        self.cancel(change.uri, "document changed")
-        if not self.enabled or not change.edits:
+        uri = change.uri
+        self.cancel(uri, "document changed")
+        document = open_document(self.server.workspace, uri)
+        lines = document.lines if document is not None else None
+        ahead = self.ahead.get(uri)
+        accepted = ahead is not None and not ahead.accepted and ahead.lines == lines
+        if ahead is not None:
+            if accepted:
+                ahead.accepted = True
+            else:
+                self.drop_ahead(uri, "the document did not become the accepted one")
+        if not self.enabled or not change.edits or lines is None:
             return
-        document = open_document(self.server.workspace, change.uri)
-        if document is None:
-            return
-        record_change(self.history, self.path_of(change.uri), change, document.lines)
+        record_change(self.history, self.path_of(uri), change, lines, new_event=accepted)
 
     def did_close(self, uri: str) -> None:
         self.cancel(uri, "document closed")
+        self.drop_ahead(uri, "document closed")
 
     # -- requests -------------------------------------------------------------------------
 
@@ -351,8 +393,23 @@ class NextEditFeature(DocumentListener):
             token.cancel(reason)
 
     def cancel_all(self, reason: str) -> None:
+        """Stop all model work: the predictions in flight and those computed ahead (what
+        accepting them makes is still known)."""
         for uri in list(self.in_flight):
             self.cancel(uri, reason)
+        for ahead in self.ahead.values():
+            self._stop(ahead, reason)
+
+    def drop_ahead(self, uri: str, reason: str) -> None:
+        """Forget the prediction answered in document `uri`, and stop computing the one after it."""
+        ahead = self.ahead.pop(uri, None)
+        if ahead is not None:
+            self._stop(ahead, reason)
+
+    def _stop(self, ahead: _Ahead, reason: str) -> None:
+        if ahead.computing:
+            ahead.token.cancel(reason)  # within a decoder layer
+            self.counters.prefetch_cancelled += 1
 
     def on_completion(self, active: bool, kind: ModelWork) -> None:
         """An inline completion request began: it gets the model thread first."""
@@ -393,6 +450,14 @@ class NextEditFeature(DocumentListener):
         cursor = (position.line, position.character)
         path = self.path_of(uri)
         lines = document.lines
+        # What was computed ahead here is used (this request waits for it on the model thread)
+        # when this is the document it was computed for, else stopped.
+        ahead = self.ahead.get(uri)
+        used = ahead is not None and ahead.task is not None and ahead.lines == lines
+        if used:
+            del self.ahead[uri]
+        else:
+            self.drop_ahead(uri, "superseded")
         quick = predictor.quick_answer(path, cursor, self.history)
         if quick is not None:
             # No model call, nothing to wait for: answered on the event loop.
@@ -407,15 +472,19 @@ class NextEditFeature(DocumentListener):
 
         track = self.track_adapter() if own is not None else None
 
-        def predict() -> NextEditPrediction:
+        def serve_adapter() -> None:
             if own is not None:
                 self._serve_adapter(own, track, serving)
-            return predictor.predict(lines, path, cursor, self.history, token)
+
+        def predict() -> tuple[NextEditPrediction, tuple[str, ...]]:
+            serve_adapter()
+            found = predictor.predict(lines, path, cursor, self.history, token)
+            return found, applied(lines, found.edits) if found.edits else lines
 
         loop = asyncio.get_running_loop()
         self.server.completion_activity(True, "next_edit")  # background training pauses
         try:
-            prediction = await loop.run_in_executor(self.server.model_executor, predict)
+            prediction, after = await loop.run_in_executor(self.server.model_executor, predict)
         except Cancelled:
             record.outcome = "cancelled"
             return NextEditResult()
@@ -427,7 +496,9 @@ class NextEditFeature(DocumentListener):
             if self.in_flight.get(uri) is token:
                 del self.in_flight[uri]
         record.prediction = prediction
-        if prediction.timings.reached_model:
+        if prediction.timings.reused:
+            self.counters.prefetch_used += used
+        elif prediction.timings.reached_model:
             self.counters.model_calls += 1
         current = open_document(self.server.workspace, uri)
         if current is None or (current.version or 0) != version:
@@ -451,9 +522,51 @@ class NextEditFeature(DocumentListener):
             time.monotonic(),
         )
         self._remember(answered)
+        self._keep_ahead(uri, prediction_id, path, lines, after, prediction, serve_adapter)
         return NextEditResult(
             [self._item(prediction_id, document, version, lines, edit) for edit in prediction.edits]
         )
+
+    def _keep_ahead(
+        self,
+        uri: str,
+        prediction_id: str,
+        path: str,
+        lines: tuple[str, ...],
+        after: tuple[str, ...],
+        prediction: NextEditPrediction,
+        serve_adapter: Callable[[], None],
+    ) -> None:
+        """Keep the document accepting `prediction` makes (`after`), and with
+        `nextEdit.prefetch` compute on the model thread the prediction there, so that the
+        predictor keeps its rewrite for the request after Tab."""
+        self.drop_ahead(uri, "superseded")
+        ahead = self.ahead[uri] = _Ahead(prediction_id, after)
+        predictor = self._predictor
+        if not self.server.settings.next_edit.prefetch or predictor is None:
+            return
+        history = self.history.snapshot()
+        edits, token = prediction.edits, ahead.token
+
+        def run() -> None:
+            serve_adapter()
+            state = accepted_state(lines, edits, history, path)
+            token.raise_if_cancelled()
+            predictor.predict(state.lines, path, state.cursor, history, token, now=state.at)
+
+        async def compute() -> None:
+            self.server.completion_activity(True, "next_edit")  # background training pauses
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.server.model_executor, run)
+            except Cancelled:
+                pass
+            except Exception:
+                log.exception("computing the next edit ahead failed")
+            finally:
+                self.server.completion_activity(False, "next_edit")
+
+        ahead.task = asyncio.get_running_loop().create_task(compute())
+        self.counters.prefetch_started += 1
 
     def _item(
         self, prediction_id: str, document: Document, version: int, lines: Any, edit: Edit
@@ -514,6 +627,9 @@ class NextEditFeature(DocumentListener):
         self.shown(prediction_id)
         answered.finished = True
         self.counters.rejected += 1
+        ahead = self.ahead.get(answered.uri)
+        if ahead is not None and ahead.prediction_id == prediction_id:
+            self.drop_ahead(answered.uri, "the prediction was rejected")
         self._event(answered, "rejected", reason)
 
     def _event(self, answered: Answered, kind: NextEditKind, reason: str | None = None) -> None:
@@ -585,28 +701,47 @@ class NextEditFeature(DocumentListener):
                 "shown": counters.shown,
                 "accepted": counters.accepted,
                 "rejected": counters.rejected,
+                # Predictions computed ahead of an acceptance, used by the request after it,
+                # and dropped before they were done.
+                "prefetchStarted": counters.prefetch_started,
+                "prefetchUsed": counters.prefetch_used,
+                "prefetchCancelled": counters.prefetch_cancelled,
                 "historyEvents": len(self.history),
             }
         }
 
 
 def record_change(
-    history: EditHistory, path: str, change: DocumentChange, lines: Sequence[str]
+    history: EditHistory,
+    path: str,
+    change: DocumentChange,
+    lines: Sequence[str],
+    *,
+    new_event: bool = False,
 ) -> None:
     """Record the edits of one `didChange` in `history` under `path`, `lines` being the
     document's lines after them all: each edit against the lines right after it (several edits
     come from multiple cursors, or from an editor that sends a deletion and the text typed in its
     place as one notification). A whole-text change is recorded as the edit it makes (its
     `narrowed` change); one that removes or inserts more than a history block holds forgets the
-    document's events instead."""
-    for edit, after in change.lines_after_each(lines):
+    document's events instead. `new_event`: the change starts an event of its own (an accepted
+    prediction), never merged into the one before."""
+    for index, (edit, after) in enumerate(change.lines_after_each(lines)):
         if edit.whole:
             found = edit.narrowed
             if found is None or max(len(found.removed), len(found.text)) > history.max_event_chars:
                 history.forget(path)
                 continue
             edit = found
-        history.record_edit(path, after, edit.line, edit.character, edit.removed, edit.text)
+        history.record_edit(
+            path,
+            after,
+            edit.line,
+            edit.character,
+            edit.removed,
+            edit.text,
+            new_event=new_event and index == 0,
+        )
 
 
 def client_column(line: str, character: int, encoding: str) -> int:

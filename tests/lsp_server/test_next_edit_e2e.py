@@ -106,7 +106,14 @@ async def client(
         },
         # Generous: the scripted model's pieces outnumber the HTTP runner's token estimate.
         # The model path is tested here: the screen (tests of its own) asks it every time.
-        "nextEdit": {"windowTokens": WINDOW_TOKENS, "marginTokens": 512, "screenBelow": 0},
+        # Computing ahead has its module (`test_next_edit_prefetch_e2e`): here each model call
+        # is a request's.
+        "nextEdit": {
+            "windowTokens": WINDOW_TOKENS,
+            "marginTokens": 512,
+            "screenBelow": 0,
+            "prefetch": False,
+        },
         "index": {"enabled": False},
         "telemetry": {
             "level": "metrics",
@@ -419,6 +426,7 @@ async def test_a_newer_request_or_an_inline_request_cancels_the_one_in_flight(
 
         MODEL.token_delay_s = 0.2
         calls = len(MODEL.prompts)
+        document.edit(0, 9, 10, "size")  # a new prompt: the last one's rewrite is kept
         pending = asyncio.ensure_future(document.ask())
         await wait_for_model_call(calls)
         await client.text_document_inline_completion_async(

@@ -1,0 +1,242 @@
+"""The next edit after an accepted one, computed ahead, through the real server over stdio.
+
+As in `test_next_edit_e2e`, a loopback OpenAI-compatible server stands in for the model, here
+answering by the window the prompt shows: it carries a rename on one use at a time, so each
+accepted prediction leads to another. The editor's side is what the clients do on Tab: apply the
+edit as one `didChange`, put the cursor after it, run `tabloop.acceptNextEdit`, ask again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_lsp
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from lsp_server.protocol import (
+    ACCEPT_NEXT_EDIT_COMMAND,
+    DID_SHOW_INLINE_EDIT_NOTIFICATION,
+    NEXT_EDIT_REJECTED_NOTIFICATION,
+)
+from tests.lsp_server.test_e2e import wait_until_ready
+from tests.lsp_server.test_next_edit_e2e import Document, last_timing, status_of
+from tests.support.completion_server import serve_completions
+from tests.support.scripted_model import ScriptedModel
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SEP = "<|file_sep|>"
+BEFORE = """\
+def scale(width, factor):
+    wide = width * factor
+    return wide + width
+"""
+# The user renames `width` on line 0 (columns 10-15); each prediction renames one more use.
+RENAMED = BEFORE.replace("scale(width,", "scale(w,")
+STEP1 = RENAMED.replace("wide = width", "wide = w")
+STEP2 = STEP1.replace("wide + width", "wide + w")
+
+
+def rule(path: str, window: str) -> str:
+    return f"{SEP}current/{path}\n{window}{SEP}updated/{path}\n"
+
+
+MODEL = ScriptedModel(
+    rules={
+        key: answer
+        for path in ("chain.py", "moved.py", "dismissed.py", "off.py")
+        for key, answer in ((rule(path, RENAMED), STEP1 + SEP), (rule(path, STEP1), STEP2 + SEP))
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def model_url() -> Iterator[str]:
+    with serve_completions(MODEL) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ws")
+
+
+@pytest_lsp.fixture(
+    config=ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", "--stdio"]),
+    scope="module",
+)
+async def client(
+    lsp_client: LanguageClient,
+    model_url: str,
+    workspace: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[None]:
+    options = {
+        "cacheDir": str(tmp_path_factory.mktemp("cache")),
+        "completion": {
+            "runner": "http",
+            "httpUrl": model_url,
+            "httpModel": "scripted",
+            "fimTemplate": "qwen",
+        },
+        "nextEdit": {"windowTokens": 64, "marginTokens": 512, "screenBelow": 0},
+        "index": {"enabled": False},
+        "telemetry": {"level": "off"},
+    }
+    await lsp_client.initialize_session(
+        types.InitializeParams(
+            capabilities=types.ClientCapabilities(),
+            root_uri=workspace.as_uri(),
+            initialization_options=options,
+        )
+    )
+    status = await wait_until_ready(lsp_client)
+    assert status["model"]["state"] == "ready", status
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def prefetch_status(client: LanguageClient) -> dict[str, int]:
+    found = (await status_of(client))["nextEdit"]
+    return {k: found[k] for k in ("prefetchStarted", "prefetchUsed", "prefetchCancelled")}
+
+
+async def until(check: Any, what: str) -> None:
+    """Until `await check()` is true (seconds at most: not stuck)."""
+    deadline = time.monotonic() + 30
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def calls_reach(count: int) -> None:
+    async def reached() -> bool:
+        return len(MODEL.prompts) >= count
+
+    await until(reached, f"{count} model calls")
+
+
+def edited(prompt: str, path: str) -> str:
+    """The window a prompt shows as current."""
+    start = prompt.index(f"{SEP}current/{path}\n") + len(f"{SEP}current/{path}\n")
+    return prompt[start : prompt.index(f"{SEP}updated/{path}\n")]
+
+
+async def accept(client: LanguageClient, document: Document, item: dict[str, Any]) -> None:
+    """What the editors do on Tab: the edit applied as one change, then the command."""
+    client.protocol.notify(DID_SHOW_INLINE_EDIT_NOTIFICATION, {"item": item})
+    start, end = item["range"]["start"], item["range"]["end"]
+    assert start["line"] == end["line"]
+    document.edit(start["line"], start["character"], end["character"], item["text"])
+    await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(
+            command=ACCEPT_NEXT_EDIT_COMMAND, arguments=item["command"]["arguments"]
+        )
+    )
+
+
+async def test_the_edit_after_an_accepted_one_comes_without_a_model_call(
+    client: LanguageClient, workspace: Path
+) -> None:
+    before = await prefetch_status(client)
+    document = Document(client, workspace, "chain.py", BEFORE)
+    document.edit(0, 10, 15, "w")
+    calls = len(MODEL.prompts)
+    (first,) = await document.ask(0, 11)
+    assert (first["range"]["start"], first["text"]) == ({"line": 1, "character": 12}, "")
+    # While the user reads it, the server asks the model about the window accepting it makes.
+    await calls_reach(calls + 2)
+    assert edited(MODEL.prompts[calls + 1], "chain.py") == STEP1
+
+    await accept(client, document, first)
+    (second,) = await document.ask(1, 12)  # the cursor after the accepted edit
+    assert (second["range"]["start"], second["text"]) == ({"line": 2, "character": 19}, "")
+    timing = await last_timing(client)
+    print(MODEL.prompts[calls + 1])
+    print("=====")
+    print(MODEL.prompts[-1])
+    assert (timing["outcome"], timing["reused"], timing["reached_model"]) == ("shown", True, True)
+    # No model call for it; the next one asked about is the window after the second.
+    await calls_reach(calls + 3)
+    assert edited(MODEL.prompts[calls + 2], "chain.py") == STEP2
+    after = await prefetch_status(client)
+    assert after["prefetchStarted"] - before["prefetchStarted"] == 2
+    assert after["prefetchUsed"] - before["prefetchUsed"] == 1
+
+
+async def test_a_prediction_computed_ahead_answers_only_the_state_it_was_computed_for(
+    client: LanguageClient, workspace: Path
+) -> None:
+    document = Document(client, workspace, "moved.py", BEFORE)
+    document.edit(0, 10, 15, "w")
+    calls = len(MODEL.prompts)
+    (first,) = await document.ask(0, 11)
+    await calls_reach(calls + 2)
+    # The user types on instead of accepting (the clients then send the rejection).
+    client.protocol.notify(NEXT_EDIT_REJECTED_NOTIFICATION, {"id": first["id"], "reason": "typed"})
+    document.edit(0, 11, 11, "idth2")  # `scale(width2, ...)`
+    used = (await prefetch_status(client))["prefetchUsed"]
+    await document.ask(0, 16)
+    timing = await last_timing(client)
+    assert timing["reused"] is False and timing["reached_model"]
+    assert len(MODEL.prompts) == calls + 3
+    assert (await prefetch_status(client))["prefetchUsed"] == used
+
+
+async def test_a_dismissal_stops_a_prefetch_in_flight(
+    client: LanguageClient, workspace: Path
+) -> None:
+    document = Document(client, workspace, "dismissed.py", BEFORE)
+    document.edit(0, 10, 15, "w")
+    calls = len(MODEL.prompts)
+    (first,) = await document.ask(0, 11)
+    await calls_reach(calls + 2)  # the answer, and the one after it computed ahead
+    MODEL.token_delay_s = 0.5  # from here each rewrite takes seconds
+    try:
+        cancelled = (await prefetch_status(client))["prefetchCancelled"]
+        await accept(client, document, first)
+        (second,) = await document.ask(1, 12)  # computed ahead: answered at once
+        await calls_reach(calls + 3)  # the model is asked about the window after the second
+        client.protocol.notify(
+            NEXT_EDIT_REJECTED_NOTIFICATION, {"id": second["id"], "reason": "dismissed"}
+        )
+
+        async def stopped() -> bool:
+            return (await prefetch_status(client))["prefetchCancelled"] == cancelled + 1
+
+        await until(stopped, "the prefetch stopped")
+        # The model thread is free again: a request there is answered (by the model, since
+        # the prefetch did not finish).
+        document.edit(2, 4, 4, "# ")
+        await document.ask(2, 6)
+        assert (await last_timing(client))["reused"] is False
+    finally:
+        MODEL.token_delay_s = 0.0
+
+
+async def test_with_prefetch_off_nothing_is_computed_ahead(
+    client: LanguageClient, workspace: Path
+) -> None:
+    """Last in the module: the settings pushed here stay."""
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"tabloop": {"nextEdit": {"prefetch": False}}})
+    )
+    await asyncio.sleep(0.5)  # the settings apply on the event loop, in order
+    started = (await prefetch_status(client))["prefetchStarted"]
+    document = Document(client, workspace, "off.py", BEFORE)
+    document.edit(0, 10, 15, "w")
+    calls = len(MODEL.prompts)
+    (first,) = await document.ask(0, 11)
+    await accept(client, document, first)
+    (second,) = await document.ask(1, 12)
+    assert second["range"]["start"] == {"line": 2, "character": 19}
+    assert len(MODEL.prompts) == calls + 2
+    assert (await last_timing(client))["reused"] is False
+    assert (await prefetch_status(client))["prefetchStarted"] == started
