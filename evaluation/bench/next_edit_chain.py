@@ -270,13 +270,25 @@ def summary(server: Server) -> dict[str, Any]:
     }
 
 
-async def launch(name: str, root: Path, cache: Path | None, prefetch: bool) -> Server:
+def merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `more`'s keys set, sections merged key by key."""
+    out = dict(base)
+    for key, value in more.items():
+        inner = out.get(key)
+        out[key] = (
+            merged(inner, value) if isinstance(inner, dict) and isinstance(value, dict) else value
+        )
+    return out
+
+
+async def launch(
+    name: str, root: Path, cache: Path | None, prefetch: bool, extra: dict[str, Any]
+) -> Server:
     client = TabloopClient()
-    options: dict[str, Any] = {
-        "index": {"enabled": False},
-        "telemetry": {"level": "off"},
-        "nextEdit": {"prefetch": prefetch},
-    }
+    options: dict[str, Any] = merged(
+        {"index": {"enabled": False}, "telemetry": {"level": "off"}}, extra
+    )
+    options = merged(options, {"nextEdit": {"prefetch": prefetch}})
     if cache is not None:
         options["cacheDir"] = str(cache)
     await client.launch(root, options)
@@ -301,7 +313,9 @@ async def run(args: argparse.Namespace, points: list[EditPoint]) -> dict[str, An
         for name in SERVERS:
             (base / name).mkdir()
             cache = Path(args.cache_dir) if args.cache_dir else None
-            servers[name] = await launch(name, base / name, cache, prefetch=name == "prefetch")
+            servers[name] = await launch(
+                name, base / name, cache, name == "prefetch", args.server_options
+            )
         statuses: dict[str, Any] = {}
         both = identical = 0
         try:
@@ -354,9 +368,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debounce-ms", type=float, default=300.0, help="the clients' debounce")
     parser.add_argument("--read-ms", type=float, default=1000.0, help="reading before Tab")
     parser.add_argument("--cache-dir", default="", help="the servers' cache (default: the usual)")
+    parser.add_argument(
+        "--options",
+        default="{}",
+        help="settings (JSON, as `initializationOptions`) both servers get beyond the defaults",
+    )
     parser.add_argument("--progress", action="store_true", help="a line per point on stderr")
     parser.add_argument("--json", action="store_true", help="(the output is JSON anyway)")
     args = parser.parse_args(argv)
+    try:
+        args.server_options = json.loads(args.options)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"tabloop bench next-edit-chain: --options is not JSON: {exc}") from None
+    if not isinstance(args.server_options, dict):
+        raise SystemExit("tabloop bench next-edit-chain: --options must be a JSON object")
     repo = Path(args.repo).resolve()
     try:
         history = GitHistory(repo)
@@ -383,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             "read_ms": args.read_ms,
             "seed": args.seed,
             "servers": "defaults, index off, telemetry off; nextEdit.prefetch on / off",
+            "options": args.server_options,
         },
         "cpu": cpu_description(),
         "wall_s": round(time.perf_counter() - started, 1),

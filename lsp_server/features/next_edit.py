@@ -369,17 +369,17 @@ class NextEditFeature(DocumentListener):
         uri = change.uri
         self.cancel(uri, "document changed")
         document = open_document(self.server.workspace, uri)
-        lines = document.lines if document is not None else None
         ahead = self.ahead.get(uri)
-        accepted = ahead is not None and not ahead.accepted and ahead.lines == lines
+        accepted = False
         if ahead is not None:
+            accepted = not ahead.accepted and document is not None and ahead.lines == document.lines
             if accepted:
                 ahead.accepted = True
             else:
                 self.drop_ahead(uri, "the document did not become the accepted one")
-        if not self.enabled or not change.edits or lines is None:
+        if not self.enabled or not change.edits or document is None:
             return
-        record_change(self.history, self.path_of(uri), change, lines, new_event=accepted)
+        record_change(self.history, self.path_of(uri), change, document.lines, new_event=accepted)
 
     def did_close(self, uri: str) -> None:
         self.cancel(uri, "document closed")
