@@ -85,42 +85,30 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ws")
 
 
-@pytest_lsp.fixture(
-    config=ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", "--stdio"]),
-    scope="module",
-)
-async def client(
+SERVER = ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", "--stdio"])
+
+
+async def start_server(
     lsp_client: LanguageClient,
-    model_url: str,
     workspace: Path,
-    telemetry_backend: BackendServer,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[None]:
+    cache: Path,
+    model_url: str,
+    next_edit: dict[str, Any],
+    telemetry: dict[str, Any],
+) -> types.InitializeResult:
+    """Initialize the server on the scripted model at `model_url`, the index off, and wait
+    until its model is ready."""
     options = {
-        "cacheDir": str(tmp_path_factory.mktemp("cache")),
+        "cacheDir": str(cache),
         "completion": {
             "runner": "http",
             "httpUrl": model_url,
             "httpModel": "scripted",
             "fimTemplate": "qwen",
         },
-        # Generous: the scripted model's pieces outnumber the HTTP runner's token estimate.
-        # The model path is tested here: the screen (tests of its own) asks it every time.
-        # Computing ahead has its module (`test_next_edit_prefetch_e2e`): here each model call
-        # is a request's.
-        "nextEdit": {
-            "windowTokens": WINDOW_TOKENS,
-            "marginTokens": 512,
-            "screenBelow": 0,
-            "prefetch": False,
-        },
+        "nextEdit": next_edit,
         "index": {"enabled": False},
-        "telemetry": {
-            "level": "metrics",
-            "backendUrl": telemetry_backend.url,
-            "token": telemetry_backend.token,
-            "flushIntervalS": 0.1,
-        },
+        "telemetry": telemetry,
     }
     result = await lsp_client.initialize_session(
         types.InitializeParams(
@@ -129,9 +117,38 @@ async def client(
             initialization_options=options,
         )
     )
-    lsp_client.initialize_result = result  # type: ignore[attr-defined]
     status = await wait_until_ready(lsp_client)
     assert status["model"]["state"] == "ready", status
+    return result
+
+
+@pytest_lsp.fixture(config=SERVER, scope="module")
+async def client(
+    lsp_client: LanguageClient,
+    model_url: str,
+    workspace: Path,
+    telemetry_backend: BackendServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[None]:
+    # Generous: the scripted model's pieces outnumber the HTTP runner's token estimate.
+    # The model path is tested here: the screen (tests of its own) asks it every time.
+    # Computing ahead has its module (`test_next_edit_prefetch_e2e`): here each model call
+    # is a request's.
+    next_edit = {
+        "windowTokens": WINDOW_TOKENS,
+        "marginTokens": 512,
+        "screenBelow": 0,
+        "prefetch": False,
+    }
+    telemetry = {
+        "level": "metrics",
+        "backendUrl": telemetry_backend.url,
+        "token": telemetry_backend.token,
+        "flushIntervalS": 0.1,
+    }
+    cache = tmp_path_factory.mktemp("cache")
+    result = await start_server(lsp_client, workspace, cache, model_url, next_edit, telemetry)
+    lsp_client.initialize_result = result  # type: ignore[attr-defined]
     yield
     await lsp_client.shutdown_session()
 

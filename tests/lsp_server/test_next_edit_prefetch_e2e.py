@@ -9,39 +9,37 @@ edit as one `didChange`, put the cursor after it, run `tabloop.acceptNextEdit`, 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_lsp
 from lsprotocol import types
-from pytest_lsp import ClientServerConfig, LanguageClient
+from pytest_lsp import LanguageClient
 
 from lsp_server.protocol import (
     ACCEPT_NEXT_EDIT_COMMAND,
     DID_SHOW_INLINE_EDIT_NOTIFICATION,
     NEXT_EDIT_REJECTED_NOTIFICATION,
 )
-from tests.lsp_server.test_e2e import wait_until_ready
-from tests.lsp_server.test_next_edit_e2e import Document, last_timing, status_of
+from tests.completion.next_edit.test_accepted import BEFORE, RENAMED, STEP1, STEP2
+from tests.lsp_server.test_next_edit_e2e import (
+    SERVER,
+    Document,
+    last_timing,
+    start_server,
+    status_of,
+)
 from tests.support.completion_server import serve_completions
 from tests.support.scripted_model import ScriptedModel
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SEP = "<|file_sep|>"
-BEFORE = """\
-def scale(width, factor):
-    wide = width * factor
-    return wide + width
-"""
-# The user renames `width` on line 0 (columns 10-15); each prediction renames one more use.
-RENAMED = BEFORE.replace("scale(width,", "scale(w,")
-STEP1 = RENAMED.replace("wide = width", "wide = w")
-STEP2 = STEP1.replace("wide + width", "wide + w")
+# The user renames `width` on line 0 of BEFORE (columns 10-15): RENAMED. Each prediction renames
+# one more use: STEP1, then STEP2.
 
 
 def rule(path: str, window: str) -> str:
@@ -54,53 +52,28 @@ MODEL = ScriptedModel(
         for path in ("chain.py", "moved.py", "dismissed.py", "off.py")
         for key, answer in ((rule(path, RENAMED), STEP1 + SEP), (rule(path, STEP1), STEP2 + SEP))
     }
+    # After the second step, a rewrite of many tokens: with a slow model, one to stop midway.
+    | {rule("dismissed.py", STEP2): STEP2 + "# " + "word " * 40 + "\n" + SEP}
 )
 
 
-@pytest.fixture(scope="module")
-def model_url() -> Iterator[str]:
+@pytest_lsp.fixture(config=SERVER, scope="module")
+async def client(
+    lsp_client: LanguageClient, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[None]:
+    """The server, on `MODEL` served over loopback HTTP, in the workspace `workspace` names."""
+    root, cache = tmp_path_factory.getbasetemp() / "prefetch-ws", tmp_path_factory.mktemp("cache")
+    root.mkdir(exist_ok=True)
+    next_edit = {"windowTokens": 64, "marginTokens": 512, "screenBelow": 0}
     with serve_completions(MODEL) as (url, _):
-        yield url
+        await start_server(lsp_client, root, cache, url, next_edit, {"level": "off"})
+        yield
+        await lsp_client.shutdown_session()
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("ws")
-
-
-@pytest_lsp.fixture(
-    config=ClientServerConfig(server_command=[sys.executable, "-m", "lsp_server", "--stdio"]),
-    scope="module",
-)
-async def client(
-    lsp_client: LanguageClient,
-    model_url: str,
-    workspace: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> AsyncIterator[None]:
-    options = {
-        "cacheDir": str(tmp_path_factory.mktemp("cache")),
-        "completion": {
-            "runner": "http",
-            "httpUrl": model_url,
-            "httpModel": "scripted",
-            "fimTemplate": "qwen",
-        },
-        "nextEdit": {"windowTokens": 64, "marginTokens": 512, "screenBelow": 0},
-        "index": {"enabled": False},
-        "telemetry": {"level": "off"},
-    }
-    await lsp_client.initialize_session(
-        types.InitializeParams(
-            capabilities=types.ClientCapabilities(),
-            root_uri=workspace.as_uri(),
-            initialization_options=options,
-        )
-    )
-    status = await wait_until_ready(lsp_client)
-    assert status["model"]["state"] == "ready", status
-    yield
-    await lsp_client.shutdown_session()
+    return tmp_path_factory.getbasetemp() / "prefetch-ws"
 
 
 async def prefetch_status(client: LanguageClient) -> dict[str, int]:
@@ -129,6 +102,19 @@ def edited(prompt: str, path: str) -> str:
     return prompt[start : prompt.index(f"{SEP}updated/{path}\n")]
 
 
+async def shown_and_ahead(
+    client: LanguageClient, workspace: Path, name: str
+) -> tuple[Document, dict[str, Any], int]:
+    """A document where the user renamed `width`, the edit shown there, and the model calls
+    before it, once the one after it has been computed ahead."""
+    document = Document(client, workspace, name, BEFORE)
+    document.edit(0, 10, 15, "w")
+    calls = len(MODEL.prompts)
+    (first,) = await document.ask(0, 11)
+    await calls_reach(calls + 2)
+    return document, first, calls
+
+
 async def accept(client: LanguageClient, document: Document, item: dict[str, Any]) -> None:
     """What the editors do on Tab: the edit applied as one change, then the command."""
     client.protocol.notify(DID_SHOW_INLINE_EDIT_NOTIFICATION, {"item": item})
@@ -146,13 +132,9 @@ async def test_the_edit_after_an_accepted_one_comes_without_a_model_call(
     client: LanguageClient, workspace: Path
 ) -> None:
     before = await prefetch_status(client)
-    document = Document(client, workspace, "chain.py", BEFORE)
-    document.edit(0, 10, 15, "w")
-    calls = len(MODEL.prompts)
-    (first,) = await document.ask(0, 11)
+    document, first, calls = await shown_and_ahead(client, workspace, "chain.py")
     assert (first["range"]["start"], first["text"]) == ({"line": 1, "character": 12}, "")
-    # While the user reads it, the server asks the model about the window accepting it makes.
-    await calls_reach(calls + 2)
+    # While the user read it, the server asked the model about the window accepting it makes.
     assert edited(MODEL.prompts[calls + 1], "chain.py") == STEP1
 
     await accept(client, document, first)
@@ -174,11 +156,7 @@ async def test_the_edit_after_an_accepted_one_comes_without_a_model_call(
 async def test_a_prediction_computed_ahead_answers_only_the_state_it_was_computed_for(
     client: LanguageClient, workspace: Path
 ) -> None:
-    document = Document(client, workspace, "moved.py", BEFORE)
-    document.edit(0, 10, 15, "w")
-    calls = len(MODEL.prompts)
-    (first,) = await document.ask(0, 11)
-    await calls_reach(calls + 2)
+    document, first, calls = await shown_and_ahead(client, workspace, "moved.py")
     # The user types on instead of accepting (the clients then send the rejection).
     client.protocol.notify(NEXT_EDIT_REJECTED_NOTIFICATION, {"id": first["id"], "reason": "typed"})
     document.edit(0, 11, 11, "idth2")  # `scale(width2, ...)`
@@ -193,11 +171,7 @@ async def test_a_prediction_computed_ahead_answers_only_the_state_it_was_compute
 async def test_a_dismissal_stops_a_prefetch_in_flight(
     client: LanguageClient, workspace: Path
 ) -> None:
-    document = Document(client, workspace, "dismissed.py", BEFORE)
-    document.edit(0, 10, 15, "w")
-    calls = len(MODEL.prompts)
-    (first,) = await document.ask(0, 11)
-    await calls_reach(calls + 2)  # the answer, and the one after it computed ahead
+    document, first, calls = await shown_and_ahead(client, workspace, "dismissed.py")
     MODEL.token_delay_s = 0.5  # from here each rewrite takes seconds
     try:
         cancelled = (await prefetch_status(client))["prefetchCancelled"]
