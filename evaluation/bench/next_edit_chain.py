@@ -41,9 +41,13 @@ from typing import Any
 
 from lsprotocol import types
 
+from common.config import deep_merge
 from common.machine import cpu_description
-from completion.next_edit.text import lines_of
+from completion.next_edit.text import breaks, lines_of
+from evaluation.bench.lsp import percentile
 from evaluation.lsp_client import TabloopClient, plain
+from lsp_server.documents import column_index
+from lsp_server.features.next_edit import client_column
 from lsp_server.protocol import (
     ACCEPT_NEXT_EDIT_COMMAND,
     DID_SHOW_INLINE_EDIT_NOTIFICATION,
@@ -62,40 +66,27 @@ from training.edit_replay import (
 )
 
 SERVERS = ("prefetch", "baseline")
+UTF16 = types.PositionEncodingKind.Utf16  # what the servers negotiate with this client
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return round(ordered[low] + (ordered[high] - ordered[low]) * (position - low), 1)
+def quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile of `values` in ms, rounded (None when there are none)."""
+    return round(percentile(values, q), 1) if values else None
 
 
 def offset_at(text: str, line: int, character: int) -> int:
-    """The offset in `text` of an LSP position (UTF-16 columns; lines split at `\\n`)."""
-    start = 0
-    for _ in range(line):
-        found = text.find("\n", start)
-        if found < 0:
-            return len(text)
-        start = found + 1
-    end = text.find("\n", start)
-    row = text[start : len(text) if end < 0 else end]
-    units = 0
-    for index, char in enumerate(row):
-        if units >= character:
-            return start + index
-        units += 2 if ord(char) > 0xFFFF else 1
-    return start + len(row)
+    """The offset in `text` of an LSP position (UTF-16 columns)."""
+    lines = lines_of(text)
+    if line >= len(lines):
+        return len(text)
+    return sum(map(len, lines[:line])) + column_index(lines[line], character, UTF16)
 
 
 def position_at(text: str, offset: int) -> tuple[int, int]:
-    before = text[:offset]
-    line_start = before.rfind("\n") + 1
-    return before.count("\n"), len(before[line_start:].encode("utf-16-le")) // 2
+    """The LSP position (UTF-16 columns) of `offset` in `text`."""
+    head = text[:offset]
+    start = max(head.rfind("\n"), head.rfind("\r")) + 1
+    return breaks(head), client_column(head[start:], offset - start, UTF16)
 
 
 @dataclass
@@ -249,16 +240,16 @@ def summary(server: Server) -> dict[str, Any]:
     return {
         "points": len(server.first_ms),
         "first_request_ms": {
-            "p50": percentile(server.first_ms, 0.5),
-            "p95": percentile(server.first_ms, 0.95),
+            "p50": quantile(server.first_ms, 0.5),
+            "p95": quantile(server.first_ms, 0.95),
         },
         "first_reasons": dict(sorted(server.first_reasons.items())),
         "edits_shown": server.shown,
         "chains": len(chained),
-        "chained_request_ms": {"p50": percentile(request, 0.5), "p95": percentile(request, 0.95)},
+        "chained_request_ms": {"p50": quantile(request, 0.5), "p95": quantile(request, 0.95)},
         "chained_from_accept_ms": {
-            "p50": percentile(from_accept, 0.5),
-            "p95": percentile(from_accept, 0.95),
+            "p50": quantile(from_accept, 0.5),
+            "p95": quantile(from_accept, 0.95),
             "mean": round(statistics.fmean(from_accept), 1) if from_accept else None,
         },
         "chained_reused": sum(c["reused"] for c in chained),
@@ -270,25 +261,12 @@ def summary(server: Server) -> dict[str, Any]:
     }
 
 
-def merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `more`'s keys set, sections merged key by key."""
-    out = dict(base)
-    for key, value in more.items():
-        inner = out.get(key)
-        out[key] = (
-            merged(inner, value) if isinstance(inner, dict) and isinstance(value, dict) else value
-        )
-    return out
-
-
 async def launch(
     name: str, root: Path, cache: Path | None, prefetch: bool, extra: dict[str, Any]
 ) -> Server:
     client = TabloopClient()
-    options: dict[str, Any] = merged(
-        {"index": {"enabled": False}, "telemetry": {"level": "off"}}, extra
-    )
-    options = merged(options, {"nextEdit": {"prefetch": prefetch}})
+    options = deep_merge({"index": {"enabled": False}, "telemetry": {"level": "off"}}, extra)
+    options = deep_merge(options, {"nextEdit": {"prefetch": prefetch}})
     if cache is not None:
         options["cacheDir"] = str(cache)
     await client.launch(root, options)

@@ -416,12 +416,12 @@ async def test_a_5mb_document_with_very_long_lines_stays_bounded(
     assert timing["window_tokens"] <= WINDOW_TOKENS and timing["prompt_tokens"] < 1000
 
 
-async def wait_for_model_call(calls: int) -> None:
+async def wait_for_model_call(calls: int, model: ScriptedModel = MODEL) -> None:
     """Until the scripted model has been asked more than `calls` times (seconds at most)."""
     deadline = time.monotonic() + 30
-    while len(MODEL.prompts) <= calls and time.monotonic() < deadline:
+    while len(model.prompts) <= calls and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
-    assert len(MODEL.prompts) > calls
+    assert len(model.prompts) > calls
 
 
 async def test_a_newer_request_or_an_inline_request_cancels_the_one_in_flight(

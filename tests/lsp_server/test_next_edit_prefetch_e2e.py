@@ -31,6 +31,7 @@ from tests.lsp_server.test_next_edit_e2e import (
     last_timing,
     start_server,
     status_of,
+    wait_for_model_call,
 )
 from tests.support.completion_server import serve_completions
 from tests.support.scripted_model import ScriptedModel
@@ -89,13 +90,6 @@ async def until(check: Any, what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-async def calls_reach(count: int) -> None:
-    async def reached() -> bool:
-        return len(MODEL.prompts) >= count
-
-    await until(reached, f"{count} model calls")
-
-
 def edited(prompt: str, path: str) -> str:
     """The window a prompt shows as current."""
     start = prompt.index(f"{SEP}current/{path}\n") + len(f"{SEP}current/{path}\n")
@@ -111,7 +105,7 @@ async def shown_and_ahead(
     document.edit(0, 10, 15, "w")
     calls = len(MODEL.prompts)
     (first,) = await document.ask(0, 11)
-    await calls_reach(calls + 2)
+    await wait_for_model_call(calls + 1, MODEL)
     return document, first, calls
 
 
@@ -146,7 +140,7 @@ async def test_the_edit_after_an_accepted_one_comes_without_a_model_call(
     print(MODEL.prompts[-1])
     assert (timing["outcome"], timing["reused"], timing["reached_model"]) == ("shown", True, True)
     # No model call for it; the next one asked about is the window after the second.
-    await calls_reach(calls + 3)
+    await wait_for_model_call(calls + 2, MODEL)
     assert edited(MODEL.prompts[calls + 2], "chain.py") == STEP2
     after = await prefetch_status(client)
     assert after["prefetchStarted"] - before["prefetchStarted"] == 2
@@ -177,7 +171,8 @@ async def test_a_dismissal_stops_a_prefetch_in_flight(
         cancelled = (await prefetch_status(client))["prefetchCancelled"]
         await accept(client, document, first)
         (second,) = await document.ask(1, 12)  # computed ahead: answered at once
-        await calls_reach(calls + 3)  # the model is asked about the window after the second
+        # The model is asked about the window after the second.
+        await wait_for_model_call(calls + 2, MODEL)
         client.protocol.notify(
             NEXT_EDIT_REJECTED_NOTIFICATION, {"id": second["id"], "reason": "dismissed"}
         )
@@ -202,7 +197,8 @@ async def test_with_prefetch_off_nothing_is_computed_ahead(
     client.workspace_did_change_configuration(
         types.DidChangeConfigurationParams(settings={"tabloop": {"nextEdit": {"prefetch": False}}})
     )
-    await asyncio.sleep(0.5)  # the settings apply on the event loop, in order
+    # This client has no `workspace/configuration`, so the pushed settings apply in the
+    # handler's first step, before the server reads the next request.
     started = (await prefetch_status(client))["prefetchStarted"]
     document = Document(client, workspace, "off.py", BEFORE)
     document.edit(0, 10, 15, "w")
