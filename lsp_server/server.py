@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +62,12 @@ class Hooks:
     # A request that wants the model began (True) or its handler ended (False), however it
     # ended, and its kind: `inline` (a completion) or `next_edit`.
     completion: list[Callable[[bool, ModelWork], None]] = field(default_factory=list)
+    # A request of this kind is about to run on the model thread (one answered without the
+    # model never gets here): a hook stops the work that yields to it and returns the work it
+    # waits for instead (`TabloopServer.model_turn`).
+    model_turn: list[Callable[[ModelWork], Collection[asyncio.Future[Any]]]] = field(
+        default_factory=list
+    )
     accept: list[Callable[[str, list[Any]], None]] = field(default_factory=list)
     outcome: list[Callable[[OutcomeEvent], None]] = field(default_factory=list)
     retention: list[Callable[[RetentionEvent], None]] = field(default_factory=list)
@@ -285,6 +291,21 @@ class TabloopServer(LanguageServer):
                 hook(active, kind)
             except Exception:
                 log.exception("completion hook failed")
+
+    async def model_turn(self, kind: ModelWork) -> bool:
+        """A request of `kind` is about to run on the model thread: the `model_turn` hooks stop
+        what yields to it, and it waits for what they say it should not overtake. Whether it
+        waited (the document may have changed meanwhile)."""
+        waits: list[asyncio.Future[Any]] = []
+        for hook in self.hooks.model_turn:
+            try:
+                waits.extend(hook(kind))
+            except Exception:
+                log.exception("model turn hook failed")
+        if not waits:
+            return False
+        await asyncio.wait(waits)  # a cancelled request leaves them running
+        return True
 
     def remember(self, decision: Decision, request: CompletionRequest) -> None:
         """Keep a decision for the accept command and tell the features."""

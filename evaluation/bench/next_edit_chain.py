@@ -17,13 +17,18 @@ the acceptance (the debounce and the round trip), are reported for both servers,
 were answered without a model call (`reused`) and whether both servers answered alike. A shown
 second answer is then dismissed, as a user going on to the next point would.
 
+With `--inline-after-tab-ms MS` the client also asks for an inline completion at the cursor MS
+after the acceptance, as Neovim's own inline completion does 200 ms after the cursor moves (VS
+Code asks for none after a command's edit). That request takes the model thread too; its round
+trip and whether it showed a suggestion are reported beside the chain.
+
 Both servers see the same edits in the same order, so the prompts are the same; they may still
 show different edits at a point (bfloat16 products round by the size of a pass, and a prefetched
 rewrite can be read in other passes than a requested one), and a chain is timed only where a
 server showed one: `chains.both` counts the points where both did.
 
     tabloop bench next-edit-chain --repo DIR [--commits A..B | --last 100] [--points 100]
-        [--seed 0] [--read-ms 1000] [--json]
+        [--seed 0] [--read-ms 1000] [--inline-after-tab-ms MS] [--json]
 """
 
 from __future__ import annotations
@@ -183,6 +188,16 @@ class Server:
         )
         return position_at(after, cursor)
 
+    async def ask_inline(
+        self, uri: str, cursor: tuple[int, int], after_ms: float
+    ) -> tuple[float, bool]:
+        """An automatic inline completion request at `cursor` `after_ms` from now: its round
+        trip and whether it showed a suggestion (none is accepted)."""
+        await asyncio.sleep(after_ms / 1000)
+        started = time.perf_counter()
+        items = await self.client.inline(uri, *cursor, invoked=False)
+        return (time.perf_counter() - started) * 1000, bool(items)
+
     def dismiss(self, items: list[dict[str, Any]]) -> None:
         self.client.protocol.notify(
             NEXT_EDIT_REJECTED_NOTIFICATION, {"id": items[0]["id"], "reason": "dismissed"}
@@ -212,10 +227,14 @@ async def run_point(server: Server, point: EditPoint, args: argparse.Namespace) 
     await asyncio.sleep(args.read_ms / 1000)
     accepted_at = time.perf_counter()
     cursor = await server.accept(uri, items)
+    inline = None
+    if args.inline_after_tab_ms is not None:
+        inline = asyncio.create_task(server.ask_inline(uri, cursor, args.inline_after_tab_ms))
     await asyncio.sleep(args.debounce_ms / 1000)
     second, request_ms = await server.ask(uri, cursor)
     from_accept_ms = (time.perf_counter() - accepted_at) * 1000
     timing = await server.last_timing()
+    inline_found = await inline if inline is not None else None
     if second:
         server.dismiss(second)
     chained = {
@@ -229,6 +248,8 @@ async def run_point(server: Server, point: EditPoint, args: argparse.Namespace) 
         "answer": [(i["range"], i["text"]) for i in second],
         "first": [(i["range"], i["text"]) for i in items],
     }
+    if inline_found is not None:
+        chained["inline_ms"], chained["inline_shown"] = inline_found
     server.chained.append(chained)
     return chained
 
@@ -237,6 +258,7 @@ def summary(server: Server) -> dict[str, Any]:
     chained = server.chained
     request = [c["request_ms"] for c in chained]
     from_accept = [c["from_accept_ms"] for c in chained]
+    inline = [c["inline_ms"] for c in chained if "inline_ms" in c]
     return {
         "points": len(server.first_ms),
         "first_request_ms": {
@@ -258,6 +280,17 @@ def summary(server: Server) -> dict[str, Any]:
             outcome: sum(c["outcome"] == outcome for c in chained)
             for outcome in sorted({c["outcome"] for c in chained})
         },
+        **(
+            {
+                "inline_after_tab_ms": {
+                    "p50": quantile(inline, 0.5),
+                    "p95": quantile(inline, 0.95),
+                },
+                "inline_after_tab_shown": sum(bool(c.get("inline_shown")) for c in chained),
+            }
+            if inline
+            else {}
+        ),
     }
 
 
@@ -345,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause-s", type=float, default=1.1, help="between the hunks")
     parser.add_argument("--debounce-ms", type=float, default=300.0, help="the clients' debounce")
     parser.add_argument("--read-ms", type=float, default=1000.0, help="reading before Tab")
+    parser.add_argument(
+        "--inline-after-tab-ms",
+        type=float,
+        default=None,
+        help="also ask for an inline completion this long after Tab (Neovim: 200)",
+    )
     parser.add_argument("--cache-dir", default="", help="the servers' cache (default: the usual)")
     parser.add_argument(
         "--options",
@@ -384,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             "pause_s": args.pause_s,
             "debounce_ms": args.debounce_ms,
             "read_ms": args.read_ms,
+            "inline_after_tab_ms": args.inline_after_tab_ms,
             "seed": args.seed,
             "servers": "defaults, index off, telemetry off; nextEdit.prefetch on / off",
             "options": args.server_options,

@@ -142,6 +142,12 @@ async def _decide(
             complete = functools.partial(
                 engine.complete, request, token, signals, pause_ms=pause_ms, defer_late=defer
             )
+            # Next-edit work on the model thread stops for it, but for the edit after one the
+            # user took with Tab, which it waits for.
+            if await ls.model_turn("inline") and not _is_current(ls, uri, request):
+                ls.counters.stale += 1
+                record.outcome = "stale"
+                return None
             record.reached_model = True
             try:
                 decision = await loop.run_in_executor(ls.model_executor, complete)

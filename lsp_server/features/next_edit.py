@@ -11,10 +11,12 @@ not the document's, when next edits are off or the model is not loaded, or when 
 can tell without the model that there is nothing to predict (no recent edit near the cursor).
 Otherwise the prediction runs on the model thread, one per document: a newer request, an edit
 to the document, its closing or `$/cancelRequest` cancels the one in flight within one decode
-step, and an inline completion request starting anywhere does too (an inline suggestion is
-worth more than a rewrite that has to wait). It runs on the runner `nextEdit.engine` names: the
-engine's own, or a torch bfloat16 runner of the same model, loaded on a thread of its own once
-the engine is ready (requests are answered empty until then). That runner serves the
+step, and so does an inline completion request about to run on the model anywhere (an inline
+suggestion is worth more than a rewrite that has to wait; one answered without the model leaves
+the rewrite running), but for the edit after one the user took with Tab, which the inline
+request waits for (`on_model_turn`). It runs on the runner `nextEdit.engine` names: the engine's
+own, or a torch bfloat16 runner of the same model, loaded on a thread of its own once the engine
+is ready (requests are answered empty until then). That runner serves the
 workspace's next-edit adapter where one serves (the next-edit track's registry,
 `training.edit_track`: what the training loop trains there, read again when the registry file
 changes), else the adapter the engine serves (`completion.next_edit.runner`). An answer whose
@@ -29,7 +31,8 @@ prediction, the one that accepting it leads to: the cursor after the last edit, 
 recorded in a copy of the history as the editor's change will be. The predictor keeps that
 rewrite by its prompt, so the request after Tab, which builds the same prompt, is answered
 without a model call. A change that does not make the accepted document, a dismissal or closing
-the document drops it; an inline completion request stops the prefetch (within a decoder layer).
+the document drops it; an inline completion request that runs on the model stops it (within a
+decoder layer) until it is accepted, then waits for it.
 
 Outcomes: the editor says when it shows a prediction (`textDocument/didShowInlineEdit` or
 `tabloop/nextEditShown`), runs `tabloop.acceptNextEdit` when the user accepts it, and sends
@@ -193,6 +196,8 @@ class NextEditFeature(DocumentListener):
     counters: NextEditCounters = field(default_factory=NextEditCounters)
     in_flight: dict[str, CancelToken] = field(default_factory=dict)
     ahead: dict[str, _Ahead] = field(default_factory=dict)  # by document
+    # The requests in flight answered from a prediction computed ahead for an accepted one.
+    chained: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
     answered: OrderedDict[str, Answered] = field(default_factory=OrderedDict)
     timings: deque[NextEditTiming] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
     _predictor: NextEditPredictor | None = None
@@ -411,10 +416,29 @@ class NextEditFeature(DocumentListener):
             ahead.token.cancel(reason)  # within a decoder layer
             self.counters.prefetch_cancelled += 1
 
-    def on_completion(self, active: bool, kind: ModelWork) -> None:
-        """An inline completion request began: it gets the model thread first."""
-        if active and kind == "inline":
-            self.cancel_all("an inline completion request came")
+    def on_model_turn(self, kind: ModelWork) -> list[asyncio.Future[Any]]:
+        """An inline completion request is about to run on the model thread: next-edit work
+        stops for it, except the edit after one the user took with Tab (the prediction computed
+        ahead for an accepted one, and the request answered from it), which it waits for: the
+        user is taking a chain of edits, and Neovim asks for an inline completion at the cursor
+        the acceptance moved. One answered without the model (before the model is ready,
+        silenced before it, with completions off) leaves all of it running."""
+        if kind != "inline":
+            return []
+        reason = "an inline completion request came to the model"
+        waits: list[asyncio.Future[Any]] = []
+        for uri in list(self.in_flight):
+            chained = self.chained.get(uri)
+            if chained is not None:
+                waits.append(chained)
+            else:
+                self.cancel(uri, reason)
+        for ahead in self.ahead.values():
+            if ahead.accepted and ahead.computing and ahead.task is not None:
+                waits.append(ahead.task)
+            else:
+                self._stop(ahead, reason)
+        return waits
 
     async def answer(self, params: NextEditParams, request_id: str) -> NextEditResult:
         """The next-edit request's answer; whatever happens, one timing record."""
@@ -483,8 +507,11 @@ class NextEditFeature(DocumentListener):
 
         loop = asyncio.get_running_loop()
         self.server.completion_activity(True, "next_edit")  # background training pauses
+        future = loop.run_in_executor(self.server.model_executor, predict)
+        if used and ahead is not None and ahead.accepted:
+            self.chained[uri] = future
         try:
-            prediction, after = await loop.run_in_executor(self.server.model_executor, predict)
+            prediction, after = await future
         except Cancelled:
             record.outcome = "cancelled"
             return NextEditResult()
@@ -495,6 +522,8 @@ class NextEditFeature(DocumentListener):
             self.server.completion_activity(False, "next_edit")
             if self.in_flight.get(uri) is token:
                 del self.in_flight[uri]
+            if self.chained.get(uri) is future:
+                del self.chained[uri]
         record.prediction = prediction
         if prediction.timings.reused:
             self.counters.prefetch_used += used
@@ -758,7 +787,7 @@ def register(server: TabloopServer) -> None:
     feature = server.add_feature(NextEditFeature(server))
     server.hooks.settings.append(feature.on_settings)
     server.hooks.documents.append(feature)
-    server.hooks.completion.append(feature.on_completion)
+    server.hooks.model_turn.append(feature.on_model_turn)
     server.hooks.ready.append(feature.on_ready)
     server.hooks.shutdown.append(feature.on_shutdown)
 

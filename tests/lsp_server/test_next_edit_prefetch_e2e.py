@@ -50,11 +50,13 @@ def rule(path: str, window: str) -> str:
 MODEL = ScriptedModel(
     rules={
         key: answer
-        for path in ("chain.py", "moved.py", "dismissed.py", "off.py")
+        for path in ("chain.py", "moved.py", "dismissed.py", "off.py", "read.py", "taken.py")
         for key, answer in ((rule(path, RENAMED), STEP1 + SEP), (rule(path, STEP1), STEP2 + SEP))
     }
     # After the second step, a rewrite of many tokens: with a slow model, one to stop midway.
     | {rule("dismissed.py", STEP2): STEP2 + "# " + "word " * 40 + "\n" + SEP}
+    # A third step: a comment on the last line.
+    | {rule("taken.py", STEP2): STEP2.replace("wide + w", "wide + w  # " + "word " * 10) + SEP}
 )
 
 
@@ -135,9 +137,6 @@ async def test_the_edit_after_an_accepted_one_comes_without_a_model_call(
     (second,) = await document.ask(1, 12)  # the cursor after the accepted edit
     assert (second["range"]["start"], second["text"]) == ({"line": 2, "character": 19}, "")
     timing = await last_timing(client)
-    print(MODEL.prompts[calls + 1])
-    print("=====")
-    print(MODEL.prompts[-1])
     assert (timing["outcome"], timing["reused"], timing["reached_model"]) == ("shown", True, True)
     # No model call for it; the next one asked about is the window after the second.
     await wait_for_model_call(calls + 2, MODEL)
@@ -186,6 +185,66 @@ async def test_a_dismissal_stops_a_prefetch_in_flight(
         document.edit(2, 4, 4, "# ")
         await document.ask(2, 6)
         assert (await last_timing(client))["reused"] is False
+    finally:
+        MODEL.token_delay_s = 0.0
+
+
+async def ask_inline(client: LanguageClient, uri: str, line: int, character: int) -> Any:
+    return await client.text_document_inline_completion_async(
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=character),
+            context=types.InlineCompletionContext(
+                trigger_kind=types.InlineCompletionTriggerKind.Automatic
+            ),
+        )
+    )
+
+
+async def test_an_inline_request_stops_a_prefetch_the_user_has_not_taken(
+    client: LanguageClient, workspace: Path
+) -> None:
+    MODEL.token_delay_s = 0.1  # each rewrite takes seconds
+    try:
+        cancelled = (await prefetch_status(client))["prefetchCancelled"]
+        document, first, _ = await shown_and_ahead(client, workspace, "read.py")
+        # One answered without the model (a document never opened) leaves the prefetch running.
+        unopened = await ask_inline(client, (workspace / "unopened.py").as_uri(), 0, 0)
+        assert not unopened.items
+        assert (await prefetch_status(client))["prefetchCancelled"] == cancelled
+        # While the edit is shown, an inline completion request takes the model thread.
+        await ask_inline(client, document.uri, 0, 11)
+        assert (await prefetch_status(client))["prefetchCancelled"] == cancelled + 1
+        assert "<|fim_prefix|>" in MODEL.prompts[-1]
+        await accept(client, document, first)
+        (second,) = await document.ask(1, 12)
+        assert second["range"]["start"] == {"line": 2, "character": 19}
+        assert (await last_timing(client))["reused"] is False
+    finally:
+        MODEL.token_delay_s = 0.0
+
+
+async def test_an_inline_request_waits_for_the_edit_after_tab(
+    client: LanguageClient, workspace: Path
+) -> None:
+    """Neovim asks for an inline completion 200 ms after the cursor moves, so also after Tab
+    took a next edit: the edit after it, being computed ahead, is not stopped for it."""
+    document, first, calls = await shown_and_ahead(client, workspace, "taken.py")
+    await accept(client, document, first)
+    MODEL.token_delay_s = 0.1  # the prediction after the second step takes seconds
+    try:
+        (second,) = await document.ask(1, 12)  # computed ahead: answered at once
+        await wait_for_model_call(calls + 2, MODEL)
+        cancelled = (await prefetch_status(client))["prefetchCancelled"]
+        await accept(client, document, second)
+        inline = asyncio.create_task(ask_inline(client, document.uri, 2, 19))
+        (third,) = await document.ask(2, 19)
+        timing = await last_timing(client)
+        assert (timing["outcome"], timing["reused"]) == ("shown", True)
+        assert third["text"].startswith("  # word")
+        await inline
+        assert any("<|fim_prefix|>" in prompt for prompt in MODEL.prompts[calls + 3 :])
+        assert (await prefetch_status(client))["prefetchCancelled"] == cancelled
     finally:
         MODEL.token_delay_s = 0.0
 

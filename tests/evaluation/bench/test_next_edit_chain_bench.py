@@ -73,6 +73,7 @@ def test_a_chain_after_an_accepted_edit_is_answered_ahead_only_with_prefetch(
         argv = ["--repo", str(tmp_path / "repo"), "--commits", f"{ids[0]}..{ids[1]}"]
         argv += ["--points", "10", "--read-ms", "200", "--debounce-ms", "50", "--pause-s", "1.05"]
         argv += ["--cache-dir", str(tmp_path / "cache"), "--options", json.dumps(options)]
+        argv += ["--inline-after-tab-ms", "20"]  # as Neovim asks, sooner
         assert main([*argv, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["points"] == 2  # after each of the two hunks
@@ -82,6 +83,9 @@ def test_a_chain_after_an_accepted_edit_is_answered_ahead_only_with_prefetch(
         assert server["points"] == 2
         assert server["edits_shown"] == server["chains"] == 1  # at the rename's point
         assert server["chained_outcomes"] == {"shown": 1}  # STEP1 -> STEP2
+        # The inline request after Tab was answered (empty: the model writes nothing there).
+        assert server["inline_after_tab_shown"] == 0
+        assert server["inline_after_tab_ms"]["p50"] is not None
     assert (prefetch["chained_reused"], prefetch["chained_model_calls"]) == (1, 0)
     assert (baseline["chained_reused"], baseline["chained_model_calls"]) == (0, 1)
     assert prefetch["prefetch"]["prefetchUsed"] == 1
