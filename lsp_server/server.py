@@ -62,9 +62,9 @@ class Hooks:
     # A request that wants the model began (True) or its handler ended (False), however it
     # ended, and its kind: `inline` (a completion) or `next_edit`.
     completion: list[Callable[[bool, ModelWork], None]] = field(default_factory=list)
-    # A request of this kind is about to run on the model thread (one answered without the
-    # model never gets here): a hook stops the work that yields to it and returns the work it
-    # waits for instead (`TabloopServer.model_turn`).
+    # A request of this kind is about to run on the model thread (one answered without it never
+    # gets here): a hook stops the work that yields to it and returns the work it waits for
+    # instead (`TabloopServer.model_turn`).
     model_turn: list[Callable[[ModelWork], Collection[asyncio.Future[Any]]]] = field(
         default_factory=list
     )
@@ -294,18 +294,21 @@ class TabloopServer(LanguageServer):
 
     async def model_turn(self, kind: ModelWork) -> bool:
         """A request of `kind` is about to run on the model thread: the `model_turn` hooks stop
-        what yields to it, and it waits for what they say it should not overtake. Whether it
-        waited (the document may have changed meanwhile)."""
-        waits: list[asyncio.Future[Any]] = []
-        for hook in self.hooks.model_turn:
-            try:
-                waits.extend(hook(kind))
-            except Exception:
-                log.exception("model turn hook failed")
-        if not waits:
-            return False
-        await asyncio.wait(waits)  # a cancelled request leaves them running
-        return True
+        what yields to it, and it waits for what they say it should not overtake, asking again
+        after each wait (work started meanwhile yields too), so that the last ask comes right
+        before the request takes its turn. Whether it waited (the document may have changed)."""
+        waited = False
+        while True:
+            waits: list[asyncio.Future[Any]] = []
+            for hook in self.hooks.model_turn:
+                try:
+                    waits.extend(hook(kind))
+                except Exception:
+                    log.exception("model turn hook failed")
+            if not waits:
+                return waited
+            await asyncio.wait(waits)  # a cancelled request leaves them running
+            waited = True
 
     def remember(self, decision: Decision, request: CompletionRequest) -> None:
         """Keep a decision for the accept command and tell the features."""

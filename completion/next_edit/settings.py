@@ -85,8 +85,9 @@ class NextEditSettings(BaseModel):
         True,
         description="After showing a predicted edit, compute the prediction that accepting it "
         "leads to while the user reads it, so that the next edit after Tab comes without "
-        "waiting for the model; dropped at any other edit, a dismissal or an inline completion "
-        "request.",
+        "waiting for the model; dropped at any other edit or a dismissal, and stopped before "
+        "Tab by an inline completion request that needs the model (after Tab, that request "
+        "waits for it).",
     )
     learn_settle_s: float = Field(
         20.0,

@@ -142,8 +142,9 @@ async def _decide(
             complete = functools.partial(
                 engine.complete, request, token, signals, pause_ms=pause_ms, defer_late=defer
             )
-            # Next-edit work on the model thread stops for it, but for the edit after one the
-            # user took with Tab, which it waits for.
+            # Next-edit work on the model thread stops for it (the answer may come from the
+            # completion cache there, but the thread runs one job at a time), but for the edit
+            # after one the user took with Tab, which it waits for.
             if await ls.model_turn("inline") and not _is_current(ls, uri, request):
                 ls.counters.stale += 1
                 record.outcome = "stale"

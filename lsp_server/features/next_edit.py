@@ -30,9 +30,10 @@ edit before it. With `nextEdit.prefetch`, the model thread computes, while the u
 prediction, the one that accepting it leads to: the cursor after the last edit, the acceptance
 recorded in a copy of the history as the editor's change will be. The predictor keeps that
 rewrite by its prompt, so the request after Tab, which builds the same prompt, is answered
-without a model call. A change that does not make the accepted document, a dismissal or closing
-the document drops it; an inline completion request that runs on the model stops it (within a
-decoder layer) until it is accepted, then waits for it.
+without a model call (waiting for it under its cancel token when it is not done). A change that
+does not make the accepted document, a dismissal, closing the document, a newer request there or
+an edit elsewhere drops it; an inline completion request that runs on the model stops it (within
+a decoder layer) until it is accepted, then waits for it.
 
 Outcomes: the editor says when it shows a prediction (`textDocument/didShowInlineEdit` or
 `tabloop/nextEditShown`), runs `tabloop.acceptNextEdit` when the user accepts it, and sends
@@ -60,7 +61,7 @@ from pygls.uris import to_fs_path
 
 from completion.adapters import AdapterError
 from completion.next_edit import Edit, EditHistory, NextEditPrediction, NextEditPredictor
-from completion.next_edit.accepted import accepted_state, applied
+from completion.next_edit.accepted import accepted_state, applied, cursor_after
 from completion.next_edit.runner import follow_adapter, load_next_edit_runner, next_edit_engine
 from completion.next_edit.screen import ScreenError, load_screen
 from completion.types import Cancelled, CancelToken
@@ -140,6 +141,7 @@ class _Ahead:
 
     prediction_id: str
     lines: tuple[str, ...]
+    cursor_line: int  # where accepting leaves the cursor (the window's centre)
     accepted: bool = False
     token: CancelToken = field(default_factory=CancelToken)
     task: asyncio.Task[None] | None = None
@@ -196,8 +198,11 @@ class NextEditFeature(DocumentListener):
     counters: NextEditCounters = field(default_factory=NextEditCounters)
     in_flight: dict[str, CancelToken] = field(default_factory=dict)
     ahead: dict[str, _Ahead] = field(default_factory=dict)  # by document
-    # The requests in flight answered from a prediction computed ahead for an accepted one.
-    chained: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+    # The requests in flight answered from a prediction computed ahead for an accepted one:
+    # their token (the prefetch's), their model job, and the prefetch (no longer in `ahead`).
+    chained: dict[str, tuple[CancelToken, asyncio.Future[Any], _Ahead]] = field(
+        default_factory=dict
+    )
     answered: OrderedDict[str, Answered] = field(default_factory=OrderedDict)
     timings: deque[NextEditTiming] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
     _predictor: NextEditPredictor | None = None
@@ -385,6 +390,9 @@ class NextEditFeature(DocumentListener):
         if not self.enabled or not change.edits or document is None:
             return
         record_change(self.history, self.path_of(uri), change, document.lines, new_event=accepted)
+        # The other documents' predictions ahead read a history this edit is not in.
+        for other in [other for other in self.ahead if other != uri]:
+            self.drop_ahead(other, "an edit in another document")
 
     def did_close(self, uri: str) -> None:
         self.cancel(uri, "document closed")
@@ -395,6 +403,9 @@ class NextEditFeature(DocumentListener):
     def cancel(self, uri: str, reason: str) -> None:
         token = self.in_flight.pop(uri, None)
         if token is not None:
+            chained = self.chained.get(uri)
+            if chained is not None and chained[0] is token and chained[2].computing:
+                self.counters.prefetch_cancelled += 1  # the prefetch it waits for stops too
             token.cancel(reason)
 
     def cancel_all(self, reason: str) -> None:
@@ -427,10 +438,10 @@ class NextEditFeature(DocumentListener):
             return []
         reason = "an inline completion request came to the model"
         waits: list[asyncio.Future[Any]] = []
-        for uri in list(self.in_flight):
+        for uri, token in list(self.in_flight.items()):
             chained = self.chained.get(uri)
-            if chained is not None:
-                waits.append(chained)
+            if chained is not None and chained[0] is token and not chained[1].done():
+                waits.append(chained[1])
             else:
                 self.cancel(uri, reason)
         for ahead in self.ahead.values():
@@ -474,21 +485,28 @@ class NextEditFeature(DocumentListener):
         cursor = (position.line, position.character)
         path = self.path_of(uri)
         lines = document.lines
-        # What was computed ahead here is used (this request waits for it on the model thread)
-        # when this is the document it was computed for, else stopped.
-        ahead = self.ahead.get(uri)
-        used = ahead is not None and ahead.task is not None and ahead.lines == lines
-        if used:
-            del self.ahead[uri]
-        else:
-            self.drop_ahead(uri, "superseded")
+        # What was computed ahead here is used when it is still being computed or done for this
+        # document and the cursor's line (the window): this request waits for it on the model
+        # thread, under its token, so that what stops the request stops it too. Else it stops.
+        ahead = self.ahead.pop(uri, None)
+        used = (
+            ahead is not None
+            and ahead.task is not None
+            and not ahead.token.cancelled
+            and ahead.lines == lines
+            and ahead.cursor_line == cursor[0]
+        )
+        if ahead is not None and not used:
+            self._stop(ahead, "superseded")
         quick = predictor.quick_answer(path, cursor, self.history)
         if quick is not None:
             # No model call, nothing to wait for: answered on the event loop.
+            if ahead is not None and used:
+                self._stop(ahead, "not needed")
             record.prediction = quick
             record.outcome = "no_change"
             return NextEditResult()
-        token = CancelToken()
+        token = ahead.token if ahead is not None and used else CancelToken()
         self.cancel(uri, "superseded")
         self.in_flight[uri] = token
         serving = self.server.engine.runner if self.server.engine else None
@@ -509,7 +527,7 @@ class NextEditFeature(DocumentListener):
         self.server.completion_activity(True, "next_edit")  # background training pauses
         future = loop.run_in_executor(self.server.model_executor, predict)
         if used and ahead is not None and ahead.accepted:
-            self.chained[uri] = future
+            self.chained[uri] = (token, future, ahead)
         try:
             prediction, after = await future
         except Cancelled:
@@ -522,7 +540,7 @@ class NextEditFeature(DocumentListener):
             self.server.completion_activity(False, "next_edit")
             if self.in_flight.get(uri) is token:
                 del self.in_flight[uri]
-            if self.chained.get(uri) is future:
+            if uri in self.chained and self.chained[uri][1] is future:
                 del self.chained[uri]
         record.prediction = prediction
         if prediction.timings.reused:
@@ -570,7 +588,7 @@ class NextEditFeature(DocumentListener):
         `nextEdit.prefetch` compute on the model thread the prediction there, so that the
         predictor keeps its rewrite for the request after Tab."""
         self.drop_ahead(uri, "superseded")
-        ahead = self.ahead[uri] = _Ahead(prediction_id, after)
+        ahead = self.ahead[uri] = _Ahead(prediction_id, after, cursor_after(prediction.edits)[0])
         predictor = self._predictor
         if not self.server.settings.next_edit.prefetch or predictor is None:
             return

@@ -50,11 +50,16 @@ def rule(path: str, window: str) -> str:
 MODEL = ScriptedModel(
     rules={
         key: answer
-        for path in ("chain.py", "moved.py", "dismissed.py", "off.py", "read.py", "taken.py")
+        for path in (
+            *("chain.py", "moved.py", "dismissed.py", "off.py", "read.py", "taken.py", "typed.py"),
+        )
         for key, answer in ((rule(path, RENAMED), STEP1 + SEP), (rule(path, STEP1), STEP2 + SEP))
     }
     # After the second step, a rewrite of many tokens: with a slow model, one to stop midway.
-    | {rule("dismissed.py", STEP2): STEP2 + "# " + "word " * 40 + "\n" + SEP}
+    | {
+        rule(path, STEP2): STEP2 + "# " + "word " * 40 + "\n" + SEP
+        for path in ("dismissed.py", "typed.py")
+    }
     # A third step: a comment on the last line.
     | {rule("taken.py", STEP2): STEP2.replace("wide + w", "wide + w  # " + "word " * 10) + SEP}
 )
@@ -102,7 +107,7 @@ async def shown_and_ahead(
     client: LanguageClient, workspace: Path, name: str
 ) -> tuple[Document, dict[str, Any], int]:
     """A document where the user renamed `width`, the edit shown there, and the model calls
-    before it, once the one after it has been computed ahead."""
+    before it, once the model has been asked about the one after it."""
     document = Document(client, workspace, name, BEFORE)
     document.edit(0, 10, 15, "w")
     calls = len(MODEL.prompts)
@@ -235,7 +240,7 @@ async def test_an_inline_request_waits_for_the_edit_after_tab(
     try:
         (second,) = await document.ask(1, 12)  # computed ahead: answered at once
         await wait_for_model_call(calls + 2, MODEL)
-        cancelled = (await prefetch_status(client))["prefetchCancelled"]
+        used = (await prefetch_status(client))["prefetchUsed"]
         await accept(client, document, second)
         inline = asyncio.create_task(ask_inline(client, document.uri, 2, 19))
         (third,) = await document.ask(2, 19)
@@ -244,7 +249,38 @@ async def test_an_inline_request_waits_for_the_edit_after_tab(
         assert third["text"].startswith("  # word")
         await inline
         assert any("<|fim_prefix|>" in prompt for prompt in MODEL.prompts[calls + 3 :])
-        assert (await prefetch_status(client))["prefetchCancelled"] == cancelled
+        assert (await prefetch_status(client))["prefetchUsed"] == used + 1
+    finally:
+        MODEL.token_delay_s = 0.0
+
+
+async def test_typing_stops_a_prefetch_the_request_after_tab_waits_for(
+    client: LanguageClient, workspace: Path
+) -> None:
+    document, first, calls = await shown_and_ahead(client, workspace, "typed.py")
+    MODEL.token_delay_s = 0.5  # from here each rewrite takes seconds
+    try:
+        await accept(client, document, first)
+        (second,) = await document.ask(1, 12)  # computed ahead: answered at once
+        await wait_for_model_call(calls + 2, MODEL)  # the one after it is being computed
+        cancelled = (await prefetch_status(client))["prefetchCancelled"]
+        await accept(client, document, second)
+        requests = (await status_of(client))["nextEdit"]["requests"]
+        waiting = asyncio.create_task(document.ask(2, 19))  # waits for that prefetch
+
+        async def arrived() -> bool:
+            # Its handler runs without a pause up to its wait on the model thread.
+            return bool((await status_of(client))["nextEdit"]["requests"] > requests)
+
+        await until(arrived, "the request after Tab reached the server")
+        document.edit(0, 0, 0, "# ")  # the user types instead: both stop
+        assert await waiting == []
+        assert (await last_timing(client))["outcome"] == "cancelled"
+        assert (await prefetch_status(client))["prefetchCancelled"] == cancelled + 1
+        # The model thread is free again: a request there is answered.
+        document.edit(0, 2, 2, "x")
+        await document.ask(0, 3)
+        assert (await last_timing(client))["outcome"] in ("shown", "no_change")
     finally:
         MODEL.token_delay_s = 0.0
 

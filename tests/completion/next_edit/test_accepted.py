@@ -136,7 +136,7 @@ def test_a_prediction_computed_ahead_answers_the_request_after_the_acceptance() 
     history.record_edit("f.py", document_lines(RENAMED), 0, 10, "width", "w")
     model = chain_model()
     predictor = chain_predictor(model, keep=4)
-    clock[0] = 12.0
+    clock[0] = 10.3  # after the clients' debounce
     shown = predictor.predict(RENAMED, "f.py", (0, 10), history)
     assert [(e.range, e.text) for e in shown.edits] == [((1, 12, 1, 16), "")]
 
@@ -146,9 +146,11 @@ def test_a_prediction_computed_ahead_answers_the_request_after_the_acceptance() 
     computed = predictor.predict(state.lines, "f.py", state.cursor, ahead, now=state.at)
     assert computed.reason == "predicted" and len(model.prompts) == 2
 
-    # The user accepts 3 s later; the server records the editor's change in its history.
-    clock[0] = 15.0
-    history.record_edit("f.py", document_lines(STEP1), 1, 12, "idth", "")
+    # The user accepts at once, within the pause that merges edits; the server records the
+    # editor's change as an event of its own, as the prediction computed ahead did.
+    clock[0] = 10.8
+    history.record_edit("f.py", document_lines(STEP1), 1, 12, "idth", "", new_event=True)
+    assert len(history.events()) == 2
     answer = predictor.predict(STEP1, "f.py", (1, 12), history)
     assert answer.timings.reused and answer.timings.reached_model
     assert len(model.prompts) == 2  # no model call
