@@ -286,6 +286,7 @@ class ModelStatus(TypedDict):
     calls: int
     prefillTokens: int
     typingCacheHits: int
+    jobs: int  # model-thread jobs queued or running (0: idle)
 
 
 class ServerStatus(TypedDict, total=False):

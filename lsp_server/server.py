@@ -80,6 +80,37 @@ class Hooks:
     shutdown: list[Callable[[], None]] = field(default_factory=list)
 
 
+class ModelThread(ThreadPoolExecutor):
+    """The model thread: one job at a time, counting those queued or running (`jobs`, in
+    `tabloop/status` as `model.jobs`: 0 when the model is idle)."""
+
+    def __init__(self) -> None:
+        super().__init__(1, thread_name_prefix="tabloop-model")
+        self._lock = threading.Lock()
+        self._jobs = 0
+
+    @property
+    def jobs(self) -> int:
+        return self._jobs
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        def run() -> Any:
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with self._lock:
+                    self._jobs -= 1
+
+        with self._lock:
+            self._jobs += 1
+        try:
+            return super().submit(run)
+        except BaseException:
+            with self._lock:
+                self._jobs -= 1
+            raise
+
+
 @dataclass
 class DecisionRecord:
     """A decision the server answered with, kept so the accept command can find it."""
@@ -117,7 +148,7 @@ class TabloopServer(LanguageServer):
         self.model_state: ModelState = "loading"
         self.model_error = ""
         # Model work runs here, one call at a time, never on the event loop.
-        self.model_executor = ThreadPoolExecutor(1, thread_name_prefix="tabloop-model")
+        self.model_executor = ModelThread()
         self.in_flight: dict[str, CancelToken] = {}
         self.decisions: OrderedDict[str, DecisionRecord] = OrderedDict()
         self.hooks = Hooks()
@@ -339,6 +370,7 @@ class TabloopServer(LanguageServer):
                 "calls": engine.model_calls if engine else 0,
                 "prefillTokens": engine.prefill_tokens if engine else 0,
                 "typingCacheHits": engine.cache.hits if engine else 0,
+                "jobs": self.model_executor.jobs,
             },
             "policy": {"version": self.policy_version()},
             "telemetry": {"level": self.settings.telemetry.level},

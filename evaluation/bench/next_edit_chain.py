@@ -3,7 +3,10 @@
 Two real servers run over stdio, each with its default settings but one: `nextEdit.prefetch`
 on (the default) and off (the baseline). Both are driven through the same edits of a real
 repository's history, point by point, the order of the two alternating from point to point, so
-that a change in the machine's load falls on both alike; only one works at a time.
+that a change in the machine's load falls on both alike; only one works at a time: after each
+point the client waits until that server's model thread is idle (`tabloop/status`'s
+`model.jobs`; work the server goes on with by itself, such as computing the inline suggestion
+after a shown one, would otherwise run beside the other server's point).
 
 At each point (drawn as `tabloop eval edits` draws them: `training.edit_replay`, the last
 `--history` hunks the point's history holds) the client makes the hunks in their documents, each
@@ -107,6 +110,8 @@ class Server:
     first_reasons: dict[str, int] = field(default_factory=dict)
     shown: int = 0
     chained: list[dict[str, Any]] = field(default_factory=list)
+    idle_wait_ms: list[float] = field(default_factory=list)
+    not_idle: int = 0
 
     def uri(self, path: str) -> str:
         return (self.root / path).as_uri()
@@ -198,6 +203,18 @@ class Server:
         items = await self.client.inline(uri, *cursor, invoked=False)
         return (time.perf_counter() - started) * 1000, bool(items)
 
+    async def wait_until_idle(self, timeout_s: float = 120.0) -> None:
+        """Until the model thread has no job queued or running (at most `timeout_s`, then
+        counted in `not_idle`); the wait is kept."""
+        started = time.perf_counter()
+        deadline = time.monotonic() + timeout_s
+        while (await self.client.status())["model"].get("jobs", 0):
+            if time.monotonic() > deadline:
+                self.not_idle += 1
+                break
+            await asyncio.sleep(0.05)
+        self.idle_wait_ms.append((time.perf_counter() - started) * 1000)
+
     def dismiss(self, items: list[dict[str, Any]]) -> None:
         self.client.protocol.notify(
             NEXT_EDIT_REJECTED_NOTIFICATION, {"id": items[0]["id"], "reason": "dismissed"}
@@ -276,6 +293,12 @@ def summary(server: Server) -> dict[str, Any]:
         },
         "chained_reused": sum(c["reused"] for c in chained),
         "chained_model_calls": sum(c["reached_model"] and not c["reused"] for c in chained),
+        "idle_wait_ms": {
+            "p50": quantile(server.idle_wait_ms, 0.5),
+            "p95": quantile(server.idle_wait_ms, 0.95),
+            "max": round(max(server.idle_wait_ms), 1) if server.idle_wait_ms else None,
+            "not_idle": server.not_idle,
+        },
         "chained_outcomes": {
             outcome: sum(c["outcome"] == outcome for c in chained)
             for outcome in sorted({c["outcome"] for c in chained})
@@ -332,7 +355,10 @@ async def run(args: argparse.Namespace, points: list[EditPoint]) -> dict[str, An
         try:
             for number, point in enumerate(points):
                 order = SERVERS if number % 2 == 0 else SERVERS[::-1]
-                found = {name: await run_point(servers[name], point, args) for name in order}
+                found = {}
+                for name in order:
+                    found[name] = await run_point(servers[name], point, args)
+                    await servers[name].wait_until_idle()
                 if all(f["shown"] for f in found.values()):
                     both += 1
                     first, second = (found[name] for name in SERVERS)

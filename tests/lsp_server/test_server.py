@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from lsp_server.features.index import IndexFeature
 from lsp_server.features.policy import PolicyFeature
 from lsp_server.features.telemetry import TelemetryFeature
 from lsp_server.retrieval import WorkspaceContext
-from lsp_server.server import TabloopServer
+from lsp_server.server import ModelThread, TabloopServer
 
 
 class Part:
@@ -73,3 +74,23 @@ def test_a_screen_file_that_cannot_be_read_is_shown_as_a_problem(
     server.init_options["nextEdit"]["screenBelow"] = 0
     server.resolve_settings()
     assert len(shown) == 1
+
+
+def test_the_model_thread_counts_its_jobs_queued_and_running() -> None:
+    thread = ModelThread()
+    release = threading.Event()
+    try:
+        running = thread.submit(release.wait, 30)
+        queued = thread.submit(lambda: 1 / 0)  # fails when its turn comes
+        assert thread.jobs == 2
+        release.set()
+        assert running.result(timeout=30) is True
+        with pytest.raises(ZeroDivisionError):
+            queued.result(timeout=30)
+        assert thread.jobs == 0
+    finally:
+        release.set()
+        thread.shutdown(wait=True)
+    with pytest.raises(RuntimeError):  # after shutdown: refused, and not counted
+        thread.submit(print)
+    assert thread.jobs == 0

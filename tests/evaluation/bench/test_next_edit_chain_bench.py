@@ -86,6 +86,8 @@ def test_a_chain_after_an_accepted_edit_is_answered_ahead_only_with_prefetch(
         # The inline request after Tab was answered (empty: the model writes nothing there).
         assert server["inline_after_tab_shown"] == 0
         assert server["inline_after_tab_ms"]["p50"] is not None
+        # Each point ended with the server idle (its model thread has no job).
+        assert server["idle_wait_ms"]["not_idle"] == 0 and server["idle_wait_ms"]["p50"] is not None
     assert (prefetch["chained_reused"], prefetch["chained_model_calls"]) == (1, 0)
     assert (baseline["chained_reused"], baseline["chained_model_calls"]) == (0, 1)
     assert prefetch["prefetch"]["prefetchUsed"] == 1
