@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,16 @@ async def client(
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.getbasetemp() / "prefetch-ws"
+
+
+@contextmanager
+def slow_model(token_delay_s: float) -> Iterator[None]:
+    """Each step of the scripted model takes `token_delay_s` inside the block."""
+    MODEL.token_delay_s = token_delay_s
+    try:
+        yield
+    finally:
+        MODEL.token_delay_s = 0.0
 
 
 async def prefetch_status(client: LanguageClient) -> dict[str, int]:
@@ -170,8 +181,7 @@ async def test_a_dismissal_stops_a_prefetch_in_flight(
     client: LanguageClient, workspace: Path
 ) -> None:
     document, first, calls = await shown_and_ahead(client, workspace, "dismissed.py")
-    MODEL.token_delay_s = 0.5  # from here each rewrite takes seconds
-    try:
+    with slow_model(0.5):  # from here each rewrite takes seconds
         cancelled = (await prefetch_status(client))["prefetchCancelled"]
         await accept(client, document, first)
         (second,) = await document.ask(1, 12)  # computed ahead: answered at once
@@ -190,8 +200,6 @@ async def test_a_dismissal_stops_a_prefetch_in_flight(
         document.edit(2, 4, 4, "# ")
         await document.ask(2, 6)
         assert (await last_timing(client))["reused"] is False
-    finally:
-        MODEL.token_delay_s = 0.0
 
 
 async def ask_inline(client: LanguageClient, uri: str, line: int, character: int) -> Any:
@@ -209,8 +217,7 @@ async def ask_inline(client: LanguageClient, uri: str, line: int, character: int
 async def test_an_inline_request_stops_a_prefetch_the_user_has_not_taken(
     client: LanguageClient, workspace: Path
 ) -> None:
-    MODEL.token_delay_s = 0.1  # each rewrite takes seconds
-    try:
+    with slow_model(0.1):  # each rewrite takes seconds
         cancelled = (await prefetch_status(client))["prefetchCancelled"]
         document, first, _ = await shown_and_ahead(client, workspace, "read.py")
         # One answered without the model (a document never opened) leaves the prefetch running.
@@ -225,8 +232,6 @@ async def test_an_inline_request_stops_a_prefetch_the_user_has_not_taken(
         (second,) = await document.ask(1, 12)
         assert second["range"]["start"] == {"line": 2, "character": 19}
         assert (await last_timing(client))["reused"] is False
-    finally:
-        MODEL.token_delay_s = 0.0
 
 
 async def test_an_inline_request_waits_for_the_edit_after_tab(
@@ -236,8 +241,7 @@ async def test_an_inline_request_waits_for_the_edit_after_tab(
     took a next edit: the edit after it, being computed ahead, is not stopped for it."""
     document, first, calls = await shown_and_ahead(client, workspace, "taken.py")
     await accept(client, document, first)
-    MODEL.token_delay_s = 0.1  # the prediction after the second step takes seconds
-    try:
+    with slow_model(0.1):  # the prediction after the second step takes seconds
         (second,) = await document.ask(1, 12)  # computed ahead: answered at once
         await wait_for_model_call(calls + 2, MODEL)
         used = (await prefetch_status(client))["prefetchUsed"]
@@ -250,16 +254,13 @@ async def test_an_inline_request_waits_for_the_edit_after_tab(
         await inline
         assert any("<|fim_prefix|>" in prompt for prompt in MODEL.prompts[calls + 3 :])
         assert (await prefetch_status(client))["prefetchUsed"] == used + 1
-    finally:
-        MODEL.token_delay_s = 0.0
 
 
 async def test_typing_stops_a_prefetch_the_request_after_tab_waits_for(
     client: LanguageClient, workspace: Path
 ) -> None:
     document, first, calls = await shown_and_ahead(client, workspace, "typed.py")
-    MODEL.token_delay_s = 0.5  # from here each rewrite takes seconds
-    try:
+    with slow_model(0.5):  # from here each rewrite takes seconds
         await accept(client, document, first)
         (second,) = await document.ask(1, 12)  # computed ahead: answered at once
         await wait_for_model_call(calls + 2, MODEL)  # the one after it is being computed
@@ -281,8 +282,6 @@ async def test_typing_stops_a_prefetch_the_request_after_tab_waits_for(
         document.edit(0, 2, 2, "x")
         await document.ask(0, 3)
         assert (await last_timing(client))["outcome"] in ("shown", "no_change")
-    finally:
-        MODEL.token_delay_s = 0.0
 
 
 async def test_with_prefetch_off_nothing_is_computed_ahead(
