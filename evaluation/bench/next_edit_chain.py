@@ -208,7 +208,7 @@ class Server:
         counted in `not_idle`); the wait is kept."""
         started = time.perf_counter()
         deadline = time.monotonic() + timeout_s
-        while (await self.client.status())["model"].get("jobs", 0):
+        while (await self.client.status())["model"]["jobs"]:
             if time.monotonic() > deadline:
                 self.not_idle += 1
                 break
