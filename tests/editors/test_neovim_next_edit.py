@@ -10,6 +10,9 @@ chosen here, so what Neovim draws and applies is known exactly; it records what 
 - the next prediction (a line inserted above) is typed over, the one after is dismissed with
   <C-]>, the one after that left by moving the cursor: three rejections with their reasons;
 - a prediction far below the window gets a jump hint; <Tab> jumps there, <Tab> again applies it.
+  Neovim's own inline completion, which asks after every cursor move, asks nothing after the jump
+  or the acceptance (the server would answer ghost text on that line, which <Tab> would take
+  first), and asks again once a key is typed.
 
 `nvim/next_edit_server.lua` runs the same keys against the real server, whose model is scripted
 (it answers the next-edit prompt of the file with the rewritten window): a rename brings the
@@ -58,7 +61,9 @@ SCRIPT = {
             "when": "def area(w, h):\n    return width",
             "edits": [{"find": "width", "replace": "w"}, {"find": "height", "replace": "h"}],
         },
-    ]
+    ],
+    # Ghost text on the far line only: after the jump there, and after the edit is applied.
+    "inline": [{"when": "perimeter", "text": "  # ghost"}],
 }
 
 
@@ -187,6 +192,22 @@ def test_an_edit_off_screen_is_jumped_to_then_applied(report: dict[str, Any]) ->
     assert not [m for m in jumped["marks"] if m["virt_text_pos"] == "eol"]
     assert report["far_after"]["line"] == "perimeter = 2 * (w + h)"
     assert report["far_after"]["cursor"] == [FAR_LINE, len("perimeter = 2 * (w + h")]
+
+
+def test_ghost_text_waits_while_next_edits_hold_the_cursor(report: dict[str, Any]) -> None:
+    # Neovim asks after every cursor move; the jump and the cursor left after the edit are the
+    # plugin's, and the server would have answered ghost text on that line, which <Tab> takes
+    # first: no request went out, and the line stayed as the edit left it.
+    assert report["jumped"]["inline_requests"] == 0
+    assert report["far_after"]["inline_requests"] == 0
+    assert report["far_after"]["line_later"] == "perimeter = 2 * (w + h)"
+    # A typed key gives the cursor back to the ghost text: Neovim's own request, answered.
+    request = report["typed_after"]["request"]
+    assert request["triggerKind"] == 2 and request["answered"]
+    assert request["position"] == {
+        "line": FAR_LINE - 1,
+        "character": len("perimeter = 2 * (w + hx"),
+    }
 
 
 def test_no_stale_or_malformed_request_reached_the_server(report: dict[str, Any]) -> None:

@@ -7,7 +7,9 @@ the prediction. A request for an old
 version of the document, or a document no rule fits, is answered `{"edits": []}`. Everything the
 client sends about next edits (requests, cancellations, shows, rejections, `tabloop.acceptNextEdit`)
 is recorded and answered to the `scripted/log` request, so a test reads what the client did;
-`scripted/document` (`{"uri": ...}`) answers the server's copy of a document's text.
+`scripted/document` (`{"uri": ...}`) answers the server's copy of a document's text. It also
+answers `textDocument/inlineCompletion` (each request recorded too): ghost text from the script's
+`inline` rules, none by default.
 
     python -m tests.support.next_edit_server --script FILE   # LSP on stdin/stdout
 
@@ -15,7 +17,9 @@ The script (JSON): `{"rules": [{"when": str, "edits": [EDIT, ...]}], "delay_ms":
 is `{"find": str, "replace": str}` (every occurrence of `find` replaced) or `{"before": str,
 "insert": str}` (`insert` put in before the first occurrence of `before`); a rule without edits
 answers no change. `delay_ms` holds every answer back (a slow model), so that a test can see a
-request cancelled by the next one.
+request cancelled by the next one. `"inline": [{"when": str, "text": str}]`: an inline completion
+request whose cursor line holds `when` is answered `text` inserted at the cursor (the first rule
+that fits; no items otherwise).
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ class Rule:
 class Script:
     rules: list[Rule] = field(default_factory=list)
     delay_ms: int = 0
+    inline: list[tuple[str, str]] = field(default_factory=list)
+    """Ghost text: (`when` on the cursor's line, the text inserted at the cursor)."""
 
     @classmethod
     def read(cls, path: Path) -> Script:
@@ -88,7 +94,8 @@ class Script:
             Rule(rule["when"], tuple(ScriptedEdit.read(edit) for edit in rule["edits"]))
             for rule in data.get("rules", [])
         ]
-        return cls(rules, int(data.get("delay_ms", 0)))
+        inline = [(rule["when"], rule["text"]) for rule in data.get("inline", [])]
+        return cls(rules, int(data.get("delay_ms", 0)), inline)
 
 
 def position_at(text: str, offset: int) -> dict[str, int]:
@@ -170,6 +177,29 @@ def create_server(script: Script) -> LanguageServer:
         @server.feature(method)
         async def answer(params: Any, method: str = method) -> dict[str, Any]:
             return await next_edit(method, params)
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    def inline_completion(params: types.InlineCompletionParams) -> types.InlineCompletionList:
+        document = server.workspace.get_text_document(params.text_document.uri)
+        here = params.position
+        lines = document.lines
+        line = lines[here.line] if here.line < len(lines) else ""
+        text = next((text for when, text in script.inline if when in line), None)
+        log.append(
+            {
+                "method": types.TEXT_DOCUMENT_INLINE_COMPLETION,
+                "triggerKind": int(params.context.trigger_kind),
+                "position": {"line": here.line, "character": here.character},
+                "version": document.version,
+                "answered": text is not None,
+            }
+        )
+        items = (
+            []
+            if text is None
+            else [types.InlineCompletionItem(text, range=types.Range(here, here))]
+        )
+        return types.InlineCompletionList(items)
 
     for method in (*SHOWN_METHODS, REJECTED):
 

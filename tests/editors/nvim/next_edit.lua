@@ -2,7 +2,8 @@
 -- (`tests.support.next_edit_server`): typing a rename asks after the pause, the prediction is drawn
 -- with extmarks, <Tab> applies it (the server's copy of the document follows) and runs
 -- `tabloop.acceptNextEdit`; the next one is typed over, dismissed with <C-]>, left by moving the
--- cursor; an edit off screen gets a jump hint, <Tab> jumps there, <Tab> again applies it. Writes a
+-- cursor; an edit off screen gets a jump hint, <Tab> jumps there, <Tab> again applies it, and
+-- Neovim's inline completion asks nothing in between, nor after, until a key is typed. Writes a
 -- JSON report for tests/editors/test_neovim_next_edit.py.
 local h = dofile(vim.fs.joinpath(vim.fs.dirname(debug.getinfo(1, 'S').source:sub(2)), 'harness.lua'))
 local cfg, report = h.cfg, h.report
@@ -44,6 +45,11 @@ local function logged(name)
   return vim.tbl_filter(function(entry)
     return entry.method == name or entry.command == name
   end, server_log())
+end
+
+--- Neovim's automatic inline completion requests the plugin did not send in this buffer.
+local function held_back()
+  return require('tabloop.inline').held_back[h.bufnr] or 0
 end
 
 local function shown()
@@ -144,9 +150,15 @@ h.run(function()
     h.type_keys('<End># jump')
     wait_shown('the off-screen prediction')
     report.far = { marks = marks(), cursor = vim.api.nvim_win_get_cursor(0), top = vim.fn.line('w0'), bottom = vim.fn.line('w$') }
+    local inline_before = #logged('textDocument/inlineCompletion')
+    local held_before = held_back()
     h.type_keys('<Tab>')
     h.wait(5000, 'the jump', function()
       return vim.api.nvim_win_get_cursor(0)[1] == cfg.far_line
+    end)
+    -- Neovim's inline completion asks 200 ms after the cursor moved: the plugin holds it back.
+    h.wait(5000, 'the inline request after the jump, held back', function()
+      return held_back() > held_before
     end)
     report.jumped = {
       cursor = vim.api.nvim_win_get_cursor(0),
@@ -154,6 +166,7 @@ h.run(function()
       bottom = vim.fn.line('w$'),
       still_shown = shown() ~= nil,
       marks = marks(),
+      inline_requests = #logged('textDocument/inlineCompletion') - inline_before,
     }
     h.type_keys('<Tab>')
     h.wait(5000, 'the far edit applied', function()
@@ -163,6 +176,22 @@ h.run(function()
     h.wait(5000, 'the second acceptance', function()
       return #logged('tabloop.acceptNextEdit') >= 2
     end)
+    h.wait(5000, 'the inline request after the acceptance, held back', function()
+      return held_back() > held_before + 1
+    end)
+    report.far_after.inline_requests = #logged('textDocument/inlineCompletion') - inline_before
+    report.far_after.line_later = lines()[cfg.far_line]
+  end)
+
+  h.step('typed_after', function()
+    -- Typing hands the cursor back to the ghost text.
+    local inline_before = #logged('textDocument/inlineCompletion')
+    h.type_keys('x')
+    h.wait(5000, 'an inline completion request', function()
+      return #logged('textDocument/inlineCompletion') > inline_before
+    end)
+    local asked = logged('textDocument/inlineCompletion')
+    report.typed_after = { request = asked[#asked] }
     report.final_log = server_log()
     h.type_keys('<Esc>')
   end)

@@ -5,6 +5,11 @@
 --- request (trigger kind Invoked) and reports each one Neovim draws. Neovim keeps the items and the
 --- index of the one drawn to itself, so the plugin keeps its own index of the answer it watched,
 --- moved by the same rule as `vim.lsp.inline_completion.select` (wrapping at both ends).
+---
+--- Neovim asks on its own after every cursor move in insert mode; while next edits hold the cursor
+--- (`tabloop.next_edit.holds_cursor`: one shown, or the buffer as the last one taken left it), those
+--- automatic requests are not sent.
+local next_edit = require('tabloop.next_edit')
 local protocol = require('tabloop.protocol')
 
 local M = {}
@@ -25,6 +30,10 @@ M.answers = {}
 --- Per buffer: the handler Neovim gave its latest inline completion request, which draws an answer.
 ---@type table<integer, { client_id: integer, handler: function }?>
 M.handlers = {}
+
+--- Per buffer: how many of Neovim's automatic requests were not sent, next edits holding the cursor.
+---@type table<integer, integer>
+M.held_back = {}
 
 --- Per buffer: the move `select` asked for until the explicit request it sent is answered (cleared
 --- with the suggestion too: Neovim drops the answer of a request it cancels, on accept, dismiss
@@ -113,6 +122,10 @@ local function watch_answers(client)
     end
     local target = vim._resolve_bufnr(bufnr)
     local explicit = params and params.context and params.context.triggerKind == INVOKED or false
+    if not explicit and next_edit.holds_cursor(target) then
+      M.held_back[target] = (M.held_back[target] or 0) + 1
+      return false, nil -- not sent: Neovim asks again after the next keystroke or move
+    end
     M.handlers[target] = { client_id = self.id, handler = handler }
     return request(self, method, params, function(err, result, ctx, config)
       handler(err, result, ctx, config)
@@ -252,6 +265,7 @@ function M.attach(client, bufnr)
     callback = function()
       forget(bufnr, false)
       M.handlers[bufnr] = nil
+      M.held_back[bufnr] = nil
     end,
   })
 end

@@ -15,8 +15,9 @@ local M = {}
 M.DEBOUNCE_MS = 300
 local AUTOMATIC, INVOKED = 2, 1
 
---- Per buffer: the debounce timer, the request in flight, the prediction shown.
----@type table<integer, { timer: uv.uv_timer_t?, request: { client_id: integer, id: integer }?, shown: table? }>
+--- Per buffer: the debounce timer, the request in flight, the prediction shown, and where the
+--- last acceptance left the buffer (its changedtick and the cursor).
+---@type table<integer, { timer: uv.uv_timer_t?, request: { client_id: integer, id: integer }?, shown: table?, accepted: { tick: integer, cursor: integer[] }? }>
 M.buffers = {}
 
 ---@param bufnr integer
@@ -79,6 +80,30 @@ end
 function M.visible(bufnr)
   local buffer = M.buffers[vim._resolve_bufnr(bufnr)]
   return buffer and buffer.shown
+end
+
+--- Whether the cursor of `bufnr` belongs to next edits now: a prediction is shown there (also at
+--- the edit the plugin jumped to), or the buffer and the cursor are as the last acceptance left
+--- them. Typing or moving the cursor ends it. While it lasts, Neovim's own inline completion,
+--- which asks after every cursor move, the plugin's too, is kept from asking (`tabloop.inline`):
+--- ghost text there would come between <Tab> and the edit, or after it, beside the next one.
+---@param bufnr? integer
+---@return boolean
+function M.holds_cursor(bufnr)
+  bufnr = vim._resolve_bufnr(bufnr)
+  local buffer = M.buffers[bufnr]
+  if not buffer then
+    return false
+  end
+  if buffer.shown then
+    return true
+  end
+  local accepted = buffer.accepted
+  local winid = vim.fn.bufwinid(bufnr)
+  return accepted ~= nil
+    and winid ~= -1
+    and accepted.tick == vim.api.nvim_buf_get_changedtick(bufnr)
+    and vim.deep_equal(accepted.cursor, vim.api.nvim_win_get_cursor(winid))
 end
 
 ---@param bufnr integer
@@ -250,6 +275,10 @@ function M.accept(bufnr)
   local after = vim.api.nvim_buf_get_extmark_by_id(bufnr, view.NS, mark, {})
   vim.api.nvim_buf_del_extmark(bufnr, view.NS, mark)
   pcall(vim.api.nvim_win_set_cursor, winid, { after[1] + 1, after[2] })
+  state(bufnr).accepted = {
+    tick = vim.api.nvim_buf_get_changedtick(bufnr),
+    cursor = vim.api.nvim_win_get_cursor(winid),
+  }
   local command = { command = protocol.ACCEPT_NEXT_EDIT_COMMAND, arguments = { shown.items[1].id } }
   client:request('workspace/executeCommand', command, function() end, bufnr)
   schedule(bufnr) -- the accepted edit is typing too: the next prediction follows the pause
