@@ -14,9 +14,12 @@ as one whole-text `didChange` a pause apart (`--pause-s`, past the history's 1 s
 event of its own as in the replay), and asks for the next edit at the cursor after the client's
 debounce (`--debounce-ms`, the editors' 300 ms). When edits are shown, the user reads them for
 `--read-ms`, then accepts as the editors do on Tab: the edits applied as one change (the last
-first), the cursor after the last one, `tabloop.acceptNextEdit`; after the debounce the client
-asks again there. That second answer is what prefetch is for: its round trip, and its time from
-the acceptance (the debounce and the round trip), are reported for both servers, with how many
+first), the cursor after the last one, `tabloop.acceptNextEdit`; and asks again there at once,
+as both editors' clients do after Tab (`--after-tab-ms`: a wait before it; the clients, and the
+bench, used to wait the debounce there: results without `after_tab_ms` in their settings did).
+That second answer is what prefetch is for:
+its round trip, and its time from the acceptance (the wait and the round trip), are reported for
+both servers, with how many
 were answered without a model call (`reused`) and whether both servers answered alike. A shown
 second answer is then dismissed, as a user going on to the next point would.
 
@@ -31,7 +34,7 @@ rewrite can be read in other passes than a requested one), and a chain is timed 
 server showed one: `chains.both` counts the points where both did.
 
     tabloop bench next-edit-chain --repo DIR [--commits A..B | --last 100] [--points 100]
-        [--seed 0] [--read-ms 1000] [--inline-after-tab-ms MS] [--json]
+        [--seed 0] [--read-ms 1000] [--after-tab-ms 0] [--inline-after-tab-ms MS] [--json]
 """
 
 from __future__ import annotations
@@ -247,7 +250,7 @@ async def run_point(server: Server, point: EditPoint, args: argparse.Namespace) 
     inline = None
     if args.inline_after_tab_ms is not None:
         inline = asyncio.create_task(server.ask_inline(uri, cursor, args.inline_after_tab_ms))
-    await asyncio.sleep(args.debounce_ms / 1000)
+    await asyncio.sleep(args.after_tab_ms / 1000)
     second, request_ms = await server.ask(uri, cursor)
     from_accept_ms = (time.perf_counter() - accepted_at) * 1000
     timing = await server.last_timing()
@@ -405,6 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debounce-ms", type=float, default=300.0, help="the clients' debounce")
     parser.add_argument("--read-ms", type=float, default=1000.0, help="reading before Tab")
     parser.add_argument(
+        "--after-tab-ms",
+        type=float,
+        default=0.0,
+        help="wait after Tab before asking again (the clients: none; they waited 300 before)",
+    )
+    parser.add_argument(
         "--inline-after-tab-ms",
         type=float,
         default=None,
@@ -449,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             "pause_s": args.pause_s,
             "debounce_ms": args.debounce_ms,
             "read_ms": args.read_ms,
+            "after_tab_ms": args.after_tab_ms,
             "inline_after_tab_ms": args.inline_after_tab_ms,
             "seed": args.seed,
             "servers": "defaults, index off, telemetry off; nextEdit.prefetch on / off",

@@ -198,8 +198,9 @@ class NextEditFeature(DocumentListener):
     counters: NextEditCounters = field(default_factory=NextEditCounters)
     in_flight: dict[str, CancelToken] = field(default_factory=dict)
     ahead: dict[str, _Ahead] = field(default_factory=dict)  # by document
-    # The requests in flight answered from a prediction computed ahead for an accepted one:
-    # their token (the prefetch's), their model job, and the prefetch (no longer in `ahead`).
+    # The requests in flight after Tab took a prediction (the edit after an accepted one): their
+    # token (the prefetch's when they are answered from it), their model job, and the accepted
+    # prediction's `_Ahead` (no longer in `ahead`).
     chained: dict[str, tuple[CancelToken, asyncio.Future[Any], _Ahead]] = field(
         default_factory=dict
     )
@@ -430,7 +431,8 @@ class NextEditFeature(DocumentListener):
     def on_model_turn(self, kind: ModelWork) -> list[asyncio.Future[Any]]:
         """An inline completion request is about to run on the model thread: next-edit work
         stops for it, except the edit after one the user took with Tab (the prediction computed
-        ahead for an accepted one, and the request answered from it), which it waits for: the
+        ahead for an accepted one, and the request after Tab, answered from it or computing its
+        own), which it waits for: the
         user is taking a chain of edits, and Neovim asks for an inline completion at the cursor
         the acceptance moved. One answered without the model (before the model is ready,
         silenced before it, with completions off) leaves all of it running."""
@@ -526,7 +528,9 @@ class NextEditFeature(DocumentListener):
         loop = asyncio.get_running_loop()
         self.server.completion_activity(True, "next_edit")  # background training pauses
         future = loop.run_in_executor(self.server.model_executor, predict)
-        if used and ahead is not None and ahead.accepted:
+        if ahead is not None and ahead.accepted:
+            # The request after Tab (the document is still the accepted one), answered from the
+            # prediction computed ahead or computing its own.
             self.chained[uri] = (token, future, ahead)
         try:
             prediction, after = await future

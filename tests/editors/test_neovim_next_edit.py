@@ -6,7 +6,8 @@ chosen here, so what Neovim draws and applies is known exactly; it records what 
 (`nvim/next_edit.lua`) reads back into its report:
 
 - typing `):` to finish a rename asks after the pause; the prediction (two replacements on the
-  next line) is drawn with extmarks and reported shown; <Tab> applies it and runs the command;
+  next line) is drawn with extmarks and reported shown; <Tab> applies it, runs the command and
+  asks for the next one at once (one keystroke, not typing: no pause);
 - the next prediction (a line inserted above) is typed over, the one after is dismissed with
   <C-]>, the one after that left by moving the cursor: three rejections with their reasons;
 - a prediction far below the window gets a jump hint; <Tab> jumps there, <Tab> again applies it.
@@ -158,6 +159,12 @@ def test_tab_applies_the_edits_and_the_server_hears(report: dict[str, Any]) -> N
     assert accepted["cursor"] == [2, len("    return w * h")]  # after the last edit
     assert accepted["mode"] == "i"
     assert accepted["commands"] == [[report["first"]["id"]]]
+    # The prediction after Tab was asked for at once (the scenario made the pause an hour long),
+    # once, after the acceptance, at the document it left, and nothing cancelled it.
+    assert accepted["requests_total"] == 1
+    assert accepted["requests_after"] == [
+        {"outcome": "answered", "version": accepted["version"], "context": {"triggerKind": 2}}
+    ]
 
 
 def test_inserted_lines_are_virtual_lines(report: dict[str, Any]) -> None:

@@ -62,7 +62,10 @@ MODEL = ScriptedModel(
         for path in ("dismissed.py", "typed.py")
     }
     # A third step: a comment on the last line.
-    | {rule("taken.py", STEP2): STEP2.replace("wide + w", "wide + w  # " + "word " * 10) + SEP}
+    | {
+        rule(path, STEP2): STEP2.replace("wide + w", "wide + w  # " + "word " * 10) + SEP
+        for path in ("taken.py", "off.py")
+    }
 )
 
 
@@ -304,3 +307,15 @@ async def test_with_prefetch_off_nothing_is_computed_ahead(
     assert len(MODEL.prompts) == calls + 2
     assert (await last_timing(client))["reused"] is False
     assert (await prefetch_status(client))["prefetchStarted"] == started
+    # The request after Tab computes its own, and an inline request then waits for it too.
+    await accept(client, document, second)
+    with slow_model(0.1):  # the rewrite takes seconds
+        after_tab = asyncio.create_task(document.ask(2, 19))
+        await wait_for_model_call(calls + 2, MODEL)  # the third call: on the model thread
+        inline = asyncio.create_task(ask_inline(client, document.uri, 2, 19))
+        (third,) = await after_tab
+        timing = await last_timing(client)
+        assert (timing["outcome"], timing["reused"]) == ("shown", False)
+        assert third["text"].startswith("  # word")
+        await inline
+        assert "<|fim_prefix|>" in MODEL.prompts[-1]  # the inline request ran after it

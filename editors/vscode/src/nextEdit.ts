@@ -81,6 +81,8 @@ export class NextEditController implements vscode.Disposable {
   private shown: Shown | undefined;
   private timer: unknown;
   private inFlight: vscode.CancellationTokenSource | undefined;
+  /** The document and version the last acceptance left: its own change is not typing. */
+  private accepted: { document: vscode.TextDocument; version: number } | undefined;
   private readonly disposables: vscode.Disposable[] = [];
 
   constructor(
@@ -110,6 +112,8 @@ export class NextEditController implements vscode.Disposable {
 
   private documentChanged(event: vscode.TextDocumentChangeEvent): void {
     if (event.contentChanges.length === 0) return;
+    const accepted = this.accepted;
+    if (accepted?.document === event.document && accepted.version === event.document.version) return;
     if (this.shown?.editor.document === event.document) this.reject('typed');
     const editor = vscode.window.activeTextEditor;
     if (editor?.document === event.document) this.schedule(editor);
@@ -212,7 +216,8 @@ export class NextEditController implements vscode.Disposable {
 
   /**
    * Tab: jumps to an off-screen prediction, else applies all its edits as one workspace edit,
-   * puts the cursor after the last one and runs `tabloop.acceptNextEdit`. False when none is shown.
+   * puts the cursor after the last one, runs `tabloop.acceptNextEdit` and asks for the next
+   * prediction at once. False when none is shown.
    */
   async accept(): Promise<boolean> {
     const shown = this.shown;
@@ -234,9 +239,17 @@ export class NextEditController implements vscode.Disposable {
     const edit = new vscode.WorkspaceEdit();
     for (const item of prediction.items) edit.replace(document.uri, new vscode.Range(toPosition(item.range.start), toPosition(item.range.end)), item.text);
     if (!(await vscode.workspace.applyEdit(edit))) return false;
+    const version = document.version;
+    this.accepted = { document, version };
     const after = document.positionAt(cursorOffset);
     editor.selection = new vscode.Selection(after, after);
     await this.connection.executeCommand(ACCEPT_NEXT_EDIT_COMMAND, [prediction.id]).catch(() => undefined);
+    // Tab is one keystroke, not typing: the prediction after it is asked for at once (the server
+    // has computed it while the user read this one), unless the user went on meanwhile.
+    if (document.version === version && samePosition(editor.selection.active, after) && vscode.window.activeTextEditor === editor) {
+      this.cancelPending();
+      void this.request(editor, TRIGGER.automatic);
+    }
     return true;
   }
 

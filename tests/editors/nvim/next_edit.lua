@@ -93,9 +93,15 @@ h.run(function()
   end)
 
   h.step('accept', function()
+    -- A pause Neovim would never reach: the request after Tab must go out at once.
+    local next_edit = require('tabloop.next_edit')
+    local debounce = next_edit.DEBOUNCE_MS
+    next_edit.DEBOUNCE_MS = 3600 * 1000
+    local requests_before = #logged('textDocument/copilotInlineEdit')
     h.type_keys('<Tab>')
     h.wait(5000, 'the edit applied', function()
-      return shown() == nil and lines()[cfg.line + 1] ~= cfg.second_line_before
+      local now = shown() -- the next one may be shown already
+      return (now == nil or now.items[1].id ~= report.first.id) and lines()[cfg.line + 1] ~= cfg.second_line_before
     end)
     report.accepted = { lines = lines(), cursor = vim.api.nvim_win_get_cursor(0), mode = vim.api.nvim_get_mode().mode }
     -- The server's copy of the document, after the didChange the edit made.
@@ -106,11 +112,31 @@ h.run(function()
     report.accepted.commands = vim.tbl_map(function(entry)
       return entry.arguments
     end, logged('tabloop.acceptNextEdit'))
+    wait_shown('the prediction after the acceptance')
+    next_edit.DEBOUNCE_MS = debounce
+    local log = server_log()
+    local accepted_at
+    for i, entry in ipairs(log) do
+      if entry.command == 'tabloop.acceptNextEdit' then
+        accepted_at = i
+      end
+    end
+    report.accepted.requests_after = {}
+    for i, entry in ipairs(log) do
+      if entry.method == 'textDocument/copilotInlineEdit' and i > accepted_at then
+        table.insert(report.accepted.requests_after, {
+          outcome = entry.outcome,
+          version = entry.params.textDocument.version,
+          context = entry.params.context,
+        })
+      end
+    end
+    report.accepted.requests_total = #logged('textDocument/copilotInlineEdit') - requests_before
+    report.accepted.version = vim.lsp.util.buf_versions[h.bufnr]
   end)
 
   h.step('typed_over', function()
-    -- The accepted edit was typing too: the next prediction (lines inserted) follows.
-    wait_shown('the prediction after the acceptance')
+    -- The prediction asked for after the acceptance (lines inserted).
     report.second = { marks = marks(), id = shown().items[1].id }
     h.type_keys(' ')
     h.wait(5000, 'the rejection', function()

@@ -78,6 +78,7 @@ def test_a_chain_after_an_accepted_edit_is_answered_ahead_only_with_prefetch(
     report = json.loads(capsys.readouterr().out)
     assert report["points"] == 2  # after each of the two hunks
     assert report["settings"]["options"] == options
+    assert report["settings"]["after_tab_ms"] == 0.0  # asked at once after Tab, as the clients do
     prefetch, baseline = report["prefetch"], report["baseline"]
     for server in (prefetch, baseline):
         assert server["points"] == 2

@@ -1,8 +1,8 @@
 --- Next-edit suggestions: after a pause in typing (insert mode), ask the server for the edit the
 --- user is about to make near the cursor (`textDocument/copilotInlineEdit`; one request at a
 --- time, the previous one cancelled), draw it (`tabloop.next_edit_view`), and let the ghost-text
---- keys take it (<Tab>: jump to it first when it is off screen, then apply all its edits) or
---- dismiss it (<C-]>). The server hears what happened: `textDocument/didShowInlineEdit` when one is
+--- keys take it (<Tab>: jump to it first when it is off screen, then apply all its edits, and ask
+--- for the one after at once) or dismiss it (<C-]>). The server hears what happened: `textDocument/didShowInlineEdit` when one is
 --- drawn, `tabloop.acceptNextEdit` after its edits are applied, `tabloop/nextEditRejected` with why
 --- it went (dismissed, typed over, cursor moved away).
 local config = require('tabloop.config')
@@ -82,6 +82,18 @@ function M.visible(bufnr)
   return buffer and buffer.shown
 end
 
+--- Whether `bufnr` and its cursor are as the last acceptance left them (nothing typed or moved).
+---@param bufnr integer
+---@return boolean
+local function as_accepted(bufnr)
+  local accepted = (M.buffers[bufnr] or {}).accepted
+  local winid = vim.fn.bufwinid(bufnr)
+  return accepted ~= nil
+    and winid ~= -1
+    and accepted.tick == vim.api.nvim_buf_get_changedtick(bufnr)
+    and vim.deep_equal(accepted.cursor, vim.api.nvim_win_get_cursor(winid))
+end
+
 --- Whether the cursor of `bufnr` belongs to next edits now: a prediction is shown there (also at
 --- the edit the plugin jumped to), or the buffer and the cursor are as the last acceptance left
 --- them. Typing or moving the cursor ends it. While it lasts, Neovim's own inline completion,
@@ -92,18 +104,7 @@ end
 function M.holds_cursor(bufnr)
   bufnr = vim._resolve_bufnr(bufnr)
   local buffer = M.buffers[bufnr]
-  if not buffer then
-    return false
-  end
-  if buffer.shown then
-    return true
-  end
-  local accepted = buffer.accepted
-  local winid = vim.fn.bufwinid(bufnr)
-  return accepted ~= nil
-    and winid ~= -1
-    and accepted.tick == vim.api.nvim_buf_get_changedtick(bufnr)
-    and vim.deep_equal(accepted.cursor, vim.api.nvim_win_get_cursor(winid))
+  return buffer ~= nil and (buffer.shown ~= nil or as_accepted(bufnr))
 end
 
 ---@param bufnr integer
@@ -281,7 +282,9 @@ function M.accept(bufnr)
   }
   local command = { command = protocol.ACCEPT_NEXT_EDIT_COMMAND, arguments = { shown.items[1].id } }
   client:request('workspace/executeCommand', command, function() end, bufnr)
-  schedule(bufnr) -- the accepted edit is typing too: the next prediction follows the pause
+  -- Tab is one keystroke, not typing: the prediction after it is asked for at once (the server
+  -- has computed it while the user read this one), not after the pause.
+  M.request(bufnr, AUTOMATIC)
   return true
 end
 
@@ -297,6 +300,9 @@ function M.attach(client, bufnr)
     group = group,
     buffer = bufnr,
     callback = function()
+      if as_accepted(bufnr) then
+        return -- the acceptance's own change: the request after it went out already
+      end
       M.reject(bufnr, 'typed')
       schedule(bufnr)
     end,

@@ -219,7 +219,24 @@ describe('a prediction on screen', () => {
     assert.deepEqual(connection.rejections(), []);
     assert.equal(mock.state.context.get(NEXT_EDIT_CONTEXT), false);
     assert.deepEqual(drawn().deleted, []);
-    // The accepted edit is typing too: the next prediction is asked for after the pause.
+    // Tab is one keystroke: the next prediction is asked for at once, at the document the edit
+    // left, and no pause is waited for (the edit's own change does not count as typing).
+    assert.equal(connection.requests.length, 2);
+    const after = connection.requests[1]!;
+    assert.equal(after.params.textDocument.version, document.version);
+    assert.deepEqual(after.params.position, { line: 1, character: 16 });
+    assert.equal(after.params.context.triggerKind, 2);
+    assert.equal(timers.pending.size, 0);
+    assert.equal(after.token.isCancellationRequested, false);
+  });
+
+  it('after Tab, typing before the answer cancels the request asked at once and asks after the pause', async () => {
+    await typeAndAnswer('x', [edit(document.uri.toString(), 2, [1, 11, 1, 16], 'w')]);
+    assert.equal(await controller.accept(), true);
+    const atOnce = connection.requests.at(-1)!;
+    mock.type(editor, 'y');
+    assert.equal(atOnce.token.isCancellationRequested, true);
+    assert.equal(timers.pending.size, 1);
     timers.elapse();
     assert.equal(connection.requests.at(-1)!.params.textDocument.version, document.version);
   });
