@@ -432,10 +432,10 @@ class NextEditFeature(DocumentListener):
         """An inline completion request is about to run on the model thread: next-edit work
         stops for it, except the edit after one the user took with Tab (the prediction computed
         ahead for an accepted one, and the request after Tab, answered from it or computing its
-        own), which it waits for: the
-        user is taking a chain of edits, and Neovim asks for an inline completion at the cursor
-        the acceptance moved. One answered without the model (before the model is ready,
-        silenced before it, with completions off) leaves all of it running."""
+        own), which it waits for: the user is taking a chain of edits, and a client may ask for
+        an inline completion at the cursor the acceptance moved (Neovim's own inline completion
+        does, unless tabloop's plugin holds it back). One answered without the model (before the
+        model is ready, silenced before it, with completions off) leaves all of it running."""
         if kind != "inline":
             return []
         reason = "an inline completion request came to the model"

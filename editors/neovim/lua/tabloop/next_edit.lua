@@ -2,9 +2,9 @@
 --- user is about to make near the cursor (`textDocument/copilotInlineEdit`; one request at a
 --- time, the previous one cancelled), draw it (`tabloop.next_edit_view`), and let the ghost-text
 --- keys take it (<Tab>: jump to it first when it is off screen, then apply all its edits, and ask
---- for the one after at once) or dismiss it (<C-]>). The server hears what happened: `textDocument/didShowInlineEdit` when one is
---- drawn, `tabloop.acceptNextEdit` after its edits are applied, `tabloop/nextEditRejected` with why
---- it went (dismissed, typed over, cursor moved away).
+--- for the one after at once) or dismiss it (<C-]>). The server hears what happened:
+--- `textDocument/didShowInlineEdit` when one is drawn, `tabloop.acceptNextEdit` after its edits are
+--- applied, `tabloop/nextEditRejected` with why it went (dismissed, typed over, cursor moved away).
 local config = require('tabloop.config')
 local protocol = require('tabloop.protocol')
 local view = require('tabloop.next_edit_view')
@@ -326,6 +326,7 @@ function M.attach(client, bufnr)
     callback = function()
       cancel_pending(bufnr)
       M.reject(bufnr, 'dismissed')
+      state(bufnr).accepted = nil -- back in Insert mode, the cursor is the user's again
     end,
   })
   vim.api.nvim_create_autocmd({ 'BufDelete', 'LspDetach' }, {
