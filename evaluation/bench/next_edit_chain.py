@@ -16,12 +16,12 @@ debounce (`--debounce-ms`, the editors' 300 ms). When edits are shown, the user 
 `--read-ms`, then accepts as the editors do on Tab: the edits applied as one change (the last
 first), the cursor after the last one, `tabloop.acceptNextEdit`; and asks again there at once,
 as both editors' clients do after Tab (`--after-tab-ms`: a wait before it; the clients, and the
-bench, used to wait the debounce there: results without `after_tab_ms` in their settings did).
-That second answer is what prefetch is for:
-its round trip, and its time from the acceptance (the wait and the round trip), are reported for
-both servers, with how many
-were answered without a model call (`reused`) and whether both servers answered alike. A shown
-second answer is then dismissed, as a user going on to the next point would.
+bench, used to wait the debounce there: results without `after_tab_ms` in their settings did,
+and `--after-tab-ms 300` measures the same). That second answer is what prefetch is for: its
+round trip, and its time from the acceptance (the wait and the round trip), are reported for both
+servers, with how many were answered without a model call (`reused`) and whether both servers
+answered alike. A shown second answer is then dismissed, as a user going on to the next point
+would.
 
 With `--inline-after-tab-ms MS` the client also asks for an inline completion at the cursor MS
 after the acceptance, as Neovim's own inline completion does 200 ms after the cursor moves (VS
