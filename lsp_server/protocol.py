@@ -272,6 +272,7 @@ class NextEditTiming(TypedDict):
     window_lines: int
     window_tokens: int
     prompt_tokens: int
+    cached_tokens: int  # of them, kept by the runner from before (a pre-read): not computed
     new_tokens: int
     draft_tokens: int
     draft_accepted: int

@@ -39,6 +39,7 @@ from completion.next_edit.prompt import (
     Window,
     build_prompt,
     history_blocks,
+    next_event_prefix,
     original_window,
     settings_window,
 )
@@ -84,6 +85,9 @@ class NextEditTimings:
     total_ms: float = 0.0
     window_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Of the prompt's tokens, those the runner kept from before (a pre-read, an earlier
+    prompt) and did not compute."""
     new_tokens: int = 0
     draft_tokens: int = 0
     draft_accepted: int = 0
@@ -249,6 +253,17 @@ class NextEditPredictor:
         )
         return build_prompt(path, blocks, original_window(window, latest), window)
 
+    def prompt_start(self, events: Sequence[EditEvent]) -> str:
+        """The start of the prompt of a prediction in an event after `events`
+        (`completion.next_edit.prompt.next_event_prefix`): the server reads it ahead."""
+        settings = self.settings
+        return next_event_prefix(
+            events,
+            max_events=settings.history_events,
+            max_tokens=settings.history_tokens,
+            count_tokens=self.runner.count_tokens,
+        )
+
     def _generate(
         self,
         prompt: str,
@@ -279,6 +294,7 @@ class NextEditPredictor:
             self.model_calls += 1
         timings.model_ms = (time.perf_counter() - model_started) * 1000
         timings.prompt_tokens = generation.prompt_tokens
+        timings.cached_tokens = 0 if timings.reused else generation.reused_tokens
         timings.new_tokens = generation.new_tokens
         timings.draft_tokens = generation.draft_tokens
         timings.draft_accepted = generation.draft_accepted

@@ -160,6 +160,25 @@ def history_blocks(
     return blocks[::-1]
 
 
+def next_event_prefix(
+    events: Sequence[EditEvent],
+    *,
+    max_events: int,
+    max_tokens: int,
+    count_tokens: Callable[[str], int],
+) -> str:
+    """How the prompt of a prediction in an event after `events` starts: the blocks of the
+    newest `max_events - 1` of them, to which that event's own block is added (empty when the
+    prompt shows one event or none). The prompt then starts so unless the new event's block
+    does not fit `max_tokens` beside them, and its oldest block is left out."""
+    if max_events <= 1:
+        return ""
+    blocks = history_blocks(
+        events, max_events=max_events - 1, max_tokens=max_tokens, count_tokens=count_tokens
+    )
+    return "".join(blocks)
+
+
 def build_prompt(path: str, history: Sequence[str], original: str, window: Window) -> str:
     """The whole prompt: `history` blocks (from `history_blocks`), then the original, current
     and (open) updated window of `path`."""

@@ -89,6 +89,13 @@ class NextEditSettings(BaseModel):
         "Tab by an inline completion request that needs the model (after Tab, that request "
         "waits for it).",
     )
+    preread: bool = Field(
+        True,
+        description="Read the recent edits that will start the next prediction's prompt while "
+        "the user is between edits (a pause, or the first change of a new edit), where the "
+        "runner keeps prompts (torch), so that the prediction computes only the rest; stopped "
+        "by an inline completion request that needs the model.",
+    )
     learn_settle_s: float = Field(
         20.0,
         ge=0,

@@ -125,6 +125,25 @@ class PrefillCounter(Protocol):
 
 
 @runtime_checkable
+class PrefixReader(Protocol):
+    """A prompt's start read ahead of the prompt: its keys and values kept, so that a later
+    prompt starting with it computes only the rest (`completion.next_edit`'s pre-read)."""
+
+    def read_prefix(
+        self,
+        text: str,
+        cancel: CancelToken,
+        *,
+        pass_tokens: int | None = None,
+    ) -> int:
+        """Compute the keys and values of `text` and keep them with the runner's other kept
+        prompts, in passes of `pass_tokens` (the runner's own when None); the tokens computed (0
+        when they were kept already). A cancelled read keeps the passes it finished and raises
+        `completion.types.Cancelled`."""
+        ...
+
+
+@runtime_checkable
 class AdapterRunner(Protocol):
     """Adapter serving: base + a LoRA adapter, swapped without a restart."""
 

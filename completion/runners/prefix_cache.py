@@ -78,6 +78,10 @@ class PrefixCache:
         best = max((common_prefix_length(e.tokens, tokens) for e in list(self._entries)), default=0)
         return max(0, min(best, len(tokens) - 1))
 
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether an entry holds all of `tokens` (as its first tokens)."""
+        return any(common_prefix_length(e.tokens, tokens) == len(tokens) for e in self._entries)
+
     def take(self, tokens: Sequence[int]) -> tuple[CacheEntry | None, int]:
         """The entry sharing the longest prefix with `tokens`, cropped to it, and that length.
 

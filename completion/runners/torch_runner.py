@@ -23,7 +23,7 @@ from completion.healing import VocabIndex, best_allowed, token_texts
 from completion.runners.draft import Drafter, PromptLookupDrafter, RewriteDrafter, respeller
 from completion.runners.loading import Dtype, load_model, resolve_dtype, resolve_source
 from completion.runners.prefix_cache import CacheEntry, PrefixCache, crop_cache, crop_layers
-from completion.types import CancelToken, Generation, StopRule
+from completion.types import Cancelled, CancelToken, Generation, StopRule
 
 log = logging.getLogger(__name__)
 
@@ -421,6 +421,42 @@ class TorchRunner:
         draft_ids: list[int] = self.tokenizer(draft, add_special_tokens=False)["input_ids"]
         with self._lock, torch.inference_mode():
             return self._generate(prompt, max_new_tokens, stop, cancel, 0.0, rewrite_of=draft_ids)
+
+    def read_prefix(
+        self,
+        text: str,
+        cancel: CancelToken,
+        *,
+        pass_tokens: int | None = None,
+    ) -> int:
+        """Compute the keys and values of `text` into the KV-prefix cache, so that a prompt
+        starting with it reads only the rest: the tokens computed now (0 when an entry holds
+        them all). Read in passes of `pass_tokens` (the prompt's, `prefill_chunk_tokens`, when
+        None), and stopped as a prompt is, before any decoder layer: a stopped read keeps the
+        passes it finished and raises `Cancelled`."""
+        import torch
+
+        size = max(1, pass_tokens or self.prefill_chunk_tokens)
+        with self._lock, torch.inference_mode():
+            ids: list[int] = self.tokenizer(text)["input_ids"]
+            if not ids or self._prefix_cache.holds(ids):
+                return 0
+            entry, reused = self._prefix_cache.take(ids)
+            if entry is None:
+                entry = CacheEntry([], _new_cache(self.model.config))
+            pending = ids[reused:]
+            while pending:
+                chunk, pending = pending[:size], pending[size:]
+                try:
+                    with self._interruptible(cancel):
+                        self._forward_rows(chunk, entry.cache, 1)
+                except _Interrupted:
+                    if crop_layers(entry.cache, len(entry.tokens)) and entry.tokens:
+                        self._prefix_cache.put(entry)
+                    raise Cancelled(cancel.reason or "cancelled") from None
+                entry.tokens.extend(chunk)
+            self._prefix_cache.put(entry)
+            return len(ids) - reused
 
     def vocab_index(self) -> VocabIndex:
         """The decoded text of every token, built at the first healed request."""

@@ -1,12 +1,13 @@
-"""The next edit after an accepted one: computed ahead (`nextEdit.prefetch`) against not.
+"""The next edit after an accepted one: computed ahead (`nextEdit.prefetch`) against not; or the
+first edit, with the start of its prompt read between edits (`nextEdit.preread`) against not.
 
 Two real servers run over stdio, each with its default settings but one: `nextEdit.prefetch`
-on (the default) and off (the baseline). Both are driven through the same edits of a real
-repository's history, point by point, the order of the two alternating from point to point, so
-that a change in the machine's load falls on both alike; only one works at a time: after each
-point the client waits until that server's model thread is idle (`tabloop/status`'s
-`model.jobs`; work the server goes on with by itself, such as computing the inline suggestion
-after a shown one, would otherwise run beside the other server's point).
+(or with `--vary preread`, `nextEdit.preread`) on (the default) and off (the baseline). Both are
+driven through the same edits of a real repository's history, point by point, the order of the
+two alternating from point to point, so that a change in the machine's load falls on both alike;
+only one works at a time: after each point the client waits until that server's model thread is
+idle (`tabloop/status`'s `model.jobs`; work the server goes on with by itself, such as computing
+the inline suggestion after a shown one, would otherwise run beside the other server's point).
 
 At each point (drawn as `tabloop eval edits` draws them: `training.edit_replay`, the last
 `--history` hunks the point's history holds) the client makes the hunks in their documents, each
@@ -28,13 +29,24 @@ after the acceptance, as Neovim's own inline completion does 200 ms after the cu
 Code asks for none after a command's edit). That request takes the model thread too; its round
 trip and whether it showed a suggestion are reported beside the chain.
 
+The first request at each point is what `nextEdit.preread` is for: the edits before it are made
+a pause apart, past the history's, so each is an event of its own, and between them the server
+reads the start of the next prompt. Its round trip is reported for every first request, for
+those that reached the model, and for those answered with edits (the debounce before it is
+`settings.debounce_ms`), with the prompt tokens the model computed and those it kept from before
+(`first_prompt_tokens`). Results printed before that setting was there ran both servers without
+it; `--options '{"nextEdit": {"preread": false}}'` repeats them. Since a server reads once the
+history's pause has passed after the last change, the client also waits that long after a
+point's last change before it takes the model thread to be idle.
+
 Both servers see the same edits in the same order, so the prompts are the same; they may still
 show different edits at a point (bfloat16 products round by the size of a pass, and a prefetched
 rewrite can be read in other passes than a requested one), and a chain is timed only where a
 server showed one: `chains.both` counts the points where both did.
 
     tabloop bench next-edit-chain --repo DIR [--commits A..B | --last 100] [--points 100]
-        [--seed 0] [--read-ms 1000] [--after-tab-ms 0] [--inline-after-tab-ms MS] [--json]
+        [--seed 0] [--read-ms 1000] [--after-tab-ms 0] [--inline-after-tab-ms MS]
+        [--vary prefetch|preread] [--json]
 """
 
 from __future__ import annotations
@@ -54,6 +66,7 @@ from lsprotocol import types
 
 from common.config import deep_merge
 from common.machine import cpu_description
+from completion.next_edit.history import PAUSE_S
 from completion.next_edit.text import breaks, lines_of
 from evaluation.bench.lsp import percentile
 from evaluation.lsp_client import TabloopClient, plain
@@ -76,7 +89,9 @@ from training.edit_replay import (
     sample_points,
 )
 
-SERVERS = ("prefetch", "baseline")
+VARIED = ("prefetch", "preread")  # the `nextEdit` settings a run can compare on and off
+BASELINE = "baseline"
+QUIET_S = PAUSE_S + 0.2  # after a change, past the history's pause and the read it may start
 UTF16 = types.PositionEncodingKind.Utf16  # what the servers negotiate with this client
 
 
@@ -111,10 +126,12 @@ class Server:
     versions: dict[str, int] = field(default_factory=dict)
     first_ms: list[float] = field(default_factory=list)
     first_reasons: dict[str, int] = field(default_factory=dict)
+    first_timings: list[dict[str, Any]] = field(default_factory=list)
     shown: int = 0
     chained: list[dict[str, Any]] = field(default_factory=list)
     idle_wait_ms: list[float] = field(default_factory=list)
     not_idle: int = 0
+    changed_at: float = 0.0  # `time.monotonic()` of the last change sent
 
     def uri(self, path: str) -> str:
         return (self.root / path).as_uri()
@@ -135,6 +152,7 @@ class Server:
     ) -> None:
         self.versions[uri] += 1
         self.texts[uri] = text
+        self.changed_at = time.monotonic()
         self.client.text_document_did_change(
             types.DidChangeTextDocumentParams(
                 text_document=types.VersionedTextDocumentIdentifier(
@@ -207,9 +225,11 @@ class Server:
         return (time.perf_counter() - started) * 1000, bool(items)
 
     async def wait_until_idle(self, timeout_s: float = 120.0) -> None:
-        """Until the model thread has no job queued or running (at most `timeout_s`, then
-        counted in `not_idle`); the wait is kept."""
+        """Until the history's pause has passed since the last change (the server may start
+        work then: `nextEdit.preread`) and the model thread has no job queued or running (at
+        most `timeout_s`, then counted in `not_idle`); the wait is kept."""
         started = time.perf_counter()
+        await asyncio.sleep(max(0.0, self.changed_at + QUIET_S - time.monotonic()))
         deadline = time.monotonic() + timeout_s
         while (await self.client.status())["model"]["jobs"]:
             if time.monotonic() > deadline:
@@ -238,8 +258,10 @@ async def run_point(server: Server, point: EditPoint, args: argparse.Namespace) 
     cursor = (point.cursor[0], len(line[: point.cursor[1]].encode("utf-16-le")) // 2)
     items, first_ms = await server.ask(uri, cursor)
     server.first_ms.append(first_ms)
-    reason = (await server.last_timing())["reason"] or "none"
+    first_timing = await server.last_timing()
+    reason = first_timing["reason"] or "none"
     server.first_reasons[reason] = server.first_reasons.get(reason, 0) + 1
+    server.first_timings.append({**first_timing, "round_trip_ms": first_ms, "shown": bool(items)})
     if not items:
         return {"shown": False}
     server.shown += 1
@@ -274,6 +296,26 @@ async def run_point(server: Server, point: EditPoint, args: argparse.Namespace) 
     return chained
 
 
+def first_requests(server: Server) -> dict[str, Any]:
+    """The first requests' round trips where they reached the model (a model call, not a
+    kept rewrite) and where edits were shown, and their prompts' tokens."""
+    called = [t for t in server.first_timings if t["reached_model"] and not t["reused"]]
+    shown = [t["round_trip_ms"] for t in server.first_timings if t["shown"]]
+    ms = [t["round_trip_ms"] for t in called]
+    prompt = [float(t["prompt_tokens"]) for t in called]
+    cached = [float(t.get("cached_tokens", 0)) for t in called]
+    return {
+        "first_model_calls": len(called),
+        "first_model_request_ms": {"p50": quantile(ms, 0.5), "p95": quantile(ms, 0.95)},
+        "first_shown_request_ms": {"p50": quantile(shown, 0.5), "p95": quantile(shown, 0.95)},
+        "first_prompt_tokens": {
+            "p50": quantile(prompt, 0.5),
+            "cached_p50": quantile(cached, 0.5),
+            "cached_share": round(sum(cached) / sum(prompt), 3) if sum(prompt) else None,
+        },
+    }
+
+
 def summary(server: Server) -> dict[str, Any]:
     chained = server.chained
     request = [c["request_ms"] for c in chained]
@@ -286,6 +328,7 @@ def summary(server: Server) -> dict[str, Any]:
             "p95": quantile(server.first_ms, 0.95),
         },
         "first_reasons": dict(sorted(server.first_reasons.items())),
+        **first_requests(server),
         "edits_shown": server.shown,
         "chains": len(chained),
         "chained_request_ms": {"p50": quantile(request, 0.5), "p95": quantile(request, 0.95)},
@@ -321,11 +364,11 @@ def summary(server: Server) -> dict[str, Any]:
 
 
 async def launch(
-    name: str, root: Path, cache: Path | None, prefetch: bool, extra: dict[str, Any]
+    name: str, root: Path, cache: Path | None, varied: dict[str, bool], extra: dict[str, Any]
 ) -> Server:
     client = TabloopClient()
     options = deep_merge({"index": {"enabled": False}, "telemetry": {"level": "off"}}, extra)
-    options = deep_merge(options, {"nextEdit": {"prefetch": prefetch}})
+    options = deep_merge(options, {"nextEdit": varied})
     if cache is not None:
         options["cacheDir"] = str(cache)
     await client.launch(root, options)
@@ -347,24 +390,24 @@ async def run(args: argparse.Namespace, points: list[EditPoint]) -> dict[str, An
     with tempfile.TemporaryDirectory(prefix="tabloop-chain-") as scratch:
         base = Path(scratch)
         servers: dict[str, Server] = {}
-        for name in SERVERS:
+        names = (args.vary, BASELINE)
+        for name in names:
             (base / name).mkdir()
             cache = Path(args.cache_dir) if args.cache_dir else None
-            servers[name] = await launch(
-                name, base / name, cache, name == "prefetch", args.server_options
-            )
+            varied = {args.vary: name != BASELINE}
+            servers[name] = await launch(name, base / name, cache, varied, args.server_options)
         statuses: dict[str, Any] = {}
         both = identical = 0
         try:
             for number, point in enumerate(points):
-                order = SERVERS if number % 2 == 0 else SERVERS[::-1]
+                order = names if number % 2 == 0 else names[::-1]
                 found = {}
                 for name in order:
                     found[name] = await run_point(servers[name], point, args)
                     await servers[name].wait_until_idle()
                 if all(f["shown"] for f in found.values()):
                     both += 1
-                    first, second = (found[name] for name in SERVERS)
+                    first, second = (found[name] for name in names)
                     identical += first["first"] == second["first"] and (
                         first["answer"] == second["answer"]
                     )
@@ -383,6 +426,7 @@ async def run(args: argparse.Namespace, points: list[EditPoint]) -> dict[str, An
                         k: status["nextEdit"][k]
                         for k in ("prefetchStarted", "prefetchUsed", "prefetchCancelled")
                     },
+                    "preread": status["nextEdit"]["preread"],
                 }
         finally:
             for server in servers.values():
@@ -418,6 +462,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="also ask for an inline completion this long after Tab (Neovim: 200)",
+    )
+    parser.add_argument(
+        "--vary",
+        choices=VARIED,
+        default="prefetch",
+        help="the nextEdit setting on in one server and off in the other",
     )
     parser.add_argument("--cache-dir", default="", help="the servers' cache (default: the usual)")
     parser.add_argument(
@@ -461,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
             "after_tab_ms": args.after_tab_ms,
             "inline_after_tab_ms": args.inline_after_tab_ms,
             "seed": args.seed,
-            "servers": "defaults, index off, telemetry off; nextEdit.prefetch on / off",
+            "servers": f"defaults, index off, telemetry off; nextEdit.{args.vary} on / off",
             "options": args.server_options,
         },
         "cpu": cpu_description(),

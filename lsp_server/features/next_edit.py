@@ -68,6 +68,7 @@ from completion.types import Cancelled, CancelToken
 from lsp_server.config import Settings
 from lsp_server.documents import Document, DocumentChange, DocumentListener, open_document
 from lsp_server.features.inline import language_of
+from lsp_server.features.next_edit_preread import PromptPreread
 from lsp_server.features.telemetry import TelemetryFeature
 from lsp_server.protocol import (
     ACCEPT_NEXT_EDIT_COMMAND,
@@ -180,6 +181,7 @@ class _Record:
             "window_lines": len(window.lines) if window is not None else 0,
             "window_tokens": timings.window_tokens if timings else 0,
             "prompt_tokens": timings.prompt_tokens if timings else 0,
+            "cached_tokens": timings.cached_tokens if timings else 0,
             "new_tokens": timings.new_tokens if timings else 0,
             "draft_tokens": timings.draft_tokens if timings else 0,
             "draft_accepted": timings.draft_accepted if timings else 0,
@@ -217,6 +219,11 @@ class NextEditFeature(DocumentListener):
     _track_adapter: Path | None = None
     _refused: Path | None = None  # an adapter the runner refused: not tried again until it changes
     track_error: str = ""
+    # Reads the start of the next prediction's prompt between edits (`nextEdit.preread`).
+    preread: PromptPreread = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.preread = PromptPreread(self.server, self.history, self.predictor, self.adapter_server)
 
     @property
     def enabled(self) -> bool:
@@ -318,6 +325,7 @@ class NextEditFeature(DocumentListener):
 
     def on_shutdown(self) -> None:
         self.cancel_all("shutdown")
+        self.preread.close()
         if self._loading is not None:
             self._loading.cancel()
         self._close_runner()
@@ -344,6 +352,19 @@ class NextEditFeature(DocumentListener):
                 log.warning("the next-edit adapters' registry: %s", exc)
                 self._track_adapter, self.track_error = None, str(exc)
         return self._track_adapter
+
+    def adapter_server(self, predictor: NextEditPredictor) -> Callable[[], None]:
+        """What puts the adapter next edits serve now on `predictor`'s runner, on the model
+        thread, before its work (nothing when it is the engine's own runner)."""
+        serving = self.server.engine.runner if self.server.engine else None
+        own: TorchRunner | None = self._runner if predictor.runner is self._runner else None
+        track = self.track_adapter() if own is not None else None
+
+        def serve_adapter() -> None:
+            if own is not None:
+                self._serve_adapter(own, track, serving)
+
+        return serve_adapter
 
     def _serve_adapter(
         self, own: TorchRunner, track: Path | None, serving: ModelRunner | None
@@ -391,6 +412,7 @@ class NextEditFeature(DocumentListener):
         if not self.enabled or not change.edits or document is None:
             return
         record_change(self.history, self.path_of(uri), change, document.lines, new_event=accepted)
+        self.preread.after_change()
         # The other documents' predictions ahead read a history this edit is not in.
         for other in [other for other in self.ahead if other != uri]:
             self.drop_ahead(other, "an edit in another document")
@@ -439,6 +461,7 @@ class NextEditFeature(DocumentListener):
         if kind != "inline":
             return []
         reason = "an inline completion request came to the model"
+        self.preread.stop_for_inline()
         waits: list[asyncio.Future[Any]] = []
         for uri, token in list(self.in_flight.items()):
             chained = self.chained.get(uri)
@@ -511,14 +534,7 @@ class NextEditFeature(DocumentListener):
         token = ahead.token if ahead is not None and used else CancelToken()
         self.cancel(uri, "superseded")
         self.in_flight[uri] = token
-        serving = self.server.engine.runner if self.server.engine else None
-        own: TorchRunner | None = self._runner if predictor.runner is self._runner else None
-
-        track = self.track_adapter() if own is not None else None
-
-        def serve_adapter() -> None:
-            if own is not None:
-                self._serve_adapter(own, track, serving)
+        serve_adapter = self.adapter_server(predictor)
 
         def predict() -> tuple[NextEditPrediction, tuple[str, ...]]:
             serve_adapter()
@@ -527,6 +543,7 @@ class NextEditFeature(DocumentListener):
 
         loop = asyncio.get_running_loop()
         self.server.completion_activity(True, "next_edit")  # background training pauses
+        self.preread.stop_for_next_edit()
         future = loop.run_in_executor(self.server.model_executor, predict)
         if ahead is not None and ahead.accepted:
             # The request after Tab (the document is still the accepted one), answered from the
@@ -616,6 +633,7 @@ class NextEditFeature(DocumentListener):
             finally:
                 self.server.completion_activity(False, "next_edit")
 
+        self.preread.stop_for_next_edit()
         ahead.task = asyncio.get_running_loop().create_task(compute())
         self.counters.prefetch_started += 1
 
@@ -757,6 +775,10 @@ class NextEditFeature(DocumentListener):
                 "prefetchStarted": counters.prefetch_started,
                 "prefetchUsed": counters.prefetch_used,
                 "prefetchCancelled": counters.prefetch_cancelled,
+                # Reads of the next prompt's start between edits: started (each try), the
+                # tokens of those that finished, those that found theirs kept already, and
+                # those stopped before they were done (their finished passes are kept).
+                "preread": self.preread.status(),
                 "historyEvents": len(self.history),
             }
         }

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from completion.runners.torch_runner import PREFILL_CHUNK_TOKENS, TorchRunner, _decoder_layers
-from completion.types import CancelToken
+from completion.types import Cancelled, CancelToken
 from tests.support.tiny_model import NEAR_TIE, greedy_margin
 
 PROMPT = "".join(f"def function_{i}(value):\n    return value + {i}\n\n" for i in range(40))
@@ -91,3 +91,58 @@ def test_chunked_prefill_gives_the_same_text_as_one_pass(
         PROMPT, max_new_tokens=12, stop=lambda text: None, cancel=CancelToken()
     ).text
     assert text == reference
+
+
+# A prompt's start, as a next-edit prompt's recent edits: it ends before a special token, so
+# its tokens are the first tokens of the whole prompt.
+START = "".join(f"<|file_sep|>a.py.diff\noriginal:\nx = {i}\nupdated:\ny = {i}\n" for i in range(3))
+REST = "<|file_sep|>current/a.py\n" + PROMPT[:400]
+
+
+def test_a_read_prefix_is_the_start_the_prompt_reads_no_more(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    runner = TorchRunner(str(tiny_model_path), tmp_path)
+    start_tokens = runner.count_tokens(START)
+    assert runner.count_tokens(START + REST) == start_tokens + runner.count_tokens(REST)
+    assert runner.read_prefix(START, CancelToken()) == start_tokens
+    assert runner.tokens_to_read(START + REST) == runner.count_tokens(REST)
+    assert runner.read_prefix(START, CancelToken()) == 0  # kept: nothing to compute
+    assert greedy_margin(tiny_model_path, START + REST, 12) > NEAR_TIE
+    read = runner.generate(
+        START + REST, max_new_tokens=12, stop=lambda t: None, cancel=CancelToken()
+    )
+    assert read.reused_tokens == start_tokens
+    fresh = TorchRunner(str(tiny_model_path), tmp_path, reuse_cache=False)
+    reference = fresh.generate(
+        START + REST, max_new_tokens=12, stop=lambda t: None, cancel=CancelToken()
+    )
+    assert read.text == reference.text and read.new_tokens == reference.new_tokens
+
+
+def test_a_stopped_read_raises_and_keeps_the_passes_it_finished(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    runner = TorchRunner(str(tiny_model_path), tmp_path)
+    layers = len(_decoder_layers(runner.model))
+    # The first chunk's pass finishes; the second is stopped before its second layer.
+    cancel = CancelAfterChecks(layers + 1)
+    cancel.reason = "an inline request"
+    with pytest.raises(Cancelled, match="an inline request"):
+        runner.read_prefix(PROMPT, cancel)
+    assert runner.tokens_to_read(PROMPT) == runner.count_tokens(PROMPT) - PREFILL_CHUNK_TOKENS
+    # A read again computes only the rest.
+    assert runner.read_prefix(PROMPT, CancelToken()) == (
+        runner.count_tokens(PROMPT) - PREFILL_CHUNK_TOKENS
+    )
+
+
+def test_a_read_in_short_passes_keeps_those_before_the_stop(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    runner = TorchRunner(str(tiny_model_path), tmp_path)
+    layers = len(_decoder_layers(runner.model))
+    # Two passes of 16 tokens finish; the third is stopped before its first layer.
+    with pytest.raises(Cancelled):
+        runner.read_prefix(PROMPT, CancelAfterChecks(2 * layers), pass_tokens=16)
+    assert runner.tokens_to_read(PROMPT) == runner.count_tokens(PROMPT) - 32

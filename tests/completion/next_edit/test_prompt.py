@@ -9,6 +9,7 @@ from completion.next_edit.prompt import (
     build_prompt,
     choose_window,
     history_blocks,
+    next_event_prefix,
     original_window,
 )
 from completion.next_edit.text import document_lines
@@ -97,3 +98,39 @@ def test_history_keeps_the_newest_events_that_fit() -> None:
     assert "edited line 80" in blocks[-1] and "edited line 40" in blocks[0]
     one = history_blocks(history.events(), max_events=3, max_tokens=40, count_tokens=Counter())
     assert len(one) == 1 and "edited line 80" in one[0]
+
+
+def edit_line(history: EditHistory, text: str, line: int, at: float, word: str = "edited ") -> str:
+    """`word` typed at the start of `line`, recorded at `at`; the text after it."""
+    lines = list(document_lines(text))
+    lines[line] = word + lines[line]
+    text = "".join(lines)
+    history.record_edit("a.py", document_lines(text), line, 0, "", word, now=at)
+    return text
+
+
+def test_the_next_events_prompt_starts_with_the_blocks_read_ahead() -> None:
+    history = EditHistory(clock=lambda: 0.0)
+    text = "".join(LINES)
+    for n in range(4):
+        text = edit_line(history, text, n * 20, at=5.0 * n)
+    count = Counter()
+    ahead = next_event_prefix(history.events(), max_events=3, max_tokens=500, count_tokens=count)
+    # The two newest events: the next event's block comes after them.
+    assert ahead.count(FILE_SEP) == 2 and "edited line 40" in ahead and "edited line 60" in ahead
+    text = edit_line(history, text, 90, at=30.0)
+    blocks = history_blocks(history.events(), max_events=3, max_tokens=500, count_tokens=count)
+    window = Window(85, tuple(document_lines(text)[85:95]))
+    prompt = build_prompt("a.py", blocks, original_window(window, history.events()[-1]), window)
+    assert prompt.startswith(ahead) and "edited line 90" in prompt[len(ahead) :]
+    # A prompt of one event has no start to read ahead; a block the budget leaves no room for
+    # beside them drops the oldest, and the prompt starts otherwise.
+    assert (
+        next_event_prefix(history.events(), max_events=1, max_tokens=500, count_tokens=count) == ""
+    )
+    text = edit_line(history, text, 99, at=35.0, word="x" * 120 + " ")
+    tight = history_blocks(history.events(), max_events=3, max_tokens=100, count_tokens=count)
+    assert len(tight) == 2 and "x" * 120 in tight[-1]
+    assert not "".join(tight).startswith(
+        next_event_prefix(history.events()[:-1], max_events=3, max_tokens=100, count_tokens=count)
+    )

@@ -95,3 +95,47 @@ def test_a_chain_after_an_accepted_edit_is_answered_ahead_only_with_prefetch(
     assert baseline["prefetch"] == {"prefetchStarted": 0, "prefetchUsed": 0, "prefetchCancelled": 0}
     assert report["chains_both"] == {"points": 1, "identical_answers": 1}
     assert report["cpu"]["cores"] >= 1
+    for server in (prefetch, baseline):
+        # Both first requests went to the model; one showed the rename's next use. The HTTP
+        # runner keeps no prompts, so nothing was read ahead.
+        assert server["first_model_calls"] == 2
+        assert server["first_shown_request_ms"]["p50"] is not None
+        assert server["first_prompt_tokens"]["cached_share"] == 0.0
+        assert server["preread"]["started"] == 0
+
+
+def test_the_first_requests_read_less_of_their_prompts_with_preread(
+    tmp_path: Path, tiny_model_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the tiny model (torch, which keeps prompts), three hunks far apart: the server that
+    reads ahead computes less of the prompt at the point after the third."""
+    spread = "".join(f"value_{n} = {n}\n" for n in range(60))
+    ids = make_repo(
+        tmp_path / "repo",
+        [
+            {"m.py": spread},
+            {
+                "m.py": spread.replace("value_0 = 0", "value_0 = 1")
+                .replace("value_20 = 20", "value_20 = 21")
+                .replace("value_40 = 40", "value_40 = 41")
+            },
+        ],
+    )
+    options = {
+        "completion": {"model": str(tiny_model_path), "engine": "torch"},
+        "nextEdit": {"engine": "completion", "screenBelow": 0},
+    }
+    argv = ["--repo", str(tmp_path / "repo"), "--commits", f"{ids[0]}..{ids[1]}"]
+    argv += ["--points", "10", "--read-ms", "0", "--debounce-ms", "50", "--vary", "preread"]
+    argv += ["--cache-dir", str(tmp_path / "cache"), "--options", json.dumps(options)]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["settings"]["servers"].endswith("nextEdit.preread on / off")
+    preread, baseline = report["preread"], report["baseline"]
+    assert preread["points"] == baseline["points"] == 3  # after each hunk
+    assert preread["preread"]["tokens"] > 0 and baseline["preread"]["started"] == 0
+    # Both keep what an earlier prompt started with (the history is the workspace's, oldest
+    # first); the reads ahead add the starts no prompt had before.
+    shares = [s["first_prompt_tokens"]["cached_share"] for s in (preread, baseline)]
+    assert shares[0] > shares[1], shares
+    assert preread["first_model_calls"] == baseline["first_model_calls"] == 3
