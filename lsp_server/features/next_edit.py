@@ -35,6 +35,11 @@ does not make the accepted document, a dismissal, closing the document, a newer 
 an edit elsewhere drops it; an inline completion request that runs on the model stops it (within
 a decoder layer) until it is accepted, then waits for it.
 
+**The next prompt's start, read between edits** (`nextEdit.preread`,
+`lsp_server.features.next_edit_preread`): when a change begins an event, or the history's pause
+passes after one, the model thread reads the recent edits' blocks that the next prediction's
+prompt starts with into the runner's KV-prefix cache, and that prediction computes only the rest.
+
 Outcomes: the editor says when it shows a prediction (`textDocument/didShowInlineEdit` or
 `tabloop/nextEditShown`), runs `tabloop.acceptNextEdit` when the user accepts it, and sends
 `tabloop/nextEditRejected` with a reason otherwise; each becomes a `NextEditEvent` for
