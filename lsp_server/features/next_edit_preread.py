@@ -26,10 +26,11 @@ finished:
   when its prompt starts with them (most "no change" answers come from the screen, on the model
   thread, and would otherwise wait for a pass);
 - a newer read, which replaces it.
- The prompt starts otherwise when the new event's block
-does not fit the history's token budget beside them (the oldest is left out), or when the
-adapter changes before the prediction (its keys and values are the old weights'). Runners that
-keep no prompts (the fast engines, an HTTP server) read nothing.
+
+The prompt starts otherwise when the new event's block does not fit the history's token budget
+beside them (the oldest is left out), or when the adapter changes before the prediction (its keys
+and values are the old weights'). Runners that keep no prompts (the fast engines, an HTTP
+server) read nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from completion.next_edit import EditHistory, NextEditPredictor
@@ -59,7 +60,7 @@ STOPPED_FOR_NEXT_EDIT = "next-edit work came to the model"
 @dataclass
 class PrereadCounters:
     started: int = 0  # reads put on the model thread (each try counted)
-    tokens: int = 0  # prompt tokens they computed
+    tokens: int = 0  # prompt tokens computed by the reads that finished
     held: int = 0  # reads whose blocks the runner kept already
     stopped: int = 0  # reads stopped before they were done
 
@@ -203,10 +204,4 @@ class PromptPreread:
         read.task = asyncio.get_running_loop().create_task(compute())
 
     def status(self) -> dict[str, int]:
-        counters = self.counters
-        return {
-            "started": counters.started,
-            "tokens": counters.tokens,
-            "held": counters.held,
-            "stopped": counters.stopped,
-        }
+        return asdict(self.counters)
